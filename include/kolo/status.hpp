@@ -1,0 +1,34 @@
+// Errors inside the C++ core: one exception type carrying a status code and a message that names
+// the operation and the ranks involved. The C ABI turns it back into a kolo_status_t.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace kolo {
+
+// Mirrors kolo_status_t in capi/kolo.h value for value.
+enum class Status : int {
+  kSuccess = 0,
+  kInvalidArgument = 1,
+  kTimeout = 2,
+  kPeerLost = 3,
+  kMismatch = 4,
+  kInternal = 5,
+  kSystem = 6,
+  kConfig = 7,
+  kUnsupported = 8,
+};
+
+const char* status_name(Status status);
+
+class Error : public std::runtime_error {
+ public:
+  Error(Status status, const std::string& message) : std::runtime_error(message), status_(status) {}
+  Status status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+}  // namespace kolo

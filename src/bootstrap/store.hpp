@@ -1,0 +1,65 @@
+// The rendezvous store: a small key-value service that rank 0 serves and that every rank (rank 0
+// included) uses to exchange listening addresses and other start-up facts.
+//
+// Protocol: after authentication (net/auth.hpp, purpose kPurposeStore) a client sends requests and
+// reads one response each. Keys are at most 4 KiB and values at most 16 MiB; longer lengths read
+// from the wire drop the connection (logged) before anything is allocated.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "net/socket.hpp"
+
+namespace kolo {
+
+inline constexpr size_t kStoreMaxKeyBytes = 4096;
+inline constexpr size_t kStoreMaxValueBytes = 16u << 20;
+
+// Serves the store from a background thread until destroyed. Any number of clients; a client that
+// fails authentication or sends a malformed frame is dropped and logged, others carry on.
+class StoreServer {
+ public:
+  // Binds endpoint (port 0 picks one). Throws kolo::Error(kSystem) naming the address on failure.
+  StoreServer(const net::Endpoint& endpoint, std::string secret);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  net::Endpoint endpoint() const;  // the bound address (with the real port)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A connection to the store. Not thread-safe: one caller at a time.
+class StoreClient {
+ public:
+  // Connects (retrying until the server is up) and authenticates, within timeout_s.
+  StoreClient(const net::Endpoint& endpoint, const std::string& secret, int rank, double timeout_s);
+  ~StoreClient();
+  StoreClient(const StoreClient&) = delete;
+  StoreClient& operator=(const StoreClient&) = delete;
+
+  void set(const std::string& key, const std::vector<uint8_t>& value);
+  // Waits until key exists, then returns its value; kolo::Error(kTimeout) naming the key after
+  // the timeout given at construction.
+  std::vector<uint8_t> get(const std::string& key);
+  // Waits until every key exists.
+  void wait(const std::vector<std::string>& keys);
+  // Atomically adds delta to the integer stored at key (missing counts as 0); returns the sum.
+  int64_t add(const std::string& key, int64_t delta);
+
+  // Convenience for text values.
+  void set_string(const std::string& key, const std::string& value);
+  std::string get_string(const std::string& key);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kolo

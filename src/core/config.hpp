@@ -1,0 +1,99 @@
+// Configuration of a communicator: where each setting comes from and its default.
+//
+// Precedence for every field: the kolo_config_t field when the caller set it, then the KOLO_*
+// variable, then (for rank, size, local rank, local size and address) what a known launcher
+// exported, then the documented default. This is the one place that reads KOLO_* variables
+// (except KOLO_DEBUG, which the logger reads itself so that it works before any config exists).
+//
+// Launchers. The rank decides whose variables are read, so that one job never mixes two
+// launchers' views (a torchrun inside an srun step sees both RANK and SLURM_PROCID). The first
+// row that matches wins:
+//   launcher   rank from              size, local rank, local size from
+//   kolo       KOLO_RANK              KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE (kolorun)
+//   torchrun   RANK, if TORCHELASTIC_RUN_ID is set (torchrun is always the innermost launcher)
+//   ompi       OMPI_COMM_WORLD_RANK   OMPI_COMM_WORLD_SIZE, ..._LOCAL_RANK, ..._LOCAL_SIZE
+//   pmi        PMI_RANK               PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS (MPICH, Intel MPI)
+//   slurm      SLURM_PROCID           SLURM_NTASKS or SLURM_NPROCS, SLURM_LOCALID, and this node's
+//                                     entry of SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE
+//                                     ("4(x2),3", indexed by SLURM_NODEID), else
+//                                     SLURM_NTASKS_PER_NODE
+//   pmi        PMIX_RANK              PMI_SIZE (a bare PMIx launch exports no size: set KOLO_SIZE)
+//   torchrun   RANK                   WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
+// When the rank comes from kolo_config_t ("config") or KOLO_RANK ("kolo"), no launcher variable
+// is read for the other fields either. The address comes from KOLO_ADDR, else torchrun's
+// MASTER_ADDR and MASTER_PORT, whatever the launcher; mpirun and srun export none, so jobs they
+// start must set KOLO_ADDR.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kolo {
+
+struct Config {
+  int rank = -1;
+  int size = -1;
+  // -1 when neither the caller, KOLO_LOCAL_* nor the launcher says (each independently); the
+  // communicator then derives them by grouping the ranks by host name. A job of size 1 always
+  // has local_rank 0 and local_size 1. When both are known, 0 <= local_rank < local_size <= size.
+  int local_rank = -1;
+  int local_size = -1;
+  std::string addr;                  // "host:port" of the rendezvous store served by rank 0
+  std::string secret;                // KOLO_SECRET; empty means unauthenticated-by-default (warned)
+  double timeout_s = 300.0;          // KOLO_TIMEOUT
+  int tcp_streams = 1;               // KOLO_TCP_STREAMS, 1..16
+  std::string socket_ifname;         // KOLO_SOCKET_IFNAME
+  uint64_t segment_bytes = 1 << 20;  // KOLO_SEGMENT_BYTES, 4 KiB .. 256 MiB
+  std::string transport = "tcp";     // KOLO_TRANSPORT: tcp | ucx | auto
+  std::string bind = "none";         // KOLO_BIND: none | core | numa
+  std::string launcher;              // who supplied the rank: config|kolo|ompi|pmi|slurm|torchrun
+
+  // Settings of the fusion engine (named, asynchronous calls); read here so that every KOLO_*
+  // variable is parsed and validated in one place.
+  double cycle_time_ms = 5.0;                  // KOLO_CYCLE_TIME_MS, > 0 and <= 10000
+  int cache_capacity = 1024;                   // KOLO_CACHE_CAPACITY, 0 (off) .. 1048576 entries
+  uint64_t fusion_threshold_bytes = 64 << 20;  // KOLO_FUSION_THRESHOLD, 0 (off) .. 4 GiB
+  double stall_warning_s = 60.0;               // KOLO_STALL_WARNING_S, 0 = never warn
+  double stall_abort_s = 0.0;                  // KOLO_STALL_ABORT_S, 0 = never abort
+  std::string timeline_path;                   // KOLO_TIMELINE, "" = no timeline
+};
+
+// The caller's overrides (from kolo_config_t); unset fields are std::nullopt.
+struct ConfigOverrides {
+  std::optional<int> rank, size, local_rank, local_size;
+  std::optional<std::string> addr, secret, socket_ifname;
+  std::optional<double> timeout_s;
+  std::optional<int> tcp_streams;
+  std::optional<uint64_t> segment_bytes;
+};
+
+using Environment = std::map<std::string, std::string>;
+
+// The process environment as a map.
+Environment process_environment();
+
+// Builds the configuration. Throws kolo::Error(kConfig) naming the variable to set when rank,
+// size or the address cannot be found, and kolo::Error(kConfig) naming the variable and value for
+// values out of range or not numbers. Unknown KOLO_* variables are returned in *unknown (if
+// non-null) so that the caller can warn about them.
+Config resolve_config(const ConfigOverrides& overrides, const Environment& env,
+                      std::vector<std::string>* unknown = nullptr);
+
+// One KOLO_* variable as the README documents it. known_variables() is the single list of
+// them: resolve_config() reports every other KOLO_* name as unknown.
+struct EnvVarInfo {
+  const char* name;           // "KOLO_TIMEOUT"
+  const char* default_value;  // "300", or a phrase such as "from the launcher"
+  const char* description;    // one line
+};
+const std::vector<EnvVarInfo>& known_variables();
+
+// Parses sizes such as "4096", "64K", "1M", "2G" (powers of 1024). std::nullopt if malformed.
+// Suffixes K, M, G and T in either case, optionally followed by "iB" or "B" ("64KiB", "1mb",
+// "4096B"); surrounding blanks are ignored; no sign, fraction or overflow is accepted.
+std::optional<uint64_t> parse_size(const std::string& text);
+
+}  // namespace kolo

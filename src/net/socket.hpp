@@ -1,0 +1,76 @@
+// Blocking TCP helpers with deadlines, for start-up paths: the rendezvous store and the transport's
+// connection set-up. Data paths use their own non-blocking loops (src/transport/tcp/).
+// Every failure throws kolo::Error: kTimeout when the deadline passes, kPeerLost when the other end
+// closes or resets, kSystem for other OS errors; messages name the address and the operation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/deadline.hpp"
+
+namespace kolo::net {
+
+struct Endpoint {
+  std::string host;  // numeric IPv4/IPv6 address or a name; "" means any address when listening
+  uint16_t port = 0;
+  std::string to_string() const;  // "host:port", IPv6 as "[addr]:port"
+};
+
+// Parses "host:port" or "[v6addr]:port". Throws kolo::Error(kConfig) naming `what` (e.g. "KOLO_ADDR")
+// and the text when malformed.
+Endpoint parse_endpoint(const std::string& text, const std::string& what);
+
+// An owned file descriptor. Move-only; closes on destruction.
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  Socket(Socket&& other) noexcept : fd_(other.release()) {}
+  Socket& operator=(Socket&& other) noexcept;
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+  ~Socket();
+
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release();
+  void close();
+
+ private:
+  int fd_ = -1;
+};
+
+// A listening socket bound to endpoint (port 0: the kernel picks), SO_REUSEADDR, close-on-exec.
+Socket listen_on(const Endpoint& endpoint, int backlog = 128);
+// The address a socket is bound to (numeric host).
+Endpoint local_endpoint(const Socket& socket);
+// The address of the other end of a connected socket (numeric host).
+Endpoint peer_endpoint(const Socket& socket);
+
+// Connects, retrying refused and unreachable attempts every few milliseconds until the deadline
+// (the listener may not be up yet). Sets TCP_NODELAY. Returns a blocking socket.
+Socket connect_to(const Endpoint& endpoint, const Deadline& deadline);
+// Waits for one connection on a listening socket; throws kTimeout at the deadline.
+Socket accept_from(const Socket& listener, const Deadline& deadline);
+
+// Reads or writes exactly `bytes`, waiting with poll() no longer than the deadline.
+void send_all(const Socket& socket, const void* data, size_t bytes, const Deadline& deadline);
+void recv_all(const Socket& socket, void* data, size_t bytes, const Deadline& deadline);
+
+// Socket options used for data connections.
+void set_nonblocking(const Socket& socket, bool nonblocking);
+void set_nodelay(const Socket& socket);
+// SO_SNDBUF/SO_RCVBUF (best effort), TCP keepalive probing a silent peer within ~10 s, and
+// TCP_USER_TIMEOUT so unacknowledged data to a vanished host fails within ~10 s.
+void tune_for_bulk(const Socket& socket, int buffer_bytes);
+
+// The first IPv4 address of a network interface ("eth0"); throws kolo::Error(kConfig) naming
+// KOLO_SOCKET_IFNAME and the interfaces that exist when there is no such interface.
+std::string interface_address(const std::string& ifname);
+
+// This machine's host name (for log prefixes and local-rank grouping).
+std::string host_name();
+
+}  // namespace kolo::net

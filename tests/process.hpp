@@ -1,0 +1,49 @@
+// Starting and supervising real processes from tests: every child is killed by the destructor,
+// so a failing test leaves no process behind.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kolo::test {
+
+struct ProcessResult {
+  int exit_code = -1;    // exit status when the process exited normally, else -1
+  int signal = 0;        // terminating signal, 0 when it exited normally
+  bool timed_out = false;  // true when wait() had to kill it
+  std::string output;    // stdout and stderr together
+};
+
+class Process {
+ public:
+  // Starts argv[0] (a path) with the current environment plus extra_env (which overrides), in a
+  // new process group. Output goes to a temporary file, read back by wait().
+  Process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& extra_env);
+  Process(Process&& other) noexcept;
+  Process& operator=(Process&&) = delete;
+  Process(const Process&) = delete;
+  ~Process();  // SIGKILLs the whole process group if still running, removes the temporary file
+
+  pid_t pid() const { return pid_; }
+  void kill(int signal);  // to the process group
+  // Waits up to timeout_s; past it, SIGKILLs the process group and reports timed_out.
+  ProcessResult wait(double timeout_s);
+  // Output written so far (for tests that watch a running process).
+  std::string output_so_far() const;
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  std::string output_path_;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int free_tcp_port();
+// $KOLO_BUILD_DIR (set by meson test), or "." when unset; paths to built programs.
+std::string build_dir();
+std::string built_program(const std::string& relative_path);  // build_dir() + "/" + relative_path
+
+}  // namespace kolo::test
