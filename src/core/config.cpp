@@ -1,0 +1,493 @@
+// Reading the configuration: the caller's overrides, KOLO_* variables, the launcher's variables and
+// the defaults, in that order for every field (see config.hpp for the launcher table).
+//
+// Every value is validated here, and every error names where the value came from ("KOLO_TIMEOUT",
+// "kolo_config_t.rank", "OMPI_COMM_WORLD_SIZE"), the value itself and what would be accepted, so
+// that a user can fix a job script from the message alone.
+#include "core/config.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <string_view>
+#include <type_traits>
+
+#include "kolo/status.hpp"
+
+extern char** environ;
+
+namespace kolo {
+namespace {
+
+// The one list of KOLO_* variables; the README's table is checked against it.
+const std::vector<EnvVarInfo> kKnownVariables = {
+    {"KOLO_RANK", "from the launcher", "this process's rank, 0 <= rank < size"},
+    {"KOLO_SIZE", "from the launcher", "the number of ranks in the job"},
+    {"KOLO_LOCAL_RANK", "from the launcher, else by host name", "this rank's index on its machine"},
+    {"KOLO_LOCAL_SIZE", "from the launcher, else by host name",
+     "the number of ranks on this machine"},
+    {"KOLO_ADDR", "MASTER_ADDR:MASTER_PORT", "host:port where rank 0 serves the rendezvous store"},
+    {"KOLO_SECRET", "(none: unauthenticated)", "the job secret every connection must prove"},
+    {"KOLO_TIMEOUT", "300", "seconds any single wait may last (decimals allowed)"},
+    {"KOLO_TCP_STREAMS", "1", "TCP connections per peer for data, 1..16"},
+    {"KOLO_SOCKET_IFNAME", "(any interface)", "network interface to listen on, such as eth0"},
+    {"KOLO_SEGMENT_BYTES", "1M",
+     "ring pipeline segment, 4K..256M (K/M/G suffixes, powers of 1024)"},
+    {"KOLO_TRANSPORT", "tcp", "tcp, ucx or auto"},
+    {"KOLO_BIND", "none", "CPU binding of each rank: none, core or numa"},
+    {"KOLO_DEBUG", "WARN", "log level: WARN, INFO or TRACE"},
+    {"KOLO_CYCLE_TIME_MS", "5", "fusion engine cycle in milliseconds, > 0 and <= 10000"},
+    {"KOLO_CACHE_CAPACITY", "1024", "negotiation cache entries, 0 (off)..1048576"},
+    {"KOLO_FUSION_THRESHOLD", "64M", "fusion buffer size, 0 (off)..4G (K/M/G suffixes)"},
+    {"KOLO_STALL_WARNING_S", "60", "seconds before warning about a stalled tensor, 0 = never"},
+    {"KOLO_STALL_ABORT_S", "0", "seconds before failing a stalled tensor, 0 = never"},
+    {"KOLO_TIMELINE", "(off)", "file to write a Chrome-trace timeline to"},
+};
+
+// A value and where it came from, so that errors can say both.
+struct Setting {
+  std::string source;  // "KOLO_RANK" or "kolo_config_t.rank"
+  std::string text;    // the value as given
+};
+
+// An empty variable counts as unset: job scripts often export VAR= to clear it.
+std::optional<Setting> from_env(const Environment& env, const char* name) {
+  auto it = env.find(name);
+  if (it == env.end() || it->second.empty()) return std::nullopt;
+  return Setting{name, it->second};
+}
+
+std::string_view trim(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) {
+    text.remove_prefix(1);
+  }
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
+    text.remove_suffix(1);
+  }
+  return text;
+}
+
+std::string to_lower(std::string_view text) {
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return lower;
+}
+
+[[noreturn]] void fail(const std::string& message) {
+  throw Error(Status::kConfig, message);
+}
+
+std::optional<int64_t> parse_integer(std::string_view text) {
+  text = trim(text);
+  int64_t value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+std::optional<double> parse_decimal(std::string_view text) {
+  text = trim(text);
+  double value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+int integer_in_range(const Setting& setting, int64_t min, int64_t max,
+                     const std::string& expected) {
+  auto value = parse_integer(setting.text);
+  if (!value)
+    fail(fmt::format("kolo: {}={} is not an integer: expected {}", setting.source, setting.text,
+                     expected));
+  if (*value < min || *value > max) {
+    fail(fmt::format("kolo: {}={} is out of range: expected {}", setting.source, setting.text,
+                     expected));
+  }
+  return static_cast<int>(*value);
+}
+
+// min_exclusive: whether the value must be strictly greater than min (a timeout of 0 is useless).
+double decimal_in_range(const Setting& setting, double min, bool min_exclusive, double max,
+                        const std::string& expected) {
+  auto value = parse_decimal(setting.text);
+  if (!value)
+    fail(fmt::format("kolo: {}={} is not a number: expected {}", setting.source, setting.text,
+                     expected));
+  bool too_small = min_exclusive ? !(*value > min) : !(*value >= min);
+  if (!std::isfinite(*value) || too_small || *value > max) {
+    fail(fmt::format("kolo: {}={} is out of range: expected {}", setting.source, setting.text,
+                     expected));
+  }
+  return *value;
+}
+
+uint64_t size_in_range(const Setting& setting, uint64_t min, uint64_t max,
+                       const std::string& expected) {
+  auto value = parse_size(setting.text);
+  if (!value)
+    fail(fmt::format("kolo: {}={} is not a size: expected {}", setting.source, setting.text,
+                     expected));
+  if (*value < min || *value > max) {
+    fail(fmt::format("kolo: {}={} is out of range: expected {}", setting.source, setting.text,
+                     expected));
+  }
+  return *value;
+}
+
+std::string one_of(const Setting& setting, std::initializer_list<const char*> choices) {
+  std::string value = to_lower(trim(setting.text));
+  for (const char* choice : choices) {
+    if (value == choice) return value;
+  }
+  std::string list;
+  for (const char* choice : choices) list += (list.empty() ? "" : ", ") + std::string(choice);
+  fail(fmt::format("kolo: {}={} is not accepted: expected one of {}", setting.source, setting.text,
+                   list));
+}
+
+// Light check of "host:port" (the transport parses it fully): a host, a colon, a port 1..65535.
+void check_host_port(const Setting& setting) {
+  std::string_view text = trim(setting.text);
+  auto colon = text.rfind(':');
+  auto port =
+      colon == std::string_view::npos ? std::nullopt : parse_integer(text.substr(colon + 1));
+  if (colon == std::string_view::npos || colon == 0 || !port || *port < 1 || *port > 65535) {
+    fail(
+        fmt::format("kolo: {}={} is not an address: expected host:port with a port from 1 to "
+                    "65535, such as node0:29500 or [fe80::1]:29500",
+                    setting.source, setting.text));
+  }
+}
+
+// ---- Launchers ---------------------------------------------------------------------------------
+
+struct LauncherValues {
+  std::string name;  // as in Config::launcher
+  std::optional<Setting> rank, size, local_rank, local_size;
+};
+
+// Slurm writes tasks per node as "4(x2),3": four tasks on each of the first two nodes, then three.
+// Returns the count of node `node_id`, or nullopt when the text is malformed or too short.
+std::optional<int64_t> slurm_tasks_on_node(std::string_view text, int64_t node_id) {
+  int64_t first_node = 0;
+  while (!text.empty()) {
+    auto comma = text.find(',');
+    std::string_view entry = text.substr(0, comma);
+    text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
+    int64_t repeat = 1;
+    if (auto paren = entry.find("(x"); paren != std::string_view::npos) {
+      if (entry.back() != ')') return std::nullopt;
+      auto count = parse_integer(entry.substr(paren + 2, entry.size() - paren - 3));
+      if (!count || *count < 1) return std::nullopt;
+      repeat = *count;
+      entry = entry.substr(0, paren);
+    }
+    auto tasks = parse_integer(entry);
+    if (!tasks) return std::nullopt;
+    if (node_id < first_node + repeat) return tasks;
+    first_node += repeat;
+  }
+  return std::nullopt;
+}
+
+std::optional<Setting> slurm_local_size(const Environment& env) {
+  // The step's own layout (srun) is more precise than the job's, and both beat the requested
+  // --ntasks-per-node, which srun -n may override.
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+    auto layout = from_env(env, name);
+    if (!layout) continue;
+    auto node_id = from_env(env, "SLURM_NODEID");
+    int64_t node = node_id ? parse_integer(node_id->text).value_or(-1) : 0;
+    if (node < 0) continue;
+    auto tasks = slurm_tasks_on_node(layout->text, node);
+    // Without SLURM_NODEID the first entry is right only when it covers every node; accept it
+    // only when the layout is a single entry.
+    if (tasks && (node_id || layout->text.find(',') == std::string::npos)) {
+      return Setting{fmt::format("{} (node {})", name, node), std::to_string(*tasks)};
+    }
+  }
+  if (auto per_node = from_env(env, "SLURM_NTASKS_PER_NODE");
+      per_node && parse_integer(per_node->text)) {
+    return per_node;
+  }
+  return std::nullopt;
+}
+
+// The launcher that exported a rank, in the order of config.hpp's table; nullopt if none did.
+std::optional<LauncherValues> detect_launcher(const Environment& env) {
+  auto torchrun = [&] {
+    return LauncherValues{"torchrun", from_env(env, "RANK"), from_env(env, "WORLD_SIZE"),
+                          from_env(env, "LOCAL_RANK"), from_env(env, "LOCAL_WORLD_SIZE")};
+  };
+  if (from_env(env, "RANK") && from_env(env, "TORCHELASTIC_RUN_ID")) return torchrun();
+  if (auto rank = from_env(env, "OMPI_COMM_WORLD_RANK")) {
+    return LauncherValues{"ompi", rank, from_env(env, "OMPI_COMM_WORLD_SIZE"),
+                          from_env(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
+                          from_env(env, "OMPI_COMM_WORLD_LOCAL_SIZE")};
+  }
+  if (auto rank = from_env(env, "PMI_RANK")) {
+    return LauncherValues{"pmi", rank, from_env(env, "PMI_SIZE"), from_env(env, "MPI_LOCALRANKID"),
+                          from_env(env, "MPI_LOCALNRANKS")};
+  }
+  if (auto rank = from_env(env, "SLURM_PROCID")) {
+    auto size = from_env(env, "SLURM_NTASKS");
+    if (!size) size = from_env(env, "SLURM_NPROCS");
+    return LauncherValues{"slurm", rank, size, from_env(env, "SLURM_LOCALID"),
+                          slurm_local_size(env)};
+  }
+  if (auto rank = from_env(env, "PMIX_RANK")) {
+    return LauncherValues{"pmi", rank, from_env(env, "PMI_SIZE"), from_env(env, "MPI_LOCALRANKID"),
+                          from_env(env, "MPI_LOCALNRANKS")};
+  }
+  if (from_env(env, "RANK")) return torchrun();
+  return std::nullopt;
+}
+
+template <typename T>
+std::optional<Setting> from_override(const std::optional<T>& value, const char* field) {
+  if (!value) return std::nullopt;
+  if constexpr (std::is_same_v<T, std::string>) {
+    return Setting{fmt::format("kolo_config_t.{}", field), *value};
+  } else {
+    return Setting{fmt::format("kolo_config_t.{}", field), fmt::format("{}", *value)};
+  }
+}
+
+// The first source that has a value: the override, the KOLO_* variable, then the launcher's.
+std::optional<Setting> first_of(std::optional<Setting> a, std::optional<Setting> b,
+                                std::optional<Setting> c = std::nullopt) {
+  if (a) return a;
+  if (b) return b;
+  return c;
+}
+
+void resolve_identity(const ConfigOverrides& overrides, const Environment& env, Config& config) {
+  std::optional<LauncherValues> launcher;
+  if (overrides.rank) {
+    config.launcher = "config";
+  } else if (from_env(env, "KOLO_RANK")) {
+    config.launcher = "kolo";
+  } else if ((launcher = detect_launcher(env))) {
+    config.launcher = launcher->name;
+  } else {
+    fail(
+        "kolo: cannot find this process's rank: set KOLO_RANK (and KOLO_SIZE, KOLO_ADDR), or "
+        "start under kolorun, mpirun, srun or torchrun");
+  }
+  LauncherValues none;
+  const LauncherValues& from_launcher = launcher ? *launcher : none;
+
+  auto rank = first_of(from_override(overrides.rank, "rank"), from_env(env, "KOLO_RANK"),
+                       from_launcher.rank);
+  auto size = first_of(from_override(overrides.size, "size"), from_env(env, "KOLO_SIZE"),
+                       from_launcher.size);
+  if (!size) {
+    fail(
+        fmt::format("kolo: the rank comes from {} but the number of ranks was not found: set "
+                    "KOLO_SIZE{}",
+                    rank->source, overrides.rank ? " or kolo_config_t.size" : ""));
+  }
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  config.size = integer_in_range(*size, 1, kMaxInt, "an integer >= 1 (the number of ranks)");
+  config.rank = integer_in_range(*rank, 0, kMaxInt, "an integer >= 0");
+  if (config.rank >= config.size) {
+    fail(
+        fmt::format("kolo: rank {} (from {}) is not less than the size {} (from {}): expected "
+                    "0 <= rank < size",
+                    rank->text, rank->source, size->text, size->source));
+  }
+
+  auto local_rank = first_of(from_override(overrides.local_rank, "local_rank"),
+                             from_env(env, "KOLO_LOCAL_RANK"), from_launcher.local_rank);
+  auto local_size = first_of(from_override(overrides.local_size, "local_size"),
+                             from_env(env, "KOLO_LOCAL_SIZE"), from_launcher.local_size);
+  if (local_size) {
+    config.local_size = integer_in_range(
+        *local_size, 1, config.size, fmt::format("an integer from 1 to the size {}", config.size));
+  }
+  if (local_rank) {
+    config.local_rank = integer_in_range(*local_rank, 0, config.size - 1,
+                                         fmt::format("an integer from 0 to {}", config.size - 1));
+  }
+  if (local_rank && local_size && config.local_rank >= config.local_size) {
+    fail(
+        fmt::format("kolo: local rank {} (from {}) is not less than the local size {} (from {}): "
+                    "expected 0 <= local rank < local size",
+                    local_rank->text, local_rank->source, local_size->text, local_size->source));
+  }
+  if (config.size == 1) {
+    config.local_rank = 0;
+    config.local_size = 1;
+  }
+}
+
+void resolve_address(const ConfigOverrides& overrides, const Environment& env, Config& config) {
+  if (auto addr = first_of(from_override(overrides.addr, "addr"), from_env(env, "KOLO_ADDR"))) {
+    check_host_port(*addr);
+    config.addr = std::string(trim(addr->text));
+    return;
+  }
+  auto master_addr = from_env(env, "MASTER_ADDR");
+  auto master_port = from_env(env, "MASTER_PORT");
+  if (master_addr && master_port) {
+    int port = integer_in_range(*master_port, 1, 65535, "a TCP port from 1 to 65535");
+    std::string host(trim(master_addr->text));
+    // A bare IPv6 address needs brackets to be told apart from the port.
+    bool bare_ipv6 = host.find(':') != std::string::npos && host.front() != '[';
+    config.addr = bare_ipv6 ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
+    return;
+  }
+  if (master_addr || master_port) {
+    fail(fmt::format("kolo: {} is set but {} is not: set both, or KOLO_ADDR=host:port",
+                     master_addr ? "MASTER_ADDR" : "MASTER_PORT",
+                     master_addr ? "MASTER_PORT" : "MASTER_ADDR"));
+  }
+  std::string hint;
+  if (config.launcher == "slurm" || config.launcher == "ompi" || config.launcher == "pmi") {
+    hint = fmt::format(
+        "; {} exports no address, so set KOLO_ADDR to rank 0's host and a free "
+        "port in the job script, e.g. KOLO_ADDR=$(hostname):29500",
+        config.launcher == "slurm" ? "srun" : "mpirun");
+  }
+  fail(
+      "kolo: no rendezvous address: set KOLO_ADDR=host:port (rank 0 serves the store there), or "
+      "MASTER_ADDR and MASTER_PORT" +
+      hint);
+}
+
+void resolve_tuning(const ConfigOverrides& overrides, const Environment& env, Config& config) {
+  if (auto secret =
+          first_of(from_override(overrides.secret, "secret"), from_env(env, "KOLO_SECRET"))) {
+    config.secret = secret->text;
+  }
+  if (auto ifname = first_of(from_override(overrides.socket_ifname, "socket_ifname"),
+                             from_env(env, "KOLO_SOCKET_IFNAME"))) {
+    config.socket_ifname = std::string(trim(ifname->text));
+  }
+  // Upper bound keeps deadlines representable in steady_clock's 64-bit nanoseconds.
+  if (auto timeout = first_of(from_override(overrides.timeout_s, "timeout_s"),
+                              from_env(env, "KOLO_TIMEOUT"))) {
+    config.timeout_s =
+        decimal_in_range(*timeout, 0.0, true, 1e9, "seconds > 0 and <= 1e9, such as 300 or 0.5");
+  }
+  if (auto streams = first_of(from_override(overrides.tcp_streams, "tcp_streams"),
+                              from_env(env, "KOLO_TCP_STREAMS"))) {
+    config.tcp_streams = integer_in_range(*streams, 1, 16, "an integer from 1 to 16");
+  }
+  if (auto segment = first_of(from_override(overrides.segment_bytes, "segment_bytes"),
+                              from_env(env, "KOLO_SEGMENT_BYTES"))) {
+    config.segment_bytes = size_in_range(*segment, 4 << 10, 256 << 20,
+                                         "a size from 4K to 256M, such as 65536, 512K or 1M");
+  }
+  if (auto transport = from_env(env, "KOLO_TRANSPORT")) {
+    config.transport = one_of(*transport, {"tcp", "ucx", "auto"});
+  }
+  if (auto bind = from_env(env, "KOLO_BIND")) config.bind = one_of(*bind, {"none", "core", "numa"});
+}
+
+void resolve_fusion(const Environment& env, Config& config) {
+  if (auto cycle = from_env(env, "KOLO_CYCLE_TIME_MS")) {
+    config.cycle_time_ms = decimal_in_range(*cycle, 0.0, true, 10000.0,
+                                            "milliseconds > 0 and <= 10000, such as 5 or 0.5");
+  }
+  if (auto capacity = from_env(env, "KOLO_CACHE_CAPACITY")) {
+    config.cache_capacity =
+        integer_in_range(*capacity, 0, 1 << 20, "an integer from 0 (no cache) to 1048576");
+  }
+  if (auto threshold = from_env(env, "KOLO_FUSION_THRESHOLD")) {
+    config.fusion_threshold_bytes = size_in_range(*threshold, 0, uint64_t{4} << 30,
+                                                  "a size from 0 (no fusion) to 4G, such as 64M");
+  }
+  if (auto warning = from_env(env, "KOLO_STALL_WARNING_S")) {
+    config.stall_warning_s =
+        decimal_in_range(*warning, 0.0, false, 1e9, "seconds >= 0 (0: never warn), such as 60");
+  }
+  if (auto abort = from_env(env, "KOLO_STALL_ABORT_S")) {
+    config.stall_abort_s =
+        decimal_in_range(*abort, 0.0, false, 1e9, "seconds >= 0 (0: never abort), such as 600");
+  }
+  if (auto timeline = from_env(env, "KOLO_TIMELINE")) config.timeline_path = timeline->text;
+}
+
+}  // namespace
+
+const std::vector<EnvVarInfo>& known_variables() {
+  return kKnownVariables;
+}
+
+Environment process_environment() {
+  Environment env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    std::string_view text(*entry);
+    auto equals = text.find('=');
+    if (equals == std::string_view::npos) continue;
+    env.emplace(std::string(text.substr(0, equals)), std::string(text.substr(equals + 1)));
+  }
+  return env;
+}
+
+std::optional<uint64_t> parse_size(const std::string& text) {
+  std::string_view rest = trim(text);
+  uint64_t value = 0;
+  auto [end, error] = std::from_chars(rest.data(), rest.data() + rest.size(), value);
+  if (error != std::errc() || end == rest.data()) return std::nullopt;
+  rest.remove_prefix(static_cast<size_t>(end - rest.data()));
+
+  std::string suffix = to_lower(rest);
+  int shift = 0;
+  if (!suffix.empty()) {
+    switch (suffix.front()) {
+      case 'k':
+        shift = 10;
+        break;
+      case 'm':
+        shift = 20;
+        break;
+      case 'g':
+        shift = 30;
+        break;
+      case 't':
+        shift = 40;
+        break;
+      case 'b':
+        shift = 0;
+        break;
+      default:
+        return std::nullopt;
+    }
+    // After a multiplier: "", "b" or "ib"; a bare "b" stands alone.
+    std::string_view tail = std::string_view(suffix).substr(1);
+    bool valid =
+        suffix.front() == 'b' ? tail.empty() : (tail.empty() || tail == "b" || tail == "ib");
+    if (!valid) return std::nullopt;
+  }
+  if (shift > 0 && value > (std::numeric_limits<uint64_t>::max() >> shift)) return std::nullopt;
+  return value << shift;
+}
+
+Config resolve_config(const ConfigOverrides& overrides, const Environment& env,
+                      std::vector<std::string>* unknown) {
+  if (unknown != nullptr) {
+    unknown->clear();
+    for (const auto& entry : env) {
+      const std::string& name = entry.first;
+      if (name.rfind("KOLO_", 0) != 0) continue;
+      bool known = std::any_of(kKnownVariables.begin(), kKnownVariables.end(),
+                               [&](const EnvVarInfo& info) { return name == info.name; });
+      if (!known) unknown->push_back(name);
+    }
+  }
+  Config config;
+  resolve_identity(overrides, env, config);
+  resolve_address(overrides, env, config);
+  resolve_tuning(overrides, env, config);
+  resolve_fusion(env, config);
+  return config;
+}
+
+}  // namespace kolo

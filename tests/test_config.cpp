@@ -1,0 +1,714 @@
+// Configuration from launchers' environments, precedence, validation and its messages; sizes;
+// status names; the logger's line format; hwloc topology and binding.
+//
+// Every test passes its environment explicitly, so the environment the tests run in (a CI job
+// under Slurm, say) cannot change their outcome.
+#include <sched.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "core/topology.hpp"
+#include "kolo/status.hpp"
+
+using Catch::Matchers::Contains;
+using kolo::Config;
+using kolo::ConfigOverrides;
+using kolo::Environment;
+using kolo::Status;
+
+namespace {
+
+Config resolve(const Environment& env, const ConfigOverrides& overrides = {}) {
+  return kolo::resolve_config(overrides, env);
+}
+
+struct Failure {
+  bool thrown = false;
+  Status status = Status::kSuccess;
+  std::string message;
+};
+
+Failure resolve_failure(const Environment& env, const ConfigOverrides& overrides = {}) {
+  try {
+    kolo::resolve_config(overrides, env);
+  } catch (const kolo::Error& error) {
+    return {true, error.status(), error.what()};
+  }
+  return {};
+}
+
+// A valid two-rank job set up by hand, to which each test adds or changes one thing.
+Environment kolo_job(Environment extra = {}) {
+  Environment env = {{"KOLO_RANK", "1"}, {"KOLO_SIZE", "2"}, {"KOLO_ADDR", "node0:29500"}};
+  for (auto& [name, value] : extra) env[name] = value;
+  return env;
+}
+
+}  // namespace
+
+// ---- Launchers ---------------------------------------------------------------------------------
+
+TEST_CASE("kolo's own variables (kolorun) give rank, size and locals", "[config]") {
+  Config config = resolve({{"KOLO_RANK", "2"},
+                           {"KOLO_SIZE", "4"},
+                           {"KOLO_LOCAL_RANK", "0"},
+                           {"KOLO_LOCAL_SIZE", "2"},
+                           {"KOLO_ADDR", "node0:29500"}});
+  CHECK(config.launcher == "kolo");
+  CHECK(config.rank == 2);
+  CHECK(config.size == 4);
+  CHECK(config.local_rank == 0);
+  CHECK(config.local_size == 2);
+  CHECK(config.addr == "node0:29500");
+}
+
+TEST_CASE("Open MPI's mpirun variables", "[config]") {
+  Config config = resolve({{"OMPI_COMM_WORLD_RANK", "5"},
+                           {"OMPI_COMM_WORLD_SIZE", "8"},
+                           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                           {"PMIX_RANK", "5"},
+                           {"KOLO_ADDR", "10.0.0.1:29500"}});
+  CHECK(config.launcher == "ompi");
+  CHECK(config.rank == 5);
+  CHECK(config.size == 8);
+  CHECK(config.local_rank == 1);
+  CHECK(config.local_size == 4);
+}
+
+TEST_CASE("MPICH / Intel MPI (Hydra, PMI) variables", "[config]") {
+  Config config = resolve({{"PMI_RANK", "3"},
+                           {"PMI_SIZE", "6"},
+                           {"MPI_LOCALRANKID", "0"},
+                           {"MPI_LOCALNRANKS", "3"},
+                           {"SLURM_PROCID", "0"},  // Hydra inside an allocation: PMI wins
+                           {"SLURM_NTASKS", "2"},
+                           {"KOLO_ADDR", "node0:29500"}});
+  CHECK(config.launcher == "pmi");
+  CHECK(config.rank == 3);
+  CHECK(config.size == 6);
+  CHECK(config.local_rank == 0);
+  CHECK(config.local_size == 3);
+}
+
+TEST_CASE("Slurm's srun variables", "[config]") {
+  Environment env = {{"SLURM_PROCID", "5"},
+                     {"SLURM_NTASKS", "8"},
+                     {"SLURM_LOCALID", "1"},
+                     {"SLURM_NODEID", "1"},
+                     {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                     {"KOLO_ADDR", "node0:29500"}};
+
+  SECTION("uniform layout") {
+    Config config = resolve(env);
+    CHECK(config.launcher == "slurm");
+    CHECK(config.rank == 5);
+    CHECK(config.size == 8);
+    CHECK(config.local_rank == 1);
+    CHECK(config.local_size == 4);
+  }
+  SECTION("uneven layout: this node's entry is used") {
+    env["SLURM_PROCID"] = "9";
+    env["SLURM_NTASKS"] = "11";
+    env["SLURM_NODEID"] = "2";
+    env["SLURM_TASKS_PER_NODE"] = "4(x2),3";
+    Config config = resolve(env);
+    CHECK(config.local_size == 3);
+  }
+  SECTION("the step's layout beats the job's") {
+    env["SLURM_STEP_TASKS_PER_NODE"] = "2(x4)";
+    CHECK(resolve(env).local_size == 2);
+  }
+  SECTION("SLURM_NPROCS when SLURM_NTASKS is missing") {
+    env.erase("SLURM_NTASKS");
+    env["SLURM_NPROCS"] = "8";
+    CHECK(resolve(env).size == 8);
+  }
+  SECTION("SLURM_NTASKS_PER_NODE when no layout is exported") {
+    env.erase("SLURM_TASKS_PER_NODE");
+    env["SLURM_NTASKS_PER_NODE"] = "4";
+    CHECK(resolve(env).local_size == 4);
+  }
+  SECTION("an uneven layout without SLURM_NODEID leaves the local size unknown") {
+    env.erase("SLURM_NODEID");
+    env["SLURM_TASKS_PER_NODE"] = "4,4";
+    Config config = resolve(env);
+    CHECK(config.local_size == -1);
+    CHECK(config.local_rank == 1);
+  }
+  SECTION("srun --mpi=pmix exports PMIX_RANK as well; still slurm") {
+    env["PMIX_RANK"] = "5";
+    Config config = resolve(env);
+    CHECK(config.launcher == "slurm");
+    CHECK(config.size == 8);
+  }
+}
+
+TEST_CASE("torchrun's variables, with MASTER_ADDR and MASTER_PORT", "[config]") {
+  Environment env = {{"RANK", "3"},
+                     {"WORLD_SIZE", "4"},
+                     {"LOCAL_RANK", "1"},
+                     {"LOCAL_WORLD_SIZE", "2"},
+                     {"MASTER_ADDR", "node7"},
+                     {"MASTER_PORT", "29400"},
+                     {"TORCHELASTIC_RUN_ID", "none"}};
+  Config config = resolve(env);
+  CHECK(config.launcher == "torchrun");
+  CHECK(config.rank == 3);
+  CHECK(config.size == 4);
+  CHECK(config.local_rank == 1);
+  CHECK(config.local_size == 2);
+  CHECK(config.addr == "node7:29400");
+
+  SECTION("torchrun inside an srun step: torchrun is the innermost launcher") {
+    env["SLURM_PROCID"] = "1";
+    env["SLURM_NTASKS"] = "2";
+    env["SLURM_LOCALID"] = "0";
+    CHECK(resolve(env).launcher == "torchrun");
+    CHECK(resolve(env).rank == 3);
+  }
+  SECTION("a bare IPv6 MASTER_ADDR gets brackets") {
+    env["MASTER_ADDR"] = "fe80::1";
+    CHECK(resolve(env).addr == "[fe80::1]:29400");
+  }
+  SECTION("KOLO_ADDR beats MASTER_ADDR") {
+    env["KOLO_ADDR"] = "node0:1234";
+    CHECK(resolve(env).addr == "node0:1234");
+  }
+}
+
+TEST_CASE("a bare PMIx launch without a size asks for KOLO_SIZE", "[config]") {
+  Failure failure = resolve_failure({{"PMIX_RANK", "0"}, {"KOLO_ADDR", "node0:29500"}});
+  REQUIRE(failure.thrown);
+  CHECK(failure.status == Status::kConfig);
+  CHECK_THAT(failure.message, Contains("PMIX_RANK") && Contains("KOLO_SIZE"));
+  CHECK(resolve({{"PMIX_RANK", "0"}, {"KOLO_SIZE", "2"}, {"KOLO_ADDR", "n:1"}}).launcher == "pmi");
+}
+
+// ---- Precedence ------------------------------------------------------------------------------
+
+TEST_CASE("precedence: overrides > KOLO_* > launcher > defaults", "[config]") {
+  Environment env = {{"OMPI_COMM_WORLD_RANK", "1"},
+                     {"OMPI_COMM_WORLD_SIZE", "4"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                     {"KOLO_ADDR", "node0:29500"}};
+
+  SECTION("KOLO_SIZE beats the launcher's size; the launcher still supplies the rank") {
+    env["KOLO_SIZE"] = "8";
+    Config config = resolve(env);
+    CHECK(config.launcher == "ompi");
+    CHECK(config.rank == 1);
+    CHECK(config.size == 8);
+  }
+  SECTION("an override beats KOLO_*") {
+    env["KOLO_SIZE"] = "8";
+    env["KOLO_LOCAL_RANK"] = "0";
+    ConfigOverrides overrides;
+    overrides.size = 16;
+    overrides.local_rank = 1;
+    overrides.addr = "other:1";
+    Config config = resolve(env, overrides);
+    CHECK(config.size == 16);
+    CHECK(config.local_rank == 1);
+    CHECK(config.addr == "other:1");
+  }
+  SECTION("KOLO_RANK beats the launcher, and then no launcher variable is read") {
+    env["KOLO_RANK"] = "0";
+    env["KOLO_SIZE"] = "2";
+    Config config = resolve(env);
+    CHECK(config.launcher == "kolo");
+    CHECK(config.rank == 0);
+    CHECK(config.size == 2);
+    CHECK(config.local_rank == -1);  // not OMPI's 1: one launcher at a time
+    CHECK(config.local_size == -1);
+  }
+  SECTION("a rank from the config struct is reported as \"config\"") {
+    ConfigOverrides overrides;
+    overrides.rank = 3;
+    overrides.size = 4;
+    Config config = resolve(env, overrides);
+    CHECK(config.launcher == "config");
+    CHECK(config.rank == 3);
+    CHECK(config.local_rank == -1);
+  }
+  SECTION("tuning fields: override beats KOLO_*, KOLO_* beats the default") {
+    env["KOLO_TIMEOUT"] = "10";
+    env["KOLO_TCP_STREAMS"] = "4";
+    env["KOLO_SEGMENT_BYTES"] = "64K";
+    env["KOLO_SECRET"] = "from-env";
+    env["KOLO_SOCKET_IFNAME"] = "eth0";
+    Config from_env = resolve(env);
+    CHECK(from_env.timeout_s == 10.0);
+    CHECK(from_env.tcp_streams == 4);
+    CHECK(from_env.segment_bytes == 64 * 1024);
+    CHECK(from_env.secret == "from-env");
+    CHECK(from_env.socket_ifname == "eth0");
+
+    ConfigOverrides overrides;
+    overrides.timeout_s = 2.5;
+    overrides.tcp_streams = 2;
+    overrides.segment_bytes = 8192;
+    overrides.secret = "from-config";
+    overrides.socket_ifname = "ib0";
+    Config from_config = resolve(env, overrides);
+    CHECK(from_config.timeout_s == 2.5);
+    CHECK(from_config.tcp_streams == 2);
+    CHECK(from_config.segment_bytes == 8192);
+    CHECK(from_config.secret == "from-config");
+    CHECK(from_config.socket_ifname == "ib0");
+  }
+}
+
+TEST_CASE("defaults", "[config]") {
+  Config config = resolve(kolo_job());
+  CHECK(config.timeout_s == 300.0);
+  CHECK(config.tcp_streams == 1);
+  CHECK(config.segment_bytes == 1024 * 1024);
+  CHECK(config.transport == "tcp");
+  CHECK(config.bind == "none");
+  CHECK(config.secret.empty());
+  CHECK(config.socket_ifname.empty());
+  CHECK(config.local_rank == -1);  // size 2 with no local information: derived later
+  CHECK(config.local_size == -1);
+  CHECK(config.cycle_time_ms == 5.0);
+  CHECK(config.cache_capacity == 1024);
+  CHECK(config.fusion_threshold_bytes == 64u << 20);
+  CHECK(config.stall_warning_s == 60.0);
+  CHECK(config.stall_abort_s == 0.0);
+  CHECK(config.timeline_path.empty());
+}
+
+TEST_CASE("a job of one rank has local rank 0 of 1", "[config]") {
+  Config config = resolve({{"KOLO_RANK", "0"}, {"KOLO_SIZE", "1"}, {"KOLO_ADDR", "localhost:1"}});
+  CHECK(config.local_rank == 0);
+  CHECK(config.local_size == 1);
+}
+
+TEST_CASE("accepted spellings", "[config]") {
+  CHECK(resolve(kolo_job({{"KOLO_TIMEOUT", "0.5"}})).timeout_s == 0.5);
+  CHECK(resolve(kolo_job({{"KOLO_TIMEOUT", " 30 "}})).timeout_s == 30.0);
+  CHECK(resolve(kolo_job({{"KOLO_TRANSPORT", "UCX"}})).transport == "ucx");
+  CHECK(resolve(kolo_job({{"KOLO_TRANSPORT", "auto"}})).transport == "auto");
+  CHECK(resolve(kolo_job({{"KOLO_BIND", "Core"}})).bind == "core");
+  CHECK(resolve(kolo_job({{"KOLO_BIND", "numa"}})).bind == "numa");
+  CHECK(resolve(kolo_job({{"KOLO_SEGMENT_BYTES", "4KiB"}})).segment_bytes == 4096);
+  CHECK(resolve(kolo_job({{"KOLO_SEGMENT_BYTES", "256M"}})).segment_bytes == 256u << 20);
+  CHECK(resolve(kolo_job({{"KOLO_TCP_STREAMS", "16"}})).tcp_streams == 16);
+  CHECK(resolve(kolo_job({{"KOLO_ADDR", "[::1]:29500"}})).addr == "[::1]:29500");
+  CHECK(resolve(kolo_job({{"KOLO_FUSION_THRESHOLD", "0"}})).fusion_threshold_bytes == 0);
+  CHECK(resolve(kolo_job({{"KOLO_CYCLE_TIME_MS", "3.5"}})).cycle_time_ms == 3.5);
+  CHECK(resolve(kolo_job({{"KOLO_TIMELINE", "/tmp/t.json"}})).timeline_path == "/tmp/t.json");
+  // An empty variable counts as unset.
+  CHECK(resolve(kolo_job({{"KOLO_TIMEOUT", ""}})).timeout_s == 300.0);
+}
+
+// ---- Errors ----------------------------------------------------------------------------------
+
+TEST_CASE("no rank anywhere: the message says what to set", "[config]") {
+  Failure failure = resolve_failure({{"HOME", "/root"}, {"KOLO_ADDR", "node0:1"}});
+  REQUIRE(failure.thrown);
+  CHECK(failure.status == Status::kConfig);
+  for (const char* word :
+       {"KOLO_RANK", "KOLO_SIZE", "KOLO_ADDR", "kolorun", "mpirun", "srun", "torchrun"}) {
+    CHECK_THAT(failure.message, Contains(word));
+  }
+}
+
+TEST_CASE("a rank without a size names KOLO_SIZE", "[config]") {
+  Failure failure = resolve_failure({{"KOLO_RANK", "0"}, {"KOLO_ADDR", "node0:1"}});
+  REQUIRE(failure.thrown);
+  CHECK(failure.status == Status::kConfig);
+  CHECK_THAT(failure.message, Contains("KOLO_RANK") && Contains("KOLO_SIZE"));
+}
+
+TEST_CASE("no address: the message says what to set", "[config]") {
+  SECTION("by hand") {
+    Failure failure = resolve_failure({{"KOLO_RANK", "0"}, {"KOLO_SIZE", "2"}});
+    REQUIRE(failure.thrown);
+    CHECK(failure.status == Status::kConfig);
+    CHECK_THAT(failure.message, Contains("KOLO_ADDR=host:port") && Contains("MASTER_ADDR") &&
+                                    Contains("MASTER_PORT"));
+  }
+  SECTION("under srun, which exports none") {
+    Failure failure =
+        resolve_failure({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}});
+    REQUIRE(failure.thrown);
+    CHECK_THAT(failure.message, Contains("srun") && Contains("KOLO_ADDR=$(hostname):29500"));
+  }
+  SECTION("under mpirun") {
+    Failure failure =
+        resolve_failure({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+    REQUIRE(failure.thrown);
+    CHECK_THAT(failure.message, Contains("mpirun") && Contains("KOLO_ADDR"));
+  }
+  SECTION("MASTER_ADDR without MASTER_PORT") {
+    Failure failure =
+        resolve_failure({{"KOLO_RANK", "0"}, {"KOLO_SIZE", "2"}, {"MASTER_ADDR", "node0"}});
+    REQUIRE(failure.thrown);
+    CHECK_THAT(failure.message, Contains("MASTER_PORT"));
+  }
+}
+
+TEST_CASE("bad values name the variable and the value", "[config]") {
+  struct Case {
+    Environment change;
+    std::string variable;  // must appear in the message
+    std::string value;     // must appear in the message
+  };
+  std::vector<Case> cases = {
+      {{{"KOLO_TIMEOUT", "abc"}}, "KOLO_TIMEOUT", "abc"},
+      {{{"KOLO_TIMEOUT", "-1"}}, "KOLO_TIMEOUT", "-1"},
+      {{{"KOLO_TIMEOUT", "0"}}, "KOLO_TIMEOUT", "0"},
+      {{{"KOLO_TIMEOUT", "inf"}}, "KOLO_TIMEOUT", "inf"},
+      {{{"KOLO_TIMEOUT", "nan"}}, "KOLO_TIMEOUT", "nan"},
+      {{{"KOLO_TIMEOUT", "10s"}}, "KOLO_TIMEOUT", "10s"},
+      {{{"KOLO_TCP_STREAMS", "0"}}, "KOLO_TCP_STREAMS", "0"},
+      {{{"KOLO_TCP_STREAMS", "17"}}, "KOLO_TCP_STREAMS", "17"},
+      {{{"KOLO_TCP_STREAMS", "two"}}, "KOLO_TCP_STREAMS", "two"},
+      {{{"KOLO_SEGMENT_BYTES", "1"}}, "KOLO_SEGMENT_BYTES", "1"},
+      {{{"KOLO_SEGMENT_BYTES", "512M"}}, "KOLO_SEGMENT_BYTES", "512M"},
+      {{{"KOLO_SEGMENT_BYTES", "1X"}}, "KOLO_SEGMENT_BYTES", "1X"},
+      {{{"KOLO_TRANSPORT", "foo"}}, "KOLO_TRANSPORT", "foo"},
+      {{{"KOLO_BIND", "socket"}}, "KOLO_BIND", "socket"},
+      {{{"KOLO_RANK", "2"}}, "KOLO_RANK", "2"},  // size is 2
+      {{{"KOLO_RANK", "-1"}}, "KOLO_RANK", "-1"},
+      {{{"KOLO_RANK", "one"}}, "KOLO_RANK", "one"},
+      {{{"KOLO_SIZE", "0"}}, "KOLO_SIZE", "0"},
+      {{{"KOLO_SIZE", "99999999999"}}, "KOLO_SIZE", "99999999999"},
+      {{{"KOLO_LOCAL_RANK", "2"}, {"KOLO_LOCAL_SIZE", "2"}}, "KOLO_LOCAL_RANK", "2"},
+      {{{"KOLO_LOCAL_SIZE", "3"}}, "KOLO_LOCAL_SIZE", "3"},  // more than the size
+      {{{"KOLO_ADDR", "node0"}}, "KOLO_ADDR", "node0"},
+      {{{"KOLO_ADDR", "node0:99999"}}, "KOLO_ADDR", "node0:99999"},
+      {{{"KOLO_ADDR", ":29500"}}, "KOLO_ADDR", ":29500"},
+      {{{"KOLO_CYCLE_TIME_MS", "0"}}, "KOLO_CYCLE_TIME_MS", "0"},
+      {{{"KOLO_CACHE_CAPACITY", "-1"}}, "KOLO_CACHE_CAPACITY", "-1"},
+      {{{"KOLO_FUSION_THRESHOLD", "8G"}}, "KOLO_FUSION_THRESHOLD", "8G"},
+      {{{"KOLO_STALL_WARNING_S", "-5"}}, "KOLO_STALL_WARNING_S", "-5"},
+      {{{"KOLO_STALL_ABORT_S", "soon"}}, "KOLO_STALL_ABORT_S", "soon"},
+  };
+  for (const Case& c : cases) {
+    Environment env = kolo_job(c.change);
+    INFO("environment change: " << c.change.begin()->first << "=" << c.change.begin()->second);
+    Failure failure = resolve_failure(env);
+    REQUIRE(failure.thrown);
+    CHECK(failure.status == Status::kConfig);
+    CHECK_THAT(failure.message, Contains(c.variable) && Contains(c.value));
+  }
+}
+
+TEST_CASE("bad launcher values and overrides name their source", "[config]") {
+  Failure launcher = resolve_failure(
+      {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "many"}, {"KOLO_ADDR", "node0:1"}});
+  REQUIRE(launcher.thrown);
+  CHECK_THAT(launcher.message, Contains("OMPI_COMM_WORLD_SIZE") && Contains("many"));
+
+  Failure port = resolve_failure(
+      {{"KOLO_RANK", "0"}, {"KOLO_SIZE", "2"}, {"MASTER_ADDR", "n"}, {"MASTER_PORT", "http"}});
+  REQUIRE(port.thrown);
+  CHECK_THAT(port.message, Contains("MASTER_PORT") && Contains("http"));
+
+  ConfigOverrides rank;
+  rank.rank = 7;
+  Failure rank_failure = resolve_failure(kolo_job(), rank);
+  REQUIRE(rank_failure.thrown);
+  CHECK(rank_failure.status == Status::kConfig);
+  CHECK_THAT(rank_failure.message, Contains("kolo_config_t.rank") && Contains("7"));
+
+  ConfigOverrides timeout;
+  timeout.timeout_s = -2;
+  Failure timeout_failure = resolve_failure(kolo_job(), timeout);
+  REQUIRE(timeout_failure.thrown);
+  CHECK_THAT(timeout_failure.message, Contains("kolo_config_t.timeout_s") && Contains("-2"));
+
+  ConfigOverrides streams;
+  streams.tcp_streams = 0;
+  CHECK_THAT(resolve_failure(kolo_job(), streams).message, Contains("kolo_config_t.tcp_streams"));
+}
+
+// ---- Sizes -----------------------------------------------------------------------------------
+
+TEST_CASE("parse_size", "[config]") {
+  using kolo::parse_size;
+  CHECK(parse_size("0") == 0u);
+  CHECK(parse_size("4096") == 4096u);
+  CHECK(parse_size("64K") == 64u << 10);
+  CHECK(parse_size("64k") == 64u << 10);
+  CHECK(parse_size("64KiB") == 64u << 10);
+  CHECK(parse_size("64kib") == 64u << 10);
+  CHECK(parse_size("64KB") == 64u << 10);
+  CHECK(parse_size("1M") == 1u << 20);
+  CHECK(parse_size("1mb") == 1u << 20);
+  CHECK(parse_size("2G") == uint64_t{2} << 30);
+  CHECK(parse_size("2GiB") == uint64_t{2} << 30);
+  CHECK(parse_size("1T") == uint64_t{1} << 40);
+  CHECK(parse_size("4096B") == 4096u);
+  CHECK(parse_size(" 8M ") == 8u << 20);
+  CHECK(parse_size("18446744073709551615") == UINT64_MAX);
+
+  for (const char* bad : {"", " ", "K", "-1", "+1", "1.5M", "1X", "1KK", "1iB", "1Kib2", "1 M",
+                          "0x10", "1Bi", "18446744073709551616", "17179869184G"}) {
+    INFO("parse_size(\"" << bad << "\")");
+    CHECK_FALSE(parse_size(bad).has_value());
+  }
+}
+
+// ---- Unknown variables -----------------------------------------------------------------------
+
+TEST_CASE("unknown KOLO_* variables are reported, known ones are not", "[config]") {
+  std::vector<std::string> unknown = {"stale"};
+  kolo::resolve_config({},
+                       kolo_job({{"KOLO_FOO", "1"},
+                                 {"KOLO_TIMOUT", "5"},
+                                 {"KOLO_TIMEOUT", "5"},
+                                 {"KOLO_DEBUG", "INFO"},
+                                 {"KOLO_CYCLE_TIME_MS", "2"},
+                                 {"NOT_KOLO_FOO", "1"},
+                                 {"kolo_lower", "1"}}),
+                       &unknown);
+  CHECK(unknown == std::vector<std::string>{"KOLO_FOO", "KOLO_TIMOUT"});
+}
+
+TEST_CASE("the table of known variables is complete and well formed", "[config]") {
+  const auto& table = kolo::known_variables();
+  std::set<std::string> names;
+  for (const auto& info : table) {
+    INFO(info.name);
+    CHECK(std::string(info.name).rfind("KOLO_", 0) == 0);
+    CHECK(std::string(info.default_value).size() > 0);
+    CHECK(std::string(info.description).size() > 0);
+    CHECK(names.insert(info.name).second);  // no duplicates
+  }
+  for (const char* name :
+       {"KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_ADDR", "KOLO_SECRET",
+        "KOLO_TIMEOUT", "KOLO_TCP_STREAMS", "KOLO_SOCKET_IFNAME", "KOLO_SEGMENT_BYTES",
+        "KOLO_TRANSPORT", "KOLO_BIND", "KOLO_DEBUG", "KOLO_CYCLE_TIME_MS", "KOLO_CACHE_CAPACITY",
+        "KOLO_FUSION_THRESHOLD", "KOLO_STALL_WARNING_S", "KOLO_STALL_ABORT_S", "KOLO_TIMELINE"}) {
+    CHECK(names.count(name) == 1);
+  }
+  CHECK(names.size() == 19);
+}
+
+TEST_CASE("process_environment reads the real environment", "[config]") {
+  REQUIRE(setenv("KOLO_TEST_PROCESS_ENVIRONMENT", "a=b", 1) == 0);
+  Environment env = kolo::process_environment();
+  unsetenv("KOLO_TEST_PROCESS_ENVIRONMENT");
+  CHECK(env["KOLO_TEST_PROCESS_ENVIRONMENT"] == "a=b");  // only the first '=' separates
+}
+
+// ---- Status names ----------------------------------------------------------------------------
+
+TEST_CASE("status_name for every status", "[status]") {
+  // The C enumerator each status mirrors, value for value (capi/kolo.h).
+  std::vector<std::pair<Status, std::string>> enumerators = {
+      {Status::kSuccess, "KOLO_SUCCESS"},
+      {Status::kInvalidArgument, "KOLO_ERR_INVALID_ARGUMENT"},
+      {Status::kTimeout, "KOLO_ERR_TIMEOUT"},
+      {Status::kPeerLost, "KOLO_ERR_PEER_LOST"},
+      {Status::kMismatch, "KOLO_ERR_MISMATCH"},
+      {Status::kInternal, "KOLO_ERR_INTERNAL"},
+      {Status::kSystem, "KOLO_ERR_SYSTEM"},
+      {Status::kConfig, "KOLO_ERR_CONFIG"},
+      {Status::kUnsupported, "KOLO_ERR_UNSUPPORTED"},
+  };
+  for (const auto& [status, enumerator] : enumerators) {
+    std::string name = kolo::status_name(status);
+    INFO("status " << static_cast<int>(status) << " is named \"" << name << "\"");
+    CHECK(name.rfind(enumerator + ": ", 0) == 0);
+    CHECK(name.size() > enumerator.size() + 5);  // an explanation follows the enumerator
+  }
+  CHECK(std::string(kolo::status_name(Status::kPeerLost)) ==
+        "KOLO_ERR_PEER_LOST: a peer rank was lost");
+  CHECK(std::string(kolo::status_name(static_cast<Status>(99))) == "unknown kolo status");
+  CHECK(std::string(kolo::status_name(static_cast<Status>(-1))) == "unknown kolo status");
+}
+
+// ---- Logger ----------------------------------------------------------------------------------
+
+namespace {
+
+// Runs body with stderr sent to a temporary file, and returns what was written.
+template <typename Body>
+std::string capture_stderr(Body body) {
+  std::FILE* file = std::tmpfile();
+  REQUIRE(file != nullptr);
+  int saved = dup(STDERR_FILENO);
+  REQUIRE(dup2(fileno(file), STDERR_FILENO) >= 0);
+  body();
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  std::string text;
+  std::rewind(file);
+  char buffer[4096];
+  size_t got;
+  while ((got = std::fread(buffer, 1, sizeof(buffer), file)) > 0) text.append(buffer, got);
+  std::fclose(file);
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("log lines carry host, rank and level, one line per message", "[log]") {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string short_host(host);
+  short_host = short_host.substr(0, short_host.find('.'));
+
+  std::string text = capture_stderr([] {
+    kolo::log::set_rank(-1);
+    kolo::log::warn("before the rank is known");
+    kolo::log::set_rank(3);
+    kolo::log::warn("peer {} lost", 5);
+    kolo::log::write(kolo::log::Level::kWarn, "ends with a newline\n");
+  });
+  kolo::log::set_rank(-1);
+  CHECK(text == "kolo " + short_host + ":? WARN  before the rank is known\n" + "kolo " +
+                    short_host + ":3 WARN  peer 5 lost\n" + "kolo " + short_host +
+                    ":3 WARN  ends with a newline\n");
+}
+
+TEST_CASE("log lines of concurrent threads never interleave", "[log]") {
+  constexpr int kThreads = 8;
+  constexpr int kLines = 200;
+  std::string text = capture_stderr([] {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([t] {
+        for (int i = 0; i < kLines; ++i)
+          kolo::log::warn("thread {} line {} {}", t, i, std::string(100, 'x'));
+      });
+    }
+    for (auto& thread : threads) thread.join();
+  });
+  std::istringstream lines(text);
+  std::string line;
+  int count = 0;
+  while (std::getline(lines, line)) {
+    ++count;
+    INFO(line);
+    CHECK(line.rfind("kolo ", 0) == 0);
+    CHECK(line.find(" WARN  thread ") != std::string::npos);
+    CHECK(line.size() > 100);
+    CHECK(line.substr(line.size() - 100) == std::string(100, 'x'));
+  }
+  CHECK(count == kThreads * kLines);
+}
+
+// The level is read once per process, so each KOLO_DEBUG value runs this binary again with only
+// the hidden test below, and looks at what it wrote to stderr.
+TEST_CASE("log level child: writes one line at each level", "[.log_level_child]") {
+  kolo::log::warn("warn line");
+  kolo::log::info("info line");
+  kolo::log::trace("trace line");
+}
+
+namespace {
+
+std::string run_log_level_child(const std::string& kolo_debug) {
+  char self[4096] = {};
+  ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  REQUIRE(length > 0);
+  // stderr into the pipe, Catch's own report (stdout) away.
+  std::string command = "KOLO_DEBUG='" + kolo_debug + "' '" + std::string(self, length) +
+                        "' '[.log_level_child]' 2>&1 >/dev/null";
+  std::FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string output;
+  char buffer[4096];
+  size_t got;
+  while ((got = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, got);
+  CHECK(pclose(pipe) == 0);
+  return output;
+}
+
+int count_of(const std::string& text, const std::string& word) {
+  int count = 0;
+  for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) ++count;
+  return count;
+}
+
+}  // namespace
+
+TEST_CASE("KOLO_DEBUG selects the level, case-insensitively, and warns once about bad values",
+          "[log]") {
+  std::string unset = run_log_level_child("");
+  CHECK(count_of(unset, "\n") == 1);
+  CHECK_THAT(unset, Contains(" WARN  warn line"));
+
+  std::string info = run_log_level_child("info");
+  CHECK_THAT(info, Contains(" WARN  warn line") && Contains(" INFO  info line"));
+  CHECK(count_of(info, "trace line") == 0);
+
+  std::string trace = run_log_level_child("TrAcE");
+  CHECK_THAT(trace, Contains(" INFO  info line") && Contains(" TRACE trace line"));
+
+  std::string warn = run_log_level_child("WARN");
+  CHECK(count_of(warn, "\n") == 1);
+
+  std::string bogus = run_log_level_child("bogus");
+  CHECK(count_of(bogus, "KOLO_DEBUG=bogus") == 1);
+  CHECK(bogus.find("KOLO_DEBUG=bogus") < bogus.find("warn line"));  // reported first
+  CHECK_THAT(bogus, Contains("WARN, INFO or TRACE") && Contains(" WARN  warn line"));
+  CHECK(count_of(bogus, "info line") == 0);
+}
+
+// ---- Topology --------------------------------------------------------------------------------
+
+TEST_CASE("hwloc sees at least one core", "[topology]") {
+  const kolo::Topology& topology = kolo::local_topology();
+  CHECK(topology.cores >= 1);
+  CHECK(topology.pus >= topology.cores);
+  CHECK(topology.numa_nodes >= 1);
+  CHECK(&topology == &kolo::local_topology());  // loaded once
+}
+
+TEST_CASE("bind_process policies", "[topology]") {
+  CHECK(kolo::bind_process("none", 0) == "not bound (KOLO_BIND=none)");
+
+  try {
+    kolo::bind_process("bogus", 0);
+    FAIL("bind_process(\"bogus\") did not throw");
+  } catch (const kolo::Error& error) {
+    CHECK(error.status() == Status::kConfig);
+    CHECK_THAT(std::string(error.what()), Contains("bogus") && Contains("KOLO_BIND"));
+  }
+  try {
+    kolo::bind_process("core", -1);
+    FAIL("bind_process(\"core\", -1) did not throw");
+  } catch (const kolo::Error& error) {
+    CHECK(error.status() == Status::kInvalidArgument);
+  }
+
+  // Binding really narrows this process's CPU set; restore it afterwards so that other tests
+  // keep every CPU. A machine that forbids binding (some containers) reports kSystem.
+  cpu_set_t original;
+  REQUIRE(sched_getaffinity(0, sizeof(original), &original) == 0);
+  for (const char* policy : {"core", "numa"}) {
+    INFO("policy " << policy);
+    try {
+      std::string description = kolo::bind_process(policy, 1);
+      CHECK_THAT(description, Contains("bound to") && Contains("PUs"));
+      cpu_set_t bound;
+      REQUIRE(sched_getaffinity(0, sizeof(bound), &bound) == 0);
+      CHECK(CPU_COUNT(&bound) >= 1);
+      CHECK(CPU_COUNT(&bound) <= CPU_COUNT(&original));
+      if (std::string(policy) == "core") {
+        CHECK(CPU_COUNT(&bound) <= kolo::local_topology().pus / kolo::local_topology().cores + 1);
+      }
+    } catch (const kolo::Error& error) {
+      CHECK(error.status() == Status::kSystem);
+      WARN("binding not permitted here: " << error.what());
+    }
+    REQUIRE(sched_setaffinity(0, sizeof(original), &original) == 0);
+  }
+}
