@@ -7,6 +7,8 @@
 // a recorded answer cannot be replayed against a new nonce.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -36,5 +38,20 @@ void authenticate_as_client(const Socket& socket, const std::string& secret, con
 // caller logs it, closes the socket and carries on), kTimeout at the deadline.
 Hello authenticate_as_server(const Socket& socket, const std::string& secret,
                              const Deadline& deadline);
+
+// The same exchange cut into its messages, for an event loop that serves many connections and
+// must not block on any one of them (the rendezvous store). The acceptor sends the nonce, reads
+// kAuthAnswerBytes, calls check_auth_answer, and on success sends the one byte kAuthAccepted;
+// authenticate_as_server does exactly this.
+inline constexpr size_t kAuthNonceBytes = 32;
+inline constexpr size_t kAuthAnswerBytes = 64;  // a 32-byte hello, then a 32-byte tag
+inline constexpr uint8_t kAuthAccepted = 0x4b;
+using AuthNonce = std::array<uint8_t, kAuthNonceBytes>;
+
+// A fresh random nonce.
+AuthNonce make_auth_nonce();
+// Checks an answer to nonce; returns the hello, or throws kolo::Error(kMismatch) naming peer.
+Hello check_auth_answer(const std::string& secret, const AuthNonce& nonce,
+                        const uint8_t (&answer)[kAuthAnswerBytes], const std::string& peer);
 
 }  // namespace kolo::net

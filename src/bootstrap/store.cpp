@@ -1,0 +1,882 @@
+// The rendezvous store.
+//
+// Server. One thread runs an epoll loop over the listening socket, an eventfd that asks it to stop,
+// and every connection. Nothing in the loop blocks: sockets are non-blocking, each connection keeps
+// its own input and output buffers, and authentication is the same challenge and response as
+// net/auth.hpp driven one message at a time (a stranger that never answers costs one idle entry
+// until its 5 s handshake deadline, not a stalled loop). A GET or WAIT for a key that does not
+// exist yet is parked on the server and answered when a SET or ADD creates the key; the client
+// bounds how long it is prepared to wait. While a connection has a parked request or unsent
+// output, the server reads nothing more from it, so its input buffer stays bounded by one request.
+//
+// Requests (client to server), integers little-endian:
+//   SET   u8 1, u32 key_bytes, key, u32 value_bytes, value
+//   GET   u8 2, u32 key_bytes, key
+//   WAIT  u8 3, u32 key_count, key_count x (u32 key_bytes, key)
+//   ADD   u8 4, u32 key_bytes, key, i64 delta
+// Replies (server to client):
+//   ok     u8 0, then for GET u32 value_bytes and the value, for ADD the i64 sum, else nothing
+//   error  u8 1, u32 message_bytes, message  (ADD on a value that is not a counter, or overflow)
+// Keys are 1..kStoreMaxKeyBytes bytes, values at most kStoreMaxValueBytes; each length is checked
+// as soon as it has arrived, before its bytes are awaited or anything is allocated for them.
+#include "bootstrap/store.hpp"
+
+#include <fmt/format.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include "core/deadline.hpp"
+#include "core/log.hpp"
+#include "kolo/status.hpp"
+#include "net/auth.hpp"
+
+namespace kolo {
+namespace {
+
+enum class Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4 };
+constexpr uint8_t kReplyOk = 0;
+constexpr uint8_t kReplyError = 1;
+
+constexpr size_t kMaxWaitKeys = 1u << 16;
+// The largest legal request: a SET of the longest key and value, plus its headers. A WAIT's keys
+// together must fit in it too.
+constexpr size_t kMaxRequestBytes = 1 + 4 + kStoreMaxKeyBytes + 4 + kStoreMaxValueBytes;
+constexpr size_t kMaxErrorBytes = 4096;
+constexpr auto kHandshakeTime = std::chrono::seconds(5);
+constexpr size_t kReadChunk = 64 * 1024;
+
+// ---- encoding ----------------------------------------------------------------------------------
+
+void append_u32(std::vector<uint8_t>& out, uint32_t value) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
+}
+void append_u64(std::vector<uint8_t>& out, uint64_t value) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
+}
+void append_bytes(std::vector<uint8_t>& out, const void* data, size_t bytes) {
+  const auto* begin = static_cast<const uint8_t*>(data);
+  out.insert(out.end(), begin, begin + bytes);
+}
+void append_key(std::vector<uint8_t>& out, const std::string& key) {
+  append_u32(out, static_cast<uint32_t>(key.size()));
+  append_bytes(out, key.data(), key.size());
+}
+uint32_t decode_u32(const uint8_t* in) {
+  uint32_t value = 0;
+  for (int i = 0; i < 4; ++i) value |= static_cast<uint32_t>(in[i]) << (8 * i);
+  return value;
+}
+uint64_t decode_u64(const uint8_t* in) {
+  uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) value |= static_cast<uint64_t>(in[i]) << (8 * i);
+  return value;
+}
+
+std::string quote_keys(const std::vector<std::string>& keys) {
+  constexpr size_t kShown = 4;
+  std::string text;
+  for (size_t i = 0; i < keys.size() && i < kShown; ++i) {
+    text += fmt::format("{}'{}'", i == 0 ? "" : ", ", keys[i]);
+  }
+  if (keys.size() > kShown) text += fmt::format(" and {} more", keys.size() - kShown);
+  return text;
+}
+
+// ---- request parsing (server) ------------------------------------------------------------------
+
+struct Request {
+  Op op = Op::kSet;
+  std::vector<std::string> keys;  // one key, or WAIT's keys
+  std::vector<uint8_t> value;     // SET
+  int64_t delta = 0;              // ADD
+};
+
+enum class Parse { kIncomplete, kComplete, kMalformed };
+
+// Reads one request from the front of a buffer that may hold only part of it. Called with
+// request == nullptr it only checks and measures, so a request still arriving is never copied;
+// once complete it is called again to decode.
+class RequestParser {
+ public:
+  RequestParser(const std::vector<uint8_t>& buffer, Request* request)
+      : data_(buffer.data()), size_(buffer.size()), request_(request) {}
+
+  Parse parse() {
+    if (!has(1)) return Parse::kIncomplete;
+    uint8_t op = data_[offset_++];
+    if (request_ != nullptr) request_->op = static_cast<Op>(op);
+    switch (static_cast<Op>(op)) {
+      case Op::kSet: {
+        Parse key = parse_key();
+        if (key != Parse::kComplete) return key;
+        if (!has(4)) return Parse::kIncomplete;
+        uint32_t length = decode_u32(data_ + offset_);
+        offset_ += 4;
+        if (length > kStoreMaxValueBytes) {
+          return malformed(fmt::format("a SET value of {} bytes (the limit is {})", length,
+                                       kStoreMaxValueBytes));
+        }
+        if (!has(length)) return Parse::kIncomplete;
+        if (request_ != nullptr) request_->value.assign(data_ + offset_, data_ + offset_ + length);
+        offset_ += length;
+        return Parse::kComplete;
+      }
+      case Op::kGet:
+        return parse_key();
+      case Op::kWait: {
+        if (!has(4)) return Parse::kIncomplete;
+        uint32_t count = decode_u32(data_ + offset_);
+        offset_ += 4;
+        if (count > kMaxWaitKeys) {
+          return malformed(
+              fmt::format("a WAIT for {} keys (the limit is {})", count, kMaxWaitKeys));
+        }
+        for (uint32_t i = 0; i < count; ++i) {
+          Parse key = parse_key();
+          if (key != Parse::kComplete) return key;
+        }
+        return Parse::kComplete;
+      }
+      case Op::kAdd: {
+        Parse key = parse_key();
+        if (key != Parse::kComplete) return key;
+        if (!has(8)) return Parse::kIncomplete;
+        if (request_ != nullptr)
+          request_->delta = static_cast<int64_t>(decode_u64(data_ + offset_));
+        offset_ += 8;
+        return Parse::kComplete;
+      }
+    }
+    return malformed(fmt::format("an unknown request code {}", op));
+  }
+
+  size_t consumed() const { return offset_; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  bool has(size_t bytes) const { return size_ - offset_ >= bytes; }
+
+  Parse parse_key() {
+    if (!has(4)) return Parse::kIncomplete;
+    uint32_t length = decode_u32(data_ + offset_);
+    offset_ += 4;
+    if (length == 0 || length > kStoreMaxKeyBytes) {
+      return malformed(
+          fmt::format("a key of {} bytes (keys are 1 to {} bytes)", length, kStoreMaxKeyBytes));
+    }
+    if (offset_ + length > kMaxRequestBytes) {
+      return malformed(fmt::format("a request of more than {} bytes", kMaxRequestBytes));
+    }
+    if (!has(length)) return Parse::kIncomplete;
+    if (request_ != nullptr) {
+      request_->keys.emplace_back(reinterpret_cast<const char*>(data_ + offset_), length);
+    }
+    offset_ += length;
+    return Parse::kComplete;
+  }
+
+  Parse malformed(std::string reason) {
+    reason_ = std::move(reason);
+    return Parse::kMalformed;
+  }
+
+  const uint8_t* data_;
+  size_t size_;
+  size_t offset_ = 0;
+  Request* request_;
+  std::string reason_;
+};
+
+}  // namespace
+
+// ---- server ------------------------------------------------------------------------------------
+
+struct StoreServer::Impl {
+  enum class State { kHandshake, kReady, kParked };
+
+  struct Connection {
+    uint64_t id = 0;
+    net::Socket socket;
+    std::string peer;  // "host:port", and the rank once known, for log lines
+    State state = State::kHandshake;
+    bool closed = false;
+    uint32_t events = 0;  // what epoll is currently asked to report
+    net::AuthNonce nonce{};
+    std::vector<uint8_t> input;
+    std::vector<uint8_t> output;
+    size_t output_sent = 0;
+    // A parked GET or WAIT: what it waits for and how many of its keys are still missing.
+    Op parked_op = Op::kGet;
+    std::string parked_key;
+    size_t missing = 0;
+    uint64_t park_generation = 0;
+  };
+
+  struct Waiter {
+    uint64_t connection;
+    uint64_t generation;
+  };
+
+  static constexpr uint64_t kListenerId = 0;
+  static constexpr uint64_t kWakeId = 1;
+
+  std::string secret;
+  net::Socket listener;
+  net::Endpoint bound;
+  net::Socket epoll;
+  net::Socket wake;  // an eventfd; the destructor writes to it to stop the loop
+  std::thread thread;
+
+  // Only the loop thread touches what follows.
+  std::unordered_map<std::string, std::vector<uint8_t>> data;
+  std::unordered_map<std::string, std::vector<Waiter>> waiters;
+  std::unordered_map<uint64_t, Connection> connections;
+  std::deque<std::pair<Clock::time_point, uint64_t>> handshake_deadlines;  // in arrival order
+  std::vector<uint64_t> to_process;  // connections whose parked request was just answered
+  std::vector<uint64_t> dead;        // closed connections to erase at the end of a round
+  uint64_t next_id = 2;
+  bool accept_paused = false;
+  Clock::time_point accept_resume{};
+  Clock::time_point last_accept_warning{};
+
+  // -- epoll plumbing --
+
+  void watch(int fd, uint64_t id, uint32_t events) {
+    epoll_event event{};
+    event.events = events;
+    event.data.u64 = id;
+    if (::epoll_ctl(epoll.fd(), EPOLL_CTL_ADD, fd, &event) != 0) {
+      throw Error(Status::kSystem, fmt::format("epoll_ctl(ADD) in the rendezvous store: {}",
+                                               std::generic_category().message(errno)));
+    }
+  }
+
+  void set_events(int fd, uint64_t id, uint32_t events) {
+    epoll_event event{};
+    event.events = events;
+    event.data.u64 = id;
+    ::epoll_ctl(epoll.fd(), EPOLL_CTL_MOD, fd, &event);
+  }
+
+  // Reads while the connection may take a request, writes while output is pending, and always
+  // hears about a hang-up, also while a request is parked.
+  void update_interest(Connection& connection) {
+    if (connection.closed) return;
+    uint32_t events = EPOLLRDHUP;
+    if (connection.output_sent < connection.output.size()) {
+      events |= EPOLLOUT;
+    } else if (connection.state != State::kParked) {
+      events |= EPOLLIN;
+    }
+    if (events != connection.events) {
+      set_events(connection.socket.fd(), connection.id, events);
+      connection.events = events;
+    }
+  }
+
+  void drop(Connection& connection) {
+    if (connection.closed) return;
+    ::epoll_ctl(epoll.fd(), EPOLL_CTL_DEL, connection.socket.fd(), nullptr);
+    connection.socket.close();
+    connection.closed = true;
+    connection.input.clear();
+    connection.output.clear();
+    dead.push_back(connection.id);
+  }
+
+  // -- the loop --
+
+  void run() {
+    epoll_event events[64];
+    for (;;) {
+      int ready = ::epoll_wait(epoll.fd(), events, 64, next_timeout_ms());
+      if (ready < 0 && errno != EINTR) {
+        log::warn("rendezvous store: epoll_wait failed ({}); the store stops serving",
+                  std::generic_category().message(errno));
+        return;
+      }
+      for (int i = 0; i < ready; ++i) {
+        uint64_t id = events[i].data.u64;
+        if (id == kWakeId) return;
+        if (id == kListenerId) {
+          accept_connections();
+          continue;
+        }
+        auto it = connections.find(id);
+        if (it == connections.end() || it->second.closed) continue;
+        guarded(it->second, [&](Connection& c) { handle_event(c, events[i].events); });
+      }
+      expire_handshakes();
+      resume_accepting();
+      while (!to_process.empty()) {
+        std::vector<uint64_t> batch;
+        batch.swap(to_process);
+        for (uint64_t id : batch) {
+          auto it = connections.find(id);
+          if (it != connections.end())
+            guarded(it->second, [&](Connection& c) { process_input(c); });
+        }
+      }
+      for (uint64_t id : dead) connections.erase(id);
+      dead.clear();
+    }
+  }
+
+  // One misbehaving connection (or an allocation failure while serving it) must not end the
+  // store for everyone else.
+  template <typename Action>
+  void guarded(Connection& connection, Action action) {
+    try {
+      action(connection);
+    } catch (const std::exception& error) {
+      log::warn("rendezvous store: dropping the connection from {}: {}", connection.peer,
+                error.what());
+      drop(connection);
+    }
+  }
+
+  int next_timeout_ms() const {
+    auto now = Clock::now();
+    auto wake_at = Clock::time_point::max();
+    if (!handshake_deadlines.empty()) wake_at = handshake_deadlines.front().first;
+    if (accept_paused) wake_at = std::min(wake_at, accept_resume);
+    if (wake_at == Clock::time_point::max()) return -1;
+    if (wake_at <= now) return 0;
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake_at - now).count();
+    return static_cast<int>(std::min<int64_t>(ms, 60'000));
+  }
+
+  void accept_connections() {
+    // A bounded batch per wake-up, so that a flood of connections cannot starve the others.
+    for (int i = 0; i < 64; ++i) {
+      net::Socket socket(::accept4(listener.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      if (!socket.valid()) {
+        int error = errno;
+        if (error == EAGAIN || error == EWOULDBLOCK) return;
+        if (error == EINTR || error == ECONNABORTED || error == EPROTO) continue;
+        // Out of descriptors or memory: stop accepting for a moment instead of spinning on a
+        // listener that stays readable.
+        auto now = Clock::now();
+        if (now - last_accept_warning > std::chrono::seconds(10)) {
+          log::warn("rendezvous store at {}: cannot accept connections ({}); retrying",
+                    bound.to_string(), std::generic_category().message(error));
+          last_accept_warning = now;
+        }
+        accept_paused = true;
+        accept_resume = now + std::chrono::milliseconds(100);
+        set_events(listener.fd(), kListenerId, 0);
+        return;
+      }
+      start_handshake(std::move(socket));
+    }
+  }
+
+  void resume_accepting() {
+    if (accept_paused && Clock::now() >= accept_resume) {
+      accept_paused = false;
+      set_events(listener.fd(), kListenerId, EPOLLIN);
+    }
+  }
+
+  void start_handshake(net::Socket socket) {
+    uint64_t id = next_id++;
+    Connection& connection = connections[id];
+    connection.id = id;
+    try {
+      connection.peer = net::peer_endpoint(socket).to_string();
+    } catch (const Error&) {
+      connection.peer = "an unknown address";
+    }
+    connection.socket = std::move(socket);
+    guarded(connection, [&](Connection& c) {
+      net::set_nodelay(c.socket);
+      c.nonce = net::make_auth_nonce();
+      watch(c.socket.fd(), c.id, 0);
+      c.events = 0;
+      handshake_deadlines.emplace_back(Clock::now() + kHandshakeTime, c.id);
+      queue(c, c.nonce.data(), c.nonce.size());
+    });
+  }
+
+  void expire_handshakes() {
+    auto now = Clock::now();
+    while (!handshake_deadlines.empty() && handshake_deadlines.front().first <= now) {
+      uint64_t id = handshake_deadlines.front().second;
+      handshake_deadlines.pop_front();
+      auto it = connections.find(id);
+      if (it == connections.end() || it->second.closed) continue;
+      if (it->second.state != State::kHandshake) continue;
+      log::warn(
+          "rendezvous store: the connection from {} did not authenticate within {} s; "
+          "dropped",
+          it->second.peer, kHandshakeTime.count());
+      drop(it->second);
+    }
+  }
+
+  void handle_event(Connection& connection, uint32_t events) {
+    if (events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
+      if (connection.state == State::kHandshake) {
+        log::warn("rendezvous store: the connection from {} closed before authenticating",
+                  connection.peer);
+      } else if (connection.state == State::kParked) {
+        log::info("rendezvous store: {} disconnected while waiting for key '{}'", connection.peer,
+                  connection.parked_key);
+      } else {
+        log::info("rendezvous store: {} disconnected", connection.peer);
+      }
+      drop(connection);
+      return;
+    }
+    if (events & EPOLLOUT) flush(connection);
+    if (connection.closed) return;
+    if (events & EPOLLIN) read_input(connection);
+    if (connection.closed) return;
+    process_input(connection);
+  }
+
+  void read_input(Connection& connection) {
+    // During the handshake read exactly the answer and nothing beyond it.
+    size_t want = connection.state == State::kHandshake
+                      ? net::kAuthAnswerBytes - connection.input.size()
+                      : kReadChunk;
+    size_t old_size = connection.input.size();
+    connection.input.resize(old_size + want);
+    ssize_t n = ::recv(connection.socket.fd(), connection.input.data() + old_size, want, 0);
+    connection.input.resize(old_size + (n > 0 ? static_cast<size_t>(n) : 0));
+    if (n == 0) {
+      if (connection.state == State::kHandshake) {
+        log::warn("rendezvous store: the connection from {} closed before authenticating",
+                  connection.peer);
+      } else {
+        log::info("rendezvous store: {} disconnected", connection.peer);
+      }
+      drop(connection);
+      return;
+    }
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+      log::warn("rendezvous store: reading from {} failed ({}); dropped", connection.peer,
+                std::generic_category().message(errno));
+      drop(connection);
+      return;
+    }
+    if (connection.state == State::kHandshake) finish_handshake(connection);
+  }
+
+  void finish_handshake(Connection& connection) {
+    if (connection.input.size() < net::kAuthAnswerBytes) return;
+    uint8_t answer[net::kAuthAnswerBytes];
+    std::memcpy(answer, connection.input.data(), sizeof answer);
+    connection.input.clear();
+    net::Hello hello;
+    try {
+      hello = net::check_auth_answer(secret, connection.nonce, answer, connection.peer);
+    } catch (const Error& error) {
+      log::warn("rendezvous store: {}", error.what());
+      drop(connection);
+      return;
+    }
+    if (hello.purpose != net::kPurposeStore) {
+      log::warn(
+          "rendezvous store: the connection from {} (rank {}) was opened for purpose {}, "
+          "not for the store; dropped",
+          connection.peer, hello.rank, hello.purpose);
+      drop(connection);
+      return;
+    }
+    connection.peer = fmt::format("rank {} ({})", hello.rank, connection.peer);
+    connection.state = State::kReady;
+    log::info("rendezvous store: {} connected", connection.peer);
+    queue(connection, &net::kAuthAccepted, 1);
+  }
+
+  // Executes complete requests for as long as the connection can take them.
+  void process_input(Connection& connection) {
+    while (!connection.closed && connection.state == State::kReady && connection.output.empty() &&
+           !connection.input.empty()) {
+      RequestParser check(connection.input, nullptr);
+      Parse result = check.parse();
+      if (result == Parse::kIncomplete) break;
+      if (result == Parse::kMalformed) {
+        log::warn("rendezvous store: {} sent {}; dropped", connection.peer, check.reason());
+        drop(connection);
+        return;
+      }
+      Request request;
+      RequestParser decode(connection.input, &request);
+      decode.parse();
+      connection.input.erase(connection.input.begin(),
+                             connection.input.begin() + static_cast<ptrdiff_t>(check.consumed()));
+      execute(connection, std::move(request));
+    }
+    update_interest(connection);
+  }
+
+  void execute(Connection& connection, Request request) {
+    switch (request.op) {
+      case Op::kSet: {
+        const std::string& key = request.keys.front();
+        log::trace("rendezvous store: {} sets '{}' ({} bytes)", connection.peer, key,
+                   request.value.size());
+        store(key, std::move(request.value));
+        uint8_t ok = kReplyOk;
+        queue(connection, &ok, 1);
+        return;
+      }
+      case Op::kGet:
+      case Op::kWait: {
+        std::vector<std::string> missing;
+        for (const auto& key : request.keys) {
+          if (data.count(key) == 0) missing.push_back(key);
+        }
+        std::sort(missing.begin(), missing.end());
+        missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+        connection.parked_op = request.op;
+        connection.parked_key = request.keys.empty() ? std::string() : request.keys.front();
+        if (missing.empty()) {
+          answer_parked(connection);
+          return;
+        }
+        log::trace("rendezvous store: {} waits for {}", connection.peer, quote_keys(missing));
+        connection.state = State::kParked;
+        connection.missing = missing.size();
+        ++connection.park_generation;
+        for (const auto& key : missing) {
+          waiters[key].push_back(Waiter{connection.id, connection.park_generation});
+        }
+        return;
+      }
+      case Op::kAdd: {
+        const std::string& key = request.keys.front();
+        int64_t current = 0;
+        auto it = data.find(key);
+        if (it != data.end()) {
+          if (it->second.size() != 8) {
+            return refuse(connection,
+                          fmt::format("key '{}' holds a {}-byte value, not a counter made by add",
+                                      key, it->second.size()));
+          }
+          current = static_cast<int64_t>(decode_u64(it->second.data()));
+        }
+        int64_t sum = 0;
+        if (__builtin_add_overflow(current, request.delta, &sum)) {
+          return refuse(connection, fmt::format("adding {} to key '{}' (now {}) overflows int64",
+                                                request.delta, key, current));
+        }
+        std::vector<uint8_t> encoded;
+        append_u64(encoded, static_cast<uint64_t>(sum));
+        store(key, encoded);
+        std::vector<uint8_t> reply{kReplyOk};
+        append_u64(reply, static_cast<uint64_t>(sum));
+        queue(connection, reply.data(), reply.size());
+        return;
+      }
+    }
+  }
+
+  void refuse(Connection& connection, const std::string& message) {
+    std::vector<uint8_t> reply{kReplyError};
+    size_t bytes = std::min(message.size(), kMaxErrorBytes);
+    append_u32(reply, static_cast<uint32_t>(bytes));
+    append_bytes(reply, message.data(), bytes);
+    queue(connection, reply.data(), reply.size());
+  }
+
+  // Stores a value and answers every parked request that was waiting only for this key.
+  void store(const std::string& key, std::vector<uint8_t> value) {
+    auto [it, created] = data.insert_or_assign(key, std::move(value));
+    (void)it;
+    if (!created) return;
+    auto waiting = waiters.find(key);
+    if (waiting == waiters.end()) return;
+    std::vector<Waiter> list = std::move(waiting->second);
+    waiters.erase(waiting);
+    for (const Waiter& waiter : list) {
+      auto found = connections.find(waiter.connection);
+      if (found == connections.end()) continue;
+      Connection& other = found->second;
+      if (other.closed || other.state != State::kParked ||
+          other.park_generation != waiter.generation) {
+        continue;
+      }
+      if (--other.missing == 0) {
+        other.state = State::kReady;
+        answer_parked(other);
+        to_process.push_back(other.id);  // it may have more input; handled after this round
+      }
+    }
+  }
+
+  void answer_parked(Connection& connection) {
+    if (connection.parked_op == Op::kWait) {
+      uint8_t ok = kReplyOk;
+      queue(connection, &ok, 1);
+      return;
+    }
+    const std::vector<uint8_t>& value = data.at(connection.parked_key);
+    std::vector<uint8_t> reply{kReplyOk};
+    reply.reserve(5 + value.size());
+    append_u32(reply, static_cast<uint32_t>(value.size()));
+    append_bytes(reply, value.data(), value.size());
+    queue(connection, reply.data(), reply.size());
+  }
+
+  void queue(Connection& connection, const void* bytes, size_t size) {
+    append_bytes(connection.output, bytes, size);
+    flush(connection);
+  }
+
+  void flush(Connection& connection) {
+    while (!connection.closed && connection.output_sent < connection.output.size()) {
+      ssize_t n =
+          ::send(connection.socket.fd(), connection.output.data() + connection.output_sent,
+                 connection.output.size() - connection.output_sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        connection.output_sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      log::info("rendezvous store: sending to {} failed ({}); dropped", connection.peer,
+                std::generic_category().message(errno));
+      drop(connection);
+      return;
+    }
+    if (connection.output_sent == connection.output.size()) {
+      connection.output.clear();
+      connection.output_sent = 0;
+    }
+    update_interest(connection);
+  }
+};
+
+StoreServer::StoreServer(const net::Endpoint& endpoint, std::string secret)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->secret = std::move(secret);
+  try {
+    impl_->listener = net::listen_on(endpoint);
+    net::set_nonblocking(impl_->listener, true);
+    impl_->bound = net::local_endpoint(impl_->listener);
+  } catch (const Error& error) {
+    throw Error(error.status(), fmt::format("cannot serve the rendezvous store: {}", error.what()));
+  }
+  impl_->epoll = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
+  impl_->wake = net::Socket(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!impl_->epoll.valid() || !impl_->wake.valid()) {
+    throw Error(Status::kSystem,
+                fmt::format("cannot serve the rendezvous store at {}: epoll/eventfd: {}",
+                            impl_->bound.to_string(), std::generic_category().message(errno)));
+  }
+  impl_->watch(impl_->listener.fd(), Impl::kListenerId, EPOLLIN);
+  impl_->watch(impl_->wake.fd(), Impl::kWakeId, EPOLLIN);
+  impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
+}
+
+StoreServer::~StoreServer() {
+  uint64_t one = 1;
+  // An eventfd write of 1 cannot fail short of a counter overflow, which one write cannot cause.
+  (void)!::write(impl_->wake.fd(), &one, sizeof one);
+  impl_->thread.join();
+}
+
+net::Endpoint StoreServer::endpoint() const {
+  return impl_->bound;
+}
+
+// ---- client ------------------------------------------------------------------------------------
+
+struct StoreClient::Impl {
+  net::Endpoint endpoint;
+  std::string where;  // "the rendezvous store at host:port"
+  std::string secret;
+  int rank = -1;
+  double timeout_s = 0;
+  net::Socket socket;
+  // After the server went away or spoke nonsense, every later call fails at once with this
+  // instead of waiting out its timeout against a store that is not coming back.
+  std::string broken;
+
+  void connect(const Deadline& deadline) {
+    socket = net::connect_to(endpoint, deadline);
+    net::Hello hello;
+    hello.purpose = net::kPurposeStore;
+    hello.rank = rank;
+    net::authenticate_as_client(socket, secret, hello, deadline);
+  }
+
+  // Sends one request and reads the reply's status byte within the call's timeout, then lets
+  // read_payload read the rest. Any failure leaves the connection in an unknown state, so it is
+  // closed: after a timeout the next call reconnects (the server drops the parked request when
+  // it sees the old connection go); after anything else the client stays broken.
+  template <typename ReadPayload>
+  auto transact(const std::string& what, const std::vector<uint8_t>& request,
+                ReadPayload read_payload) {
+    if (!broken.empty()) {
+      throw Error(Status::kPeerLost, fmt::format("cannot go on {}: {}", what, broken));
+    }
+    Deadline deadline(timeout_s);
+    std::string refusal;
+    try {
+      if (!socket.valid()) connect(deadline);
+      net::send_all(socket, request.data(), request.size(), deadline);
+      uint8_t code = 0;
+      net::recv_all(socket, &code, 1, deadline);
+      if (code == kReplyOk) return read_payload(deadline);
+      if (code != kReplyError) {
+        throw Error(Status::kMismatch,
+                    fmt::format("{} answered with an unknown reply code {}", where, code));
+      }
+      uint8_t length_bytes[4];
+      net::recv_all(socket, length_bytes, 4, deadline);
+      uint32_t length = decode_u32(length_bytes);
+      if (length > kMaxErrorBytes) {
+        throw Error(Status::kMismatch,
+                    fmt::format("{} sent an error message of {} bytes", where, length));
+      }
+      refusal.resize(length);
+      net::recv_all(socket, refusal.data(), length, deadline);
+    } catch (const Error& error) {
+      socket.close();
+      std::string message;
+      switch (error.status()) {
+        case Status::kTimeout:
+          throw Error(Status::kTimeout,
+                      fmt::format("timed out after {:g} s {} in {}", timeout_s, what, where));
+        case Status::kPeerLost:
+          message = fmt::format("{} (served by rank 0) closed the connection while {} [{}]", where,
+                                what, error.what());
+          break;
+        default:
+          message = fmt::format("{} in {}: {}", what, where, error.what());
+          break;
+      }
+      broken = message;
+      throw Error(error.status(), message);
+    }
+    throw Error(Status::kInvalidArgument, fmt::format("{} refused {}: {}", where, what, refusal));
+  }
+
+  void check_key(const std::string& key, const char* operation) const {
+    if (key.empty() || key.size() > kStoreMaxKeyBytes) {
+      throw Error(Status::kInvalidArgument,
+                  fmt::format("store {}: key of {} bytes; keys are 1 to {} bytes", operation,
+                              key.size(), kStoreMaxKeyBytes));
+    }
+  }
+};
+
+StoreClient::StoreClient(const net::Endpoint& endpoint, const std::string& secret, int rank,
+                         double timeout_s)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->endpoint = endpoint;
+  impl_->where = fmt::format("the rendezvous store at {}", endpoint.to_string());
+  impl_->secret = secret;
+  impl_->rank = rank;
+  impl_->timeout_s = timeout_s;
+  try {
+    impl_->connect(Deadline(timeout_s));
+  } catch (const Error& error) {
+    throw Error(error.status(),
+                fmt::format("rank {} could not connect to {} (served by rank 0; is KOLO_ADDR "
+                            "right and is rank 0 running?): {}",
+                            rank, impl_->where, error.what()));
+  }
+}
+
+StoreClient::~StoreClient() = default;
+
+void StoreClient::set(const std::string& key, const std::vector<uint8_t>& value) {
+  impl_->check_key(key, "set");
+  if (value.size() > kStoreMaxValueBytes) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("store set: the value for key '{}' has {} bytes; the limit is {}", key,
+                            value.size(), kStoreMaxValueBytes));
+  }
+  std::vector<uint8_t> request{static_cast<uint8_t>(Op::kSet)};
+  request.reserve(9 + key.size() + value.size());
+  append_key(request, key);
+  append_u32(request, static_cast<uint32_t>(value.size()));
+  append_bytes(request, value.data(), value.size());
+  impl_->transact(fmt::format("setting key '{}'", key), request, [](const Deadline&) {});
+}
+
+std::vector<uint8_t> StoreClient::get(const std::string& key) {
+  impl_->check_key(key, "get");
+  std::vector<uint8_t> request{static_cast<uint8_t>(Op::kGet)};
+  append_key(request, key);
+  Impl& impl = *impl_;
+  return impl.transact(
+      fmt::format("waiting for key '{}'", key), request, [&](const Deadline& deadline) {
+        uint8_t length_bytes[4];
+        net::recv_all(impl.socket, length_bytes, 4, deadline);
+        uint32_t length = decode_u32(length_bytes);
+        if (length > kStoreMaxValueBytes) {
+          throw Error(Status::kMismatch, fmt::format("{} sent a value of {} bytes for key '{}'",
+                                                     impl.where, length, key));
+        }
+        std::vector<uint8_t> value(length);
+        net::recv_all(impl.socket, value.data(), length, deadline);
+        return value;
+      });
+}
+
+void StoreClient::wait(const std::vector<std::string>& keys) {
+  if (keys.empty()) return;
+  if (keys.size() > kMaxWaitKeys) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("store wait: {} keys; the limit is {}", keys.size(), kMaxWaitKeys));
+  }
+  std::vector<uint8_t> request{static_cast<uint8_t>(Op::kWait)};
+  append_u32(request, static_cast<uint32_t>(keys.size()));
+  for (const auto& key : keys) {
+    impl_->check_key(key, "wait");
+    append_key(request, key);
+  }
+  if (request.size() > kMaxRequestBytes) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("store wait: the keys take {} bytes; the limit is {}", request.size(),
+                            kMaxRequestBytes));
+  }
+  std::string what = keys.size() == 1 ? fmt::format("waiting for key '{}'", keys.front())
+                                      : fmt::format("waiting for keys {}", quote_keys(keys));
+  impl_->transact(what, request, [](const Deadline&) {});
+}
+
+int64_t StoreClient::add(const std::string& key, int64_t delta) {
+  impl_->check_key(key, "add");
+  std::vector<uint8_t> request{static_cast<uint8_t>(Op::kAdd)};
+  append_key(request, key);
+  append_u64(request, static_cast<uint64_t>(delta));
+  Impl& impl = *impl_;
+  return impl.transact(fmt::format("adding {} to key '{}'", delta, key), request,
+                       [&](const Deadline& deadline) {
+                         uint8_t sum[8];
+                         net::recv_all(impl.socket, sum, 8, deadline);
+                         return static_cast<int64_t>(decode_u64(sum));
+                       });
+}
+
+void StoreClient::set_string(const std::string& key, const std::string& value) {
+  set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+std::string StoreClient::get_string(const std::string& key) {
+  std::vector<uint8_t> value = get(key);
+  return std::string(value.begin(), value.end());
+}
+
+}  // namespace kolo

@@ -1,0 +1,204 @@
+// Challenge-response proof of the job secret; see auth.hpp for the exchange.
+//
+// Bytes on the wire, all integers little-endian:
+//   acceptor  -> connector  nonce        32 random bytes
+//   connector -> acceptor   hello        32 bytes: "KOLO", u32 version (1), u32 purpose,
+//                                        i32 rank, u32 stream, u32 reserved (0), u64 context
+//                           tag          32 bytes: HMAC-SHA-512/256(key, nonce || hello) where
+//                                        key = BLAKE2b-256(secret)
+//   acceptor  -> connector  accepted     1 byte, kAuthAccepted; on any failure the acceptor
+//                                        closes the connection instead, and says why only in
+//                                        its own log (a stranger learns nothing).
+#include "net/auth.hpp"
+
+#include <fmt/format.h>
+#include <sodium.h>
+
+#include <cstring>
+
+#include "kolo/status.hpp"
+
+namespace kolo::net {
+namespace {
+
+constexpr uint8_t kMagic[4] = {'K', 'O', 'L', 'O'};
+constexpr uint32_t kProtocolVersion = 1;
+constexpr size_t kHelloBytes = 32;
+constexpr size_t kTagBytes = crypto_auth_hmacsha512256_BYTES;
+static_assert(kHelloBytes + kTagBytes == kAuthAnswerBytes);
+static_assert(crypto_auth_hmacsha512256_KEYBYTES == 32);
+
+void ensure_sodium() {
+  // sodium_init is safe to call from several threads, but a static makes "once" explicit.
+  static const int result = sodium_init();
+  if (result < 0) throw Error(Status::kInternal, "libsodium failed to initialise (sodium_init)");
+}
+
+void put_u32(uint8_t* out, uint32_t value) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
+}
+void put_u64(uint8_t* out, uint64_t value) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
+}
+uint32_t get_u32(const uint8_t* in) {
+  uint32_t value = 0;
+  for (int i = 0; i < 4; ++i) value |= static_cast<uint32_t>(in[i]) << (8 * i);
+  return value;
+}
+uint64_t get_u64(const uint8_t* in) {
+  uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) value |= static_cast<uint64_t>(in[i]) << (8 * i);
+  return value;
+}
+
+// Writes kHelloBytes at out.
+void encode_hello(const Hello& hello, uint8_t* out) {
+  std::memcpy(out, kMagic, 4);
+  put_u32(out + 4, kProtocolVersion);
+  put_u32(out + 8, hello.purpose);
+  put_u32(out + 12, static_cast<uint32_t>(hello.rank));
+  put_u32(out + 16, hello.stream);
+  put_u32(out + 20, 0);
+  put_u64(out + 24, hello.context);
+}
+
+// The secret is hashed so that a secret of any length becomes a key of exactly the size the MAC
+// wants; the secret itself never leaves the process.
+struct Key {
+  uint8_t bytes[crypto_auth_hmacsha512256_KEYBYTES];
+  explicit Key(const std::string& secret) {
+    crypto_generichash(bytes, sizeof bytes, reinterpret_cast<const uint8_t*>(secret.data()),
+                       secret.size(), nullptr, 0);
+  }
+  ~Key() { sodium_memzero(bytes, sizeof bytes); }
+  Key(const Key&) = delete;
+  Key& operator=(const Key&) = delete;
+};
+
+// HMAC over nonce || hello.
+void compute_tag(const std::string& secret, const AuthNonce& nonce, const uint8_t* hello,
+                 uint8_t (&tag)[kTagBytes]) {
+  Key key(secret);
+  uint8_t message[kAuthNonceBytes + kHelloBytes];
+  std::memcpy(message, nonce.data(), kAuthNonceBytes);
+  std::memcpy(message + kAuthNonceBytes, hello, kHelloBytes);
+  crypto_auth_hmacsha512256(tag, message, sizeof message, key.bytes);
+}
+
+// Re-throws e with the same status and context in front of its message.
+[[noreturn]] void rethrow_with_context(const Error& error, const std::string& context) {
+  throw Error(error.status(), fmt::format("{}: {}", context, error.what()));
+}
+
+std::string describe(const Socket& socket) {
+  try {
+    return peer_endpoint(socket).to_string();
+  } catch (const Error&) {
+    return fmt::format("a peer on fd {}", socket.fd());
+  }
+}
+
+}  // namespace
+
+AuthNonce make_auth_nonce() {
+  ensure_sodium();
+  AuthNonce nonce;
+  randombytes_buf(nonce.data(), nonce.size());
+  return nonce;
+}
+
+Hello check_auth_answer(const std::string& secret, const AuthNonce& nonce,
+                        const uint8_t (&answer)[kAuthAnswerBytes], const std::string& peer) {
+  ensure_sodium();
+  const uint8_t* hello = answer;
+  const uint8_t* tag = answer + kHelloBytes;
+  if (std::memcmp(hello, kMagic, sizeof kMagic) != 0) {
+    throw Error(Status::kMismatch,
+                fmt::format("connection from {} is not a kolo peer (it does not begin its "
+                            "answer with the protocol magic 'KOLO'); dropped",
+                            peer));
+  }
+  uint32_t version = get_u32(hello + 4);
+  if (version != kProtocolVersion) {
+    throw Error(Status::kMismatch,
+                fmt::format("connection from {} speaks kolo protocol version {}, this process "
+                            "speaks version {}; are all ranks running the same kolo build?",
+                            peer, version, kProtocolVersion));
+  }
+  uint8_t expected[kTagBytes];
+  compute_tag(secret, nonce, hello, expected);
+  if (sodium_memcmp(expected, tag, kTagBytes) != 0) {
+    throw Error(Status::kMismatch,
+                fmt::format("connection from {} failed authentication: its proof of the job "
+                            "secret is wrong (is KOLO_SECRET the same on every rank?); dropped",
+                            peer));
+  }
+  Hello result;
+  result.purpose = get_u32(hello + 8);
+  result.rank = static_cast<int32_t>(get_u32(hello + 12));
+  result.stream = get_u32(hello + 16);
+  result.context = get_u64(hello + 24);
+  return result;
+}
+
+void authenticate_as_client(const Socket& socket, const std::string& secret, const Hello& hello,
+                            const Deadline& deadline) {
+  ensure_sodium();
+  const std::string peer = describe(socket);
+  AuthNonce nonce;
+  try {
+    recv_all(socket, nonce.data(), nonce.size(), deadline);
+  } catch (const Error& error) {
+    rethrow_with_context(error,
+                         fmt::format("authenticating to {} (waiting for its challenge)", peer));
+  }
+
+  uint8_t answer[kAuthAnswerBytes];
+  encode_hello(hello, answer);
+  uint8_t tag[kTagBytes];
+  compute_tag(secret, nonce, answer, tag);
+  std::memcpy(answer + kHelloBytes, tag, kTagBytes);
+
+  uint8_t verdict = 0;
+  try {
+    send_all(socket, answer, sizeof answer, deadline);
+    recv_all(socket, &verdict, 1, deadline);
+  } catch (const Error& error) {
+    if (error.status() != Status::kPeerLost) {
+      rethrow_with_context(error, fmt::format("authenticating to {}", peer));
+    }
+    throw Error(Status::kPeerLost,
+                fmt::format("{} dropped the connection during authentication: it did not accept "
+                            "this process's proof of the job secret (is KOLO_SECRET the same on "
+                            "every rank, and is every rank running the same kolo build?) [{}]",
+                            peer, error.what()));
+  }
+  if (verdict != kAuthAccepted) {
+    throw Error(Status::kMismatch,
+                fmt::format("{} answered authentication with byte 0x{:02x} instead of 0x{:02x}; "
+                            "is it a kolo process of the same version?",
+                            peer, verdict, kAuthAccepted));
+  }
+}
+
+Hello authenticate_as_server(const Socket& socket, const std::string& secret,
+                             const Deadline& deadline) {
+  const std::string peer = describe(socket);
+  AuthNonce nonce = make_auth_nonce();
+  uint8_t answer[kAuthAnswerBytes];
+  try {
+    send_all(socket, nonce.data(), nonce.size(), deadline);
+    recv_all(socket, answer, sizeof answer, deadline);
+  } catch (const Error& error) {
+    rethrow_with_context(error, fmt::format("authenticating the connection from {}", peer));
+  }
+  Hello hello = check_auth_answer(secret, nonce, answer, peer);
+  try {
+    send_all(socket, &kAuthAccepted, 1, deadline);
+  } catch (const Error& error) {
+    rethrow_with_context(error, fmt::format("accepting the connection from {}", peer));
+  }
+  return hello;
+}
+
+}  // namespace kolo::net

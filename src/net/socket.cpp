@@ -1,0 +1,484 @@
+// Blocking TCP helpers with deadlines. Every wait goes through poll() with what is left of the
+// caller's deadline, and the I/O itself uses MSG_DONTWAIT, so no call here can outlive its deadline
+// even on a socket that was left in blocking mode.
+#include "net/socket.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <memory>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kolo/status.hpp"
+
+namespace kolo::net {
+namespace {
+
+std::string errno_text(int error) {
+  return std::generic_category().message(error);
+}
+
+[[noreturn]] void throw_system(const std::string& what, int error) {
+  throw Error(Status::kSystem, fmt::format("{}: {}", what, errno_text(error)));
+}
+
+// poll() timeout for what is left of a deadline; never 0 while time remains, so a deadline with
+// less than a millisecond left does not turn into a busy loop.
+int poll_timeout_ms(const Deadline& deadline) {
+  int ms = deadline.remaining_ms();
+  if (ms == 0 && !deadline.expired()) ms = 1;
+  return ms;
+}
+
+// Waits until fd is ready for `events`. Returns false when the deadline passed first.
+// describe() names the operation, and is only called if poll itself fails.
+template <typename Describe>
+bool wait_ready(int fd, short events, const Deadline& deadline, Describe describe) {
+  for (;;) {
+    pollfd entry{fd, events, 0};
+    int ready = ::poll(&entry, 1, poll_timeout_ms(deadline));
+    if (ready > 0) return true;  // readable, writable, or an error the next call will report
+    if (ready < 0 && errno != EINTR) throw_system(describe() + ": poll", errno);
+    if (deadline.expired()) return false;
+  }
+}
+
+Endpoint endpoint_from_sockaddr(const sockaddr* address, socklen_t length) {
+  if (address->sa_family != AF_INET && address->sa_family != AF_INET6) {
+    throw Error(Status::kSystem, fmt::format("the socket is not an IP socket (address family {})",
+                                             static_cast<int>(address->sa_family)));
+  }
+  char host[NI_MAXHOST];
+  char port[NI_MAXSERV];
+  int rc = ::getnameinfo(address, length, host, sizeof host, port, sizeof port,
+                         NI_NUMERICHOST | NI_NUMERICSERV);
+  if (rc != 0) {
+    throw Error(Status::kSystem, fmt::format("getnameinfo: {}", ::gai_strerror(rc)));
+  }
+  Endpoint endpoint;
+  endpoint.host = host;
+  endpoint.port = static_cast<uint16_t>(std::strtoul(port, nullptr, 10));
+  return endpoint;
+}
+
+// The other end of a socket, captured before an operation so that an error can still name it
+// after a reset (getpeername fails once the connection is gone). Formatting waits for an error.
+class PeerAddress {
+ public:
+  explicit PeerAddress(int fd) : fd_(fd) {
+    valid_ = ::getpeername(fd, reinterpret_cast<sockaddr*>(&address_), &length_) == 0;
+  }
+  // Never throws: it is called while reporting another error.
+  std::string to_string() const {
+    if (!valid_) return fmt::format("a disconnected peer (fd {})", fd_);
+    if (address_.ss_family == AF_UNIX) return "a local socket peer";
+    try {
+      return endpoint_from_sockaddr(reinterpret_cast<const sockaddr*>(&address_), length_)
+          .to_string();
+    } catch (const Error&) {
+      return fmt::format("a peer of unknown address (fd {})", fd_);
+    }
+  }
+
+ private:
+  int fd_;
+  bool valid_ = false;
+  sockaddr_storage address_{};
+  socklen_t length_ = sizeof address_;
+};
+
+std::string describe_peer(int fd) {
+  return PeerAddress(fd).to_string();
+}
+
+struct AddrinfoDeleter {
+  void operator()(addrinfo* list) const { ::freeaddrinfo(list); }
+};
+using AddrinfoList = std::unique_ptr<addrinfo, AddrinfoDeleter>;
+
+AddrinfoList resolve(const Endpoint& endpoint, bool passive, const std::string& purpose) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  // An empty host means every IPv4 address; binding to "::" would depend on bindv6only.
+  std::string host = endpoint.host.empty() ? "0.0.0.0" : endpoint.host;
+  std::string port = std::to_string(endpoint.port);
+  addrinfo* list = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &list);
+  if (rc != 0) {
+    std::string reason = rc == EAI_SYSTEM ? errno_text(errno) : ::gai_strerror(rc);
+    throw Error(Status::kSystem, fmt::format("cannot resolve '{}' to {} {}: {}", endpoint.host,
+                                             purpose, endpoint.to_string(), reason));
+  }
+  return AddrinfoList(list);
+}
+
+bool connect_error_is_transient(int error) {
+  // The listener may not be up yet, or the route may still be coming up.
+  return error == ECONNREFUSED || error == ENETUNREACH || error == ETIMEDOUT ||
+         error == EHOSTUNREACH || error == EAGAIN;
+}
+
+// One connection attempt to one address, bounded by the deadline. Returns the connected
+// (non-blocking) socket, or an invalid one with *error set when the attempt failed.
+Socket try_connect(const addrinfo& address, const Deadline& deadline, const std::string& target,
+                   int* error) {
+  Socket socket(::socket(address.ai_family, address.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                         address.ai_protocol));
+  if (!socket.valid()) throw_system(fmt::format("socket() for connecting to {}", target), errno);
+  if (::connect(socket.fd(), address.ai_addr, address.ai_addrlen) == 0) return socket;
+  if (errno != EINPROGRESS && errno != EINTR) {
+    *error = errno;
+    return Socket();
+  }
+  if (!wait_ready(socket.fd(), POLLOUT, deadline, [&] { return "connect to " + target; })) {
+    *error = ETIMEDOUT;
+    return Socket();
+  }
+  int pending = 0;
+  socklen_t length = sizeof pending;
+  if (::getsockopt(socket.fd(), SOL_SOCKET, SO_ERROR, &pending, &length) != 0) pending = errno;
+  if (pending != 0) {
+    *error = pending;
+    return Socket();
+  }
+  return socket;
+}
+
+void set_int_option(const Socket& socket, int level, int name, int value, const char* what) {
+  if (::setsockopt(socket.fd(), level, name, &value, sizeof value) != 0) {
+    throw_system(
+        fmt::format("setsockopt({}) on the connection to {}", what, describe_peer(socket.fd())),
+        errno);
+  }
+}
+
+}  // namespace
+
+std::string Endpoint::to_string() const {
+  if (host.find(':') != std::string::npos) return fmt::format("[{}]:{}", host, port);
+  return fmt::format("{}:{}", host.empty() ? "0.0.0.0" : host, port);
+}
+
+Endpoint parse_endpoint(const std::string& text, const std::string& what) {
+  auto fail = [&](std::string_view reason) -> Error {
+    return Error(Status::kConfig,
+                 fmt::format("{}='{}' is not an address: {} (expected host:port or [IPv6]:port)",
+                             what, text, reason));
+  };
+  std::string host;
+  std::string port;
+  if (!text.empty() && text.front() == '[') {
+    size_t close = text.find(']');
+    if (close == std::string::npos) throw fail("'[' without a matching ']'");
+    host = text.substr(1, close - 1);
+    if (close + 1 >= text.size() || text[close + 1] != ':') throw fail("missing port");
+    port = text.substr(close + 2);
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon == std::string::npos) throw fail("missing port");
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    if (host.find(':') != std::string::npos) {
+      throw fail("an IPv6 address must be written in brackets, as [addr]:port");
+    }
+  }
+  if (host.empty()) throw fail("missing host");
+  if (port.empty()) throw fail("missing port");
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) {
+    throw fail(fmt::format("port '{}' is not a number from 0 to 65535", port));
+  }
+  unsigned long number = std::stoul(port);
+  if (number > 65535) throw fail(fmt::format("port {} is out of range (0 to 65535)", number));
+  return Endpoint{host, static_cast<uint16_t>(number)};
+}
+
+Socket& Socket::operator=(Socket&& other) noexcept {
+  if (this != &other) {
+    close();
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+Socket::~Socket() {
+  close();
+}
+
+int Socket::release() {
+  int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+void Socket::close() {
+  // Not retried on EINTR: on Linux the descriptor is released even then.
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+Socket listen_on(const Endpoint& endpoint, int backlog) {
+  AddrinfoList list = resolve(endpoint, /*passive=*/true, "listen on");
+  int last_error = 0;
+  std::string last_step;
+  for (addrinfo* address = list.get(); address != nullptr; address = address->ai_next) {
+    Socket socket(
+        ::socket(address->ai_family, address->ai_socktype | SOCK_CLOEXEC, address->ai_protocol));
+    if (!socket.valid()) {
+      last_error = errno;
+      last_step = "socket";
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(socket.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(socket.fd(), address->ai_addr, address->ai_addrlen) != 0) {
+      last_error = errno;
+      last_step = "bind";
+      continue;
+    }
+    if (::listen(socket.fd(), backlog) != 0) {
+      last_error = errno;
+      last_step = "listen";
+      continue;
+    }
+    return socket;
+  }
+  throw_system(fmt::format("cannot listen on {} ({})", endpoint.to_string(), last_step),
+               last_error);
+}
+
+Endpoint local_endpoint(const Socket& socket) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof address;
+  if (::getsockname(socket.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    throw_system("getsockname", errno);
+  }
+  return endpoint_from_sockaddr(reinterpret_cast<sockaddr*>(&address), length);
+}
+
+Endpoint peer_endpoint(const Socket& socket) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof address;
+  if (::getpeername(socket.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    throw_system("getpeername", errno);
+  }
+  return endpoint_from_sockaddr(reinterpret_cast<sockaddr*>(&address), length);
+}
+
+Socket connect_to(const Endpoint& endpoint, const Deadline& deadline) {
+  const auto start = Clock::now();
+  const std::string target = endpoint.to_string();
+  AddrinfoList list = resolve(endpoint, /*passive=*/false, "connect to");
+  auto retry_delay = std::chrono::milliseconds(10);
+  int last_error = 0;
+  for (;;) {
+    for (addrinfo* address = list.get(); address != nullptr; address = address->ai_next) {
+      Socket socket = try_connect(*address, deadline, target, &last_error);
+      if (socket.valid()) {
+        set_nonblocking(socket, false);
+        set_nodelay(socket);
+        return socket;
+      }
+      if (!connect_error_is_transient(last_error)) {
+        throw_system(fmt::format("cannot connect to {}", target), last_error);
+      }
+      if (deadline.expired()) break;
+    }
+    if (deadline.expired()) break;
+    auto pause = std::min<std::chrono::milliseconds>(
+        retry_delay, std::chrono::milliseconds(poll_timeout_ms(deadline)));
+    std::this_thread::sleep_for(pause);
+    retry_delay = std::min(retry_delay * 2, std::chrono::milliseconds(50));
+  }
+  double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  throw Error(Status::kTimeout,
+              fmt::format("could not connect to {} within {:.3g} s (last attempt: {}); is the "
+                          "listener running at that address?",
+                          target, waited, errno_text(last_error)));
+}
+
+Socket accept_from(const Socket& listener, const Deadline& deadline) {
+  for (;;) {
+    if (!wait_ready(listener.fd(), POLLIN, deadline, [] { return std::string("accept"); })) {
+      std::string where;
+      try {
+        where = local_endpoint(listener).to_string();
+      } catch (const Error&) {
+        where = fmt::format("fd {}", listener.fd());
+      }
+      throw Error(Status::kTimeout, fmt::format("timed out waiting for a connection on {}", where));
+    }
+    // SOCK_NONBLOCK only so that a connection that vanished between poll and accept cannot
+    // block us; the returned socket is made blocking as promised.
+    Socket socket(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (socket.valid()) {
+      set_nonblocking(socket, false);
+      return socket;
+    }
+    int error = errno;
+    if (error == EINTR || error == EAGAIN || error == EWOULDBLOCK || error == ECONNABORTED ||
+        error == EPROTO) {
+      continue;
+    }
+    throw_system("accept", error);
+  }
+}
+
+void send_all(const Socket& socket, const void* data, size_t bytes, const Deadline& deadline) {
+  const auto* cursor = static_cast<const uint8_t*>(data);
+  const PeerAddress peer(socket.fd());
+  size_t sent = 0;
+  while (sent < bytes) {
+    ssize_t n = ::send(socket.fd(), cursor + sent, bytes - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    int error = errno;
+    if (error == EINTR) continue;
+    if (error == EAGAIN || error == EWOULDBLOCK) {
+      if (!wait_ready(socket.fd(), POLLOUT, deadline,
+                      [&] { return "send to " + peer.to_string(); })) {
+        throw Error(Status::kTimeout, fmt::format("timed out sending {} bytes to {} ({} sent)",
+                                                  bytes, peer.to_string(), sent));
+      }
+      continue;
+    }
+    if (error == EPIPE || error == ECONNRESET) {
+      throw Error(Status::kPeerLost,
+                  fmt::format("connection closed (reset) by {} while sending ({} of {} bytes sent)",
+                              peer.to_string(), sent, bytes));
+    }
+    throw_system(fmt::format("send to {}", peer.to_string()), error);
+  }
+}
+
+void recv_all(const Socket& socket, void* data, size_t bytes, const Deadline& deadline) {
+  auto* cursor = static_cast<uint8_t*>(data);
+  const PeerAddress peer(socket.fd());
+  size_t received = 0;
+  while (received < bytes) {
+    ssize_t n = ::recv(socket.fd(), cursor + received, bytes - received, MSG_DONTWAIT);
+    if (n > 0) {
+      received += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      throw Error(Status::kPeerLost,
+                  fmt::format("connection closed by {} while receiving ({} of {} bytes received)",
+                              peer.to_string(), received, bytes));
+    }
+    int error = errno;
+    if (error == EINTR) continue;
+    if (error == EAGAIN || error == EWOULDBLOCK) {
+      if (!wait_ready(socket.fd(), POLLIN, deadline,
+                      [&] { return "receive from " + peer.to_string(); })) {
+        throw Error(Status::kTimeout,
+                    fmt::format("timed out receiving {} bytes from {} ({} received)", bytes,
+                                peer.to_string(), received));
+      }
+      continue;
+    }
+    if (error == ECONNRESET || error == EPIPE) {
+      throw Error(
+          Status::kPeerLost,
+          fmt::format("connection closed (reset) by {} while receiving ({} of {} bytes received)",
+                      peer.to_string(), received, bytes));
+    }
+    throw_system(fmt::format("receive from {}", peer.to_string()), error);
+  }
+}
+
+void set_nonblocking(const Socket& socket, bool nonblocking) {
+  int flags = ::fcntl(socket.fd(), F_GETFL);
+  if (flags < 0) throw_system("fcntl(F_GETFL)", errno);
+  int wanted = nonblocking ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  if (wanted != flags && ::fcntl(socket.fd(), F_SETFL, wanted) != 0) {
+    throw_system("fcntl(F_SETFL, O_NONBLOCK)", errno);
+  }
+}
+
+void set_nodelay(const Socket& socket) {
+  set_int_option(socket, IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY");
+}
+
+void tune_for_bulk(const Socket& socket, int buffer_bytes) {
+  if (buffer_bytes > 0) {
+    // Best effort: the kernel caps these at net.core.{w,r}mem_max, and a smaller buffer is only
+    // slower, not wrong.
+    ::setsockopt(socket.fd(), SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
+    ::setsockopt(socket.fd(), SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
+  }
+  // A peer whose host vanished (power loss, cable) sends no FIN or RST; without these a blocked
+  // collective would wait for the kernel's two-hour defaults. Silent for 5 s, then 5 probes 1 s
+  // apart; and data unacknowledged for 10 s fails the connection.
+  set_int_option(socket, SOL_SOCKET, SO_KEEPALIVE, 1, "SO_KEEPALIVE");
+  set_int_option(socket, IPPROTO_TCP, TCP_KEEPIDLE, 5, "TCP_KEEPIDLE");
+  set_int_option(socket, IPPROTO_TCP, TCP_KEEPINTVL, 1, "TCP_KEEPINTVL");
+  set_int_option(socket, IPPROTO_TCP, TCP_KEEPCNT, 5, "TCP_KEEPCNT");
+  set_int_option(socket, IPPROTO_TCP, TCP_USER_TIMEOUT, 10000, "TCP_USER_TIMEOUT");
+}
+
+std::string interface_address(const std::string& ifname) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) throw_system("getifaddrs", errno);
+  std::unique_ptr<ifaddrs, void (*)(ifaddrs*)> owner(list, ::freeifaddrs);
+
+  // Every interface with its IPv4 addresses, in the order the kernel lists them, both to find
+  // ifname and to name the alternatives when it is not there.
+  std::vector<std::pair<std::string, std::vector<std::string>>> interfaces;
+  for (ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
+    std::string name = entry->ifa_name != nullptr ? entry->ifa_name : "";
+    auto it = std::find_if(interfaces.begin(), interfaces.end(),
+                           [&](const auto& item) { return item.first == name; });
+    if (it == interfaces.end()) it = interfaces.insert(interfaces.end(), {name, {}});
+    if (entry->ifa_addr != nullptr && entry->ifa_addr->sa_family == AF_INET) {
+      char text[INET_ADDRSTRLEN];
+      const auto* v4 = reinterpret_cast<const sockaddr_in*>(entry->ifa_addr);
+      if (::inet_ntop(AF_INET, &v4->sin_addr, text, sizeof text) != nullptr) {
+        it->second.push_back(text);
+      }
+    }
+  }
+  std::string listing;
+  const std::vector<std::string>* found = nullptr;
+  for (const auto& [name, addresses] : interfaces) {
+    if (name == ifname) found = &addresses;
+    listing += listing.empty() ? "" : ", ";
+    listing += addresses.empty() ? name : fmt::format("{} ({})", name, fmt::join(addresses, " "));
+  }
+  if (found != nullptr && !found->empty()) return found->front();
+  throw Error(Status::kConfig, fmt::format("KOLO_SOCKET_IFNAME={}: {}; interfaces here: {}", ifname,
+                                           found != nullptr ? "the interface has no IPv4 address"
+                                                            : "no such network interface",
+                                           listing.empty() ? "none" : listing));
+}
+
+std::string host_name() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) throw_system("gethostname", errno);
+  return name;
+}
+
+}  // namespace kolo::net

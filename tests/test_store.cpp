@@ -1,0 +1,570 @@
+// The rendezvous store and what it stands on: endpoints, deadline-bounded sockets and the
+// authentication handshake. Everything runs over 127.0.0.1 / ::1 within a few seconds.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/store.hpp"
+#include "core/deadline.hpp"
+#include "kolo/status.hpp"
+#include "net/auth.hpp"
+#include "net/socket.hpp"
+
+using Catch::Matchers::Contains;
+using kolo::Deadline;
+using kolo::Error;
+using kolo::Status;
+using kolo::StoreClient;
+using kolo::StoreServer;
+namespace net = kolo::net;
+
+namespace {
+
+const std::string kSecret = "correct horse battery staple";
+
+// Runs action, which must throw kolo::Error, and returns the error for inspection.
+template <typename Action>
+Error expect_error(Action action) {
+  try {
+    action();
+  } catch (const Error& error) {
+    return error;
+  }
+  FAIL("expected a kolo::Error, but the call returned normally");
+  throw std::logic_error("unreachable");
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A connected TCP pair over loopback.
+struct LoopbackPair {
+  net::Socket client;
+  net::Socket server;
+};
+
+LoopbackPair loopback_pair() {
+  net::Socket listener = net::listen_on({"127.0.0.1", 0});
+  net::Endpoint endpoint = net::local_endpoint(listener);
+  LoopbackPair pair;
+  pair.client = net::connect_to(endpoint, Deadline(2.0));
+  pair.server = net::accept_from(listener, Deadline(2.0));
+  return pair;
+}
+
+// A port on which nothing listens (bound once, then released).
+uint16_t unused_port() {
+  net::Socket listener = net::listen_on({"127.0.0.1", 0});
+  return net::local_endpoint(listener).port;
+}
+
+void append_u32(std::vector<uint8_t>& out, uint32_t value) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
+}
+
+// True when the other end closes the connection within the deadline (the server dropped us).
+bool closed_by_peer(const net::Socket& socket, double seconds) {
+  uint8_t byte = 0;
+  try {
+    for (;;) net::recv_all(socket, &byte, 1, Deadline(seconds));
+  } catch (const Error& error) {
+    return error.status() == Status::kPeerLost;
+  }
+}
+
+// A client that authenticates like a real one and then speaks raw bytes.
+net::Socket authenticated_raw_client(const net::Endpoint& endpoint) {
+  net::Socket socket = net::connect_to(endpoint, Deadline(2.0));
+  net::Hello hello;
+  hello.purpose = net::kPurposeStore;
+  hello.rank = 99;
+  net::authenticate_as_client(socket, kSecret, hello, Deadline(2.0));
+  return socket;
+}
+
+}  // namespace
+
+// ---- endpoints ---------------------------------------------------------------------------------
+
+TEST_CASE("parse_endpoint reads host:port and [IPv6]:port", "[net]") {
+  net::Endpoint v4 = net::parse_endpoint("127.0.0.1:29500", "KOLO_ADDR");
+  CHECK(v4.host == "127.0.0.1");
+  CHECK(v4.port == 29500);
+  CHECK(v4.to_string() == "127.0.0.1:29500");
+
+  net::Endpoint v6 = net::parse_endpoint("[::1]:80", "KOLO_ADDR");
+  CHECK(v6.host == "::1");
+  CHECK(v6.port == 80);
+  CHECK(v6.to_string() == "[::1]:80");
+
+  net::Endpoint named = net::parse_endpoint("node-07.cluster:65535", "KOLO_ADDR");
+  CHECK(named.host == "node-07.cluster");
+  CHECK(named.port == 65535);
+}
+
+TEST_CASE("parse_endpoint rejects malformed addresses, naming the variable and the text", "[net]") {
+  struct Case {
+    const char* text;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {"127.0.0.1", "missing port"},
+      {"127.0.0.1:", "missing port"},
+      {"[::1]", "missing port"},
+      {"[::1", "without a matching"},
+      {"127.0.0.1:70000", "out of range"},
+      {"127.0.0.1:12a", "not a number"},
+      {"127.0.0.1:-1", "not a number"},
+      {":80", "missing host"},
+      {"::1:80", "brackets"},
+      {"", "missing port"},
+  };
+  for (const Case& c : cases) {
+    INFO("input: '" << c.text << "'");
+    Error error = expect_error([&] { net::parse_endpoint(c.text, "KOLO_ADDR"); });
+    CHECK(error.status() == Status::kConfig);
+    CHECK_THAT(error.what(), Contains("KOLO_ADDR='" + std::string(c.text) + "'"));
+    CHECK_THAT(error.what(), Contains(c.reason));
+  }
+}
+
+// ---- sockets -----------------------------------------------------------------------------------
+
+TEST_CASE("connect_to gives up at its deadline when nothing listens", "[net]") {
+  net::Endpoint endpoint{"127.0.0.1", unused_port()};
+  auto start = std::chrono::steady_clock::now();
+  Error error = expect_error([&] { net::connect_to(endpoint, Deadline(0.3)); });
+  double waited = seconds_since(start);
+  CHECK(error.status() == Status::kTimeout);
+  CHECK_THAT(error.what(), Contains(endpoint.to_string()));
+  CHECK(waited >= 0.25);
+  CHECK(waited < 1.5);
+}
+
+TEST_CASE("connect_to retries until a late listener comes up", "[net]") {
+  uint16_t port = unused_port();
+  std::thread late([port] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    net::Socket listener = net::listen_on({"127.0.0.1", port});
+    net::Socket accepted = net::accept_from(listener, Deadline(2.0));
+  });
+  net::Socket socket = net::connect_to({"127.0.0.1", port}, Deadline(3.0));
+  CHECK(socket.valid());
+  late.join();
+}
+
+TEST_CASE("accept_from times out when nobody connects", "[net]") {
+  net::Socket listener = net::listen_on({"127.0.0.1", 0});
+  Error error = expect_error([&] { net::accept_from(listener, Deadline(0.1)); });
+  CHECK(error.status() == Status::kTimeout);
+  CHECK_THAT(error.what(), Contains(net::local_endpoint(listener).to_string()));
+}
+
+TEST_CASE("send_all and recv_all move bytes, time out, and report a closed peer", "[net]") {
+  LoopbackPair pair = loopback_pair();
+  std::vector<uint8_t> sent(3 << 20);
+  std::iota(sent.begin(), sent.end(), uint8_t{0});
+  std::vector<uint8_t> received(sent.size());
+  std::thread sender([&] { net::send_all(pair.client, sent.data(), sent.size(), Deadline(5.0)); });
+  net::recv_all(pair.server, received.data(), received.size(), Deadline(5.0));
+  sender.join();
+  CHECK(received == sent);
+
+  uint8_t byte = 0;
+  Error timeout = expect_error([&] { net::recv_all(pair.server, &byte, 1, Deadline(0.1)); });
+  CHECK(timeout.status() == Status::kTimeout);
+
+  std::string client_address = net::local_endpoint(pair.client).to_string();
+  pair.client.close();
+  Error lost = expect_error([&] { net::recv_all(pair.server, &byte, 1, Deadline(1.0)); });
+  CHECK(lost.status() == Status::kPeerLost);
+  CHECK_THAT(lost.what(), Contains("closed by " + client_address));
+}
+
+TEST_CASE("recv_all names the peer that resets the connection under it", "[net]") {
+  LoopbackPair pair = loopback_pair();
+  std::string server_address = net::local_endpoint(pair.server).to_string();
+  auto receiving = std::async(std::launch::async, [&] {
+    uint8_t byte = 0;
+    return expect_error([&] { net::recv_all(pair.client, &byte, 1, Deadline(2.0)); });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  linger abort_on_close{1, 0};  // close() sends RST instead of FIN
+  REQUIRE(::setsockopt(pair.server.fd(), SOL_SOCKET, SO_LINGER, &abort_on_close,
+                       sizeof abort_on_close) == 0);
+  pair.server.close();
+  Error error = receiving.get();
+  CHECK(error.status() == Status::kPeerLost);
+  CHECK_THAT(error.what(), Contains("closed (reset) by " + server_address));
+}
+
+TEST_CASE("interface_address finds loopback and lists interfaces when the name is wrong", "[net]") {
+  CHECK(net::interface_address("lo") == "127.0.0.1");
+  Error error = expect_error([] { net::interface_address("nosuchif0"); });
+  CHECK(error.status() == Status::kConfig);
+  CHECK_THAT(error.what(), Contains("KOLO_SOCKET_IFNAME=nosuchif0"));
+  CHECK_THAT(error.what(), Contains("lo (127.0.0.1)"));
+  CHECK_FALSE(net::host_name().empty());
+}
+
+// ---- authentication ----------------------------------------------------------------------------
+
+TEST_CASE("authentication with the right secret carries the hello intact", "[auth]") {
+  LoopbackPair pair = loopback_pair();
+  auto server = std::async(std::launch::async, [&] {
+    return net::authenticate_as_server(pair.server, kSecret, Deadline(2.0));
+  });
+  net::Hello hello;
+  hello.purpose = net::kPurposeData;
+  hello.rank = 7;
+  hello.stream = 3;
+  hello.context = 0x1122334455667788ull;
+  net::authenticate_as_client(pair.client, kSecret, hello, Deadline(2.0));
+  net::Hello seen = server.get();
+  CHECK(seen.purpose == net::kPurposeData);
+  CHECK(seen.rank == 7);
+  CHECK(seen.stream == 3);
+  CHECK(seen.context == 0x1122334455667788ull);
+}
+
+TEST_CASE("authentication works over any stream socket, here a socketpair", "[auth]") {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
+  net::Socket client(fds[0]);
+  net::Socket server(fds[1]);
+  auto accepted = std::async(
+      std::launch::async, [&] { return net::authenticate_as_server(server, "", Deadline(2.0)); });
+  net::Hello hello;
+  hello.purpose = net::kPurposeControl;
+  hello.rank = -1;
+  net::authenticate_as_client(client, "", hello, Deadline(2.0));
+  net::Hello seen = accepted.get();
+  CHECK(seen.purpose == net::kPurposeControl);
+  CHECK(seen.rank == -1);
+}
+
+TEST_CASE("authentication with a wrong secret is refused on both sides", "[auth]") {
+  LoopbackPair pair = loopback_pair();
+  std::string client_address = net::local_endpoint(pair.client).to_string();
+  auto server = std::async(std::launch::async, [&] {
+    Error error =
+        expect_error([&] { net::authenticate_as_server(pair.server, kSecret, Deadline(2.0)); });
+    pair.server.close();  // what a caller does with a refused connection
+    return error;
+  });
+  net::Hello hello;
+  hello.purpose = net::kPurposeData;
+  Error client_error = expect_error(
+      [&] { net::authenticate_as_client(pair.client, "not the secret", hello, Deadline(2.0)); });
+  Error server_error = server.get();
+
+  CHECK(server_error.status() == Status::kMismatch);
+  CHECK_THAT(server_error.what(), Contains(client_address));
+  CHECK_THAT(server_error.what(), Contains("KOLO_SECRET"));
+  CHECK(client_error.status() == Status::kPeerLost);
+  CHECK_THAT(client_error.what(), Contains("KOLO_SECRET"));
+}
+
+TEST_CASE("authentication rejects a stranger's bytes and a different protocol version", "[auth]") {
+  LoopbackPair pair = loopback_pair();
+  std::string client_address = net::local_endpoint(pair.client).to_string();
+  auto server = std::async(std::launch::async, [&] {
+    return expect_error([&] { net::authenticate_as_server(pair.server, kSecret, Deadline(2.0)); });
+  });
+  uint8_t nonce[net::kAuthNonceBytes];
+  net::recv_all(pair.client, nonce, sizeof nonce, Deadline(2.0));
+  std::vector<uint8_t> answer(net::kAuthAnswerBytes, 0);
+
+  SECTION("wrong magic") {
+    std::string garbage = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    std::memcpy(answer.data(), garbage.data(), garbage.size());
+    net::send_all(pair.client, answer.data(), answer.size(), Deadline(2.0));
+    Error error = server.get();
+    CHECK(error.status() == Status::kMismatch);
+    CHECK_THAT(error.what(), Contains(client_address));
+    CHECK_THAT(error.what(), Contains("not a kolo peer"));
+  }
+  SECTION("other protocol version") {
+    std::memcpy(answer.data(), "KOLO", 4);
+    answer[4] = 2;
+    net::send_all(pair.client, answer.data(), answer.size(), Deadline(2.0));
+    Error error = server.get();
+    CHECK(error.status() == Status::kMismatch);
+    CHECK_THAT(error.what(), Contains(client_address));
+    CHECK_THAT(error.what(), Contains("version 2"));
+  }
+}
+
+TEST_CASE("authenticate_as_server times out on a silent peer", "[auth]") {
+  LoopbackPair pair = loopback_pair();
+  Error error =
+      expect_error([&] { net::authenticate_as_server(pair.server, kSecret, Deadline(0.1)); });
+  CHECK(error.status() == Status::kTimeout);
+}
+
+// ---- the store ---------------------------------------------------------------------------------
+
+TEST_CASE("store: set then get, overwrite, binary and empty values", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  REQUIRE(server.endpoint().port != 0);
+  StoreClient client(server.endpoint(), kSecret, 0, 5.0);
+
+  client.set_string("addr/0", "10.0.0.1:4000");
+  CHECK(client.get_string("addr/0") == "10.0.0.1:4000");
+  client.set_string("addr/0", "10.0.0.1:4001");
+  CHECK(client.get_string("addr/0") == "10.0.0.1:4001");
+
+  std::vector<uint8_t> binary = {0, 1, 2, 255, 0, 7};
+  client.set("blob", binary);
+  CHECK(client.get("blob") == binary);
+  client.set("empty", {});
+  CHECK(client.get("empty").empty());
+
+  StoreClient other(server.endpoint(), kSecret, 1, 5.0);
+  CHECK(other.get_string("addr/0") == "10.0.0.1:4001");
+}
+
+TEST_CASE("store: a large value makes the round trip; an oversized one is refused", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient client(server.endpoint(), kSecret, 0, 5.0);
+  std::vector<uint8_t> value(5 << 20);
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<uint8_t>(i * 31 + 7);
+  client.set("big", value);
+  CHECK(client.get("big") == value);
+
+  std::vector<uint8_t> too_big(kolo::kStoreMaxValueBytes + 1);
+  Error error = expect_error([&] { client.set("huge", too_big); });
+  CHECK(error.status() == Status::kInvalidArgument);
+  CHECK_THAT(error.what(), Contains("'huge'"));
+  Error key_error =
+      expect_error([&] { client.set(std::string(kolo::kStoreMaxKeyBytes + 1, 'k'), {}); });
+  CHECK(key_error.status() == Status::kInvalidArgument);
+  CHECK(client.get("big").size() == value.size());  // still usable
+}
+
+TEST_CASE("store: get waits for a later set by another client", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient waiter(server.endpoint(), kSecret, 1, 5.0);
+  StoreClient waiter2(server.endpoint(), kSecret, 2, 5.0);
+  auto start = std::chrono::steady_clock::now();
+  std::thread setter([&] {
+    StoreClient client(server.endpoint(), kSecret, 0, 5.0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    client.set_string("addr/0", "late");
+  });
+  auto second = std::async(std::launch::async, [&] { return waiter2.get_string("addr/0"); });
+  CHECK(waiter.get_string("addr/0") == "late");
+  CHECK(second.get() == "late");
+  CHECK(seconds_since(start) >= 0.1);
+  setter.join();
+}
+
+TEST_CASE("store: add is atomic under concurrent clients", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  constexpr int kThreads = 8;
+  constexpr int kAddsEach = 200;
+  std::vector<std::vector<int64_t>> seen(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      StoreClient client(server.endpoint(), kSecret, t, 5.0);
+      for (int i = 0; i < kAddsEach; ++i) seen[t].push_back(client.add("counter", 1));
+    });
+  }
+  for (auto& thread : threads) thread.join();
+
+  std::vector<int64_t> all;
+  for (const auto& list : seen) all.insert(all.end(), list.begin(), list.end());
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> expected(kThreads * kAddsEach);
+  std::iota(expected.begin(), expected.end(), int64_t{1});
+  CHECK(all == expected);  // every intermediate sum handed out exactly once
+
+  StoreClient client(server.endpoint(), kSecret, 0, 5.0);
+  CHECK(client.add("counter", -(kThreads * kAddsEach)) == 0);
+  CHECK(client.add("fresh", -5) == -5);  // a missing key counts as 0
+}
+
+TEST_CASE("store: add on a value that is not a counter is refused, the client carries on",
+          "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient client(server.endpoint(), kSecret, 0, 5.0);
+  client.set_string("name", "abc");
+  Error error = expect_error([&] { client.add("name", 1); });
+  CHECK(error.status() == Status::kInvalidArgument);
+  CHECK_THAT(error.what(), Contains("'name'"));
+  CHECK(client.get_string("name") == "abc");
+  CHECK(client.add("n", std::numeric_limits<int64_t>::max()) ==
+        std::numeric_limits<int64_t>::max());
+  Error overflow = expect_error([&] { client.add("n", 1); });
+  CHECK_THAT(overflow.what(), Contains("overflow"));
+}
+
+TEST_CASE("store: wait returns only once every key exists", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient setter(server.endpoint(), kSecret, 0, 5.0);
+  setter.set_string("present", "x");
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    StoreClient client(server.endpoint(), kSecret, 1, 5.0);
+    client.wait({"a", "b", "present", "c", "a"});
+    done = true;
+  });
+  setter.set_string("a", "1");
+  setter.set_string("b", "2");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK_FALSE(done);
+  setter.set_string("c", "3");
+  waiter.join();
+  CHECK(done);
+  setter.wait({"a", "b", "c"});  // all present: returns at once
+  setter.wait({});
+}
+
+TEST_CASE("store: a raw WAIT for no keys is answered at once", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  net::Socket raw = authenticated_raw_client(server.endpoint());
+  std::vector<uint8_t> request = {3};  // WAIT
+  append_u32(request, 0);
+  net::send_all(raw, request.data(), request.size(), Deadline(2.0));
+  uint8_t reply = 0xff;
+  net::recv_all(raw, &reply, 1, Deadline(2.0));
+  CHECK(reply == 0);
+}
+
+TEST_CASE("store: get times out naming the key, then the client works again", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient client(server.endpoint(), kSecret, 3, 0.2);
+  auto start = std::chrono::steady_clock::now();
+  Error error = expect_error([&] { client.get("addr/3"); });
+  CHECK(seconds_since(start) < 1.5);
+  CHECK(error.status() == Status::kTimeout);
+  CHECK_THAT(error.what(),
+             Contains("timed out after 0.2 s waiting for key 'addr/3' in the rendezvous store at " +
+                      server.endpoint().to_string()));
+
+  Error wait_error = expect_error([&] { client.wait({"x", "y"}); });
+  CHECK(wait_error.status() == Status::kTimeout);
+  CHECK_THAT(wait_error.what(), Contains("'x', 'y'"));
+
+  client.set_string("addr/3", "here");
+  CHECK(client.get_string("addr/3") == "here");
+}
+
+TEST_CASE("store: a client with the wrong secret is refused, others are served", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  Error error = expect_error([&] { StoreClient(server.endpoint(), "wrong secret", 5, 2.0); });
+  CHECK(error.status() == Status::kPeerLost);
+  CHECK_THAT(error.what(), Contains("KOLO_SECRET"));
+  CHECK_THAT(error.what(), Contains(server.endpoint().to_string()));
+
+  StoreClient good(server.endpoint(), kSecret, 0, 2.0);
+  good.set_string("k", "v");
+  CHECK(good.get_string("k") == "v");
+}
+
+TEST_CASE("store: strangers are dropped while good clients carry on", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient good(server.endpoint(), kSecret, 0, 2.0);
+
+  // One that connects and never says a word must not hold up anyone else.
+  net::Socket silent = net::connect_to(server.endpoint(), Deadline(2.0));
+
+  SECTION("garbage instead of an authentication answer") {
+    net::Socket stranger = net::connect_to(server.endpoint(), Deadline(2.0));
+    uint8_t nonce[net::kAuthNonceBytes];
+    net::recv_all(stranger, nonce, sizeof nonce, Deadline(2.0));
+    std::vector<uint8_t> garbage(net::kAuthAnswerBytes, 0xab);
+    net::send_all(stranger, garbage.data(), garbage.size(), Deadline(2.0));
+    CHECK(closed_by_peer(stranger, 2.0));
+  }
+  SECTION("an authenticated client sending an oversized key length") {
+    net::Socket raw = authenticated_raw_client(server.endpoint());
+    std::vector<uint8_t> request = {1};  // SET
+    append_u32(request, 0xffffffffu);
+    net::send_all(raw, request.data(), request.size(), Deadline(2.0));
+    CHECK(closed_by_peer(raw, 2.0));
+  }
+  SECTION("an authenticated client sending an oversized value length") {
+    net::Socket raw = authenticated_raw_client(server.endpoint());
+    std::vector<uint8_t> request = {1};  // SET
+    append_u32(request, 1);
+    request.push_back('k');
+    append_u32(request, static_cast<uint32_t>(kolo::kStoreMaxValueBytes + 1));
+    net::send_all(raw, request.data(), request.size(), Deadline(2.0));
+    CHECK(closed_by_peer(raw, 2.0));
+  }
+  SECTION("an authenticated client sending an unknown request") {
+    net::Socket raw = authenticated_raw_client(server.endpoint());
+    std::vector<uint8_t> request = {0x7f, 1, 2, 3};
+    net::send_all(raw, request.data(), request.size(), Deadline(2.0));
+    CHECK(closed_by_peer(raw, 2.0));
+  }
+  SECTION("an authenticated client that sends half a request and stalls") {
+    net::Socket raw = authenticated_raw_client(server.endpoint());
+    std::vector<uint8_t> request = {1};  // SET
+    append_u32(request, 100);
+    request.push_back('k');
+    net::send_all(raw, request.data(), request.size(), Deadline(2.0));
+  }
+
+  auto start = std::chrono::steady_clock::now();
+  good.set_string("still", "serving");
+  StoreClient late(server.endpoint(), kSecret, 1, 2.0);
+  CHECK(late.get_string("still") == "serving");
+  CHECK(seconds_since(start) < 1.0);
+}
+
+TEST_CASE("store: a parked client learns promptly that the server went away", "[store]") {
+  auto server = std::make_unique<StoreServer>(net::Endpoint{"127.0.0.1", 0}, kSecret);
+  net::Endpoint endpoint = server->endpoint();
+  StoreClient client(endpoint, kSecret, 2, 5.0);
+  auto start = std::chrono::steady_clock::now();
+  auto pending =
+      std::async(std::launch::async, [&] { return expect_error([&] { client.get("never"); }); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  server.reset();
+  Error error = pending.get();
+  CHECK(seconds_since(start) < 2.0);
+  CHECK(error.status() == Status::kPeerLost);
+  CHECK_THAT(error.what(), Contains("rendezvous store at " + endpoint.to_string() +
+                                    " (served by rank 0) closed the connection"));
+  CHECK_THAT(error.what(), Contains("'never'"));
+
+  Error later = expect_error([&] { client.set_string("k", "v"); });  // fails at once
+  CHECK(later.status() == Status::kPeerLost);
+}
+
+TEST_CASE("store: serves over IPv6 loopback", "[store]") {
+  StoreServer server({"::1", 0}, kSecret);
+  CHECK(server.endpoint().host == "::1");
+  StoreClient client(net::parse_endpoint(server.endpoint().to_string(), "KOLO_ADDR"), kSecret, 0,
+                     2.0);
+  client.set_string("v6", "yes");
+  CHECK(client.get_string("v6") == "yes");
+}
+
+TEST_CASE("store: a client retries until the server is up", "[store]") {
+  net::Endpoint endpoint{"127.0.0.1", unused_port()};
+  std::unique_ptr<StoreServer> server;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    server = std::make_unique<StoreServer>(endpoint, kSecret);
+  });
+  StoreClient client(endpoint, kSecret, 1, 3.0);
+  starter.join();
+  client.set_string("up", "1");
+  CHECK(client.get_string("up") == "1");
+}
