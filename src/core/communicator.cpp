@@ -1,0 +1,182 @@
+#include "core/communicator.hpp"
+
+#include <cmath>
+#include <map>
+#include <set>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bootstrap/store.hpp"
+#include "core/log.hpp"
+#include "core/topology.hpp"
+#include "net/socket.hpp"
+#include "ring/ring.hpp"
+#include "transport/transport.hpp"
+
+namespace kolo {
+namespace {
+
+// The world communicator's connections and store keys are told apart from those of others by
+// this number.
+constexpr uint64_t kWorldContext = 1;
+
+std::string store_key(const char* what, int rank) {
+  return fmt::format("kolo/{:x}/{}/{}", kWorldContext, what, rank);
+}
+
+}  // namespace
+
+Communicator::Communicator(const ConfigOverrides& overrides) {
+  std::vector<std::string> unknown;
+  config_ = resolve_config(overrides, process_environment(), &unknown);
+  log::set_rank(config_.rank);
+  for (const auto& name : unknown) {
+    log::warn("unknown variable {} ignored (see the README for the KOLO_* variables)", name);
+  }
+  if (config_.secret.empty()) {
+    log::info("KOLO_SECRET is not set: connections prove an empty secret (kolorun sets one)");
+  }
+
+  net::Endpoint store_endpoint = net::parse_endpoint(config_.addr, "KOLO_ADDR");
+  if (config_.rank == 0) {
+    server_ = std::make_unique<StoreServer>(store_endpoint, config_.secret);
+    log::info("serving the rendezvous store at {}", server_->endpoint().to_string());
+  }
+  store_ = std::make_unique<StoreClient>(store_endpoint, config_.secret, config_.rank,
+                                         config_.timeout_s);
+  discover_hosts();
+  if (config_.bind != "none") {
+    log::info("{}", bind_process(config_.bind, config_.local_rank));
+  }
+  transport_ = make_transport(config_, *store_, config_.rank, config_.size, kWorldContext);
+  ring_ = std::make_unique<Ring>(*transport_, config_.rank, config_.size, config_.segment_bytes,
+                                 config_.timeout_s);
+
+  // Rank 0 serves the store: it stays until every rank is done with it.
+  store_->set_string(store_key("ready", config_.rank), "1");
+  if (config_.rank == 0) {
+    std::vector<std::string> keys;
+    for (int rank = 0; rank < config_.size; ++rank) keys.push_back(store_key("ready", rank));
+    store_->wait(keys);
+  }
+  log::info("communicator ready: rank {} of {}, local rank {} of {}, {} node(s), transport {}",
+            config_.rank, config_.size, config_.local_rank, config_.local_size, node_count_,
+            transport_->name());
+}
+
+Communicator::~Communicator() = default;
+
+// Every rank publishes its host name; ranks on the same host are numbered in rank order. The
+// launcher's local rank and size win where it gave them.
+void Communicator::discover_hosts() {
+  std::string host = net::host_name();
+  store_->set_string(store_key("host", config_.rank), host);
+  int local_rank = 0;
+  int local_size = 0;
+  std::set<std::string> hosts;
+  for (int rank = 0; rank < config_.size; ++rank) {
+    std::string other = rank == config_.rank ? host : store_->get_string(store_key("host", rank));
+    hosts.insert(other);
+    if (other == host) {
+      if (rank < config_.rank) ++local_rank;
+      ++local_size;
+    }
+  }
+  node_count_ = static_cast<int>(hosts.size());
+  if (config_.local_rank < 0) config_.local_rank = local_rank;
+  if (config_.local_size < 0) config_.local_size = local_size;
+}
+
+template <typename Body>
+void Communicator::run(OpDescriptor op, Body&& body) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (broken_) throw *broken_;
+  op.sequence = ++sequence_;
+  try {
+    body(op);
+  } catch (const Error& error) {
+    broken_.emplace(error);
+    if (!transport_->failure()) transport_->abort(error);
+    throw;
+  } catch (const std::exception& error) {
+    broken_.emplace(Status::kInternal, fmt::format("{} failed: {}", describe(op), error.what()));
+    transport_->abort(*broken_);
+    throw *broken_;
+  }
+}
+
+void Communicator::validate_buffer(const void* buffer, uint64_t count, DataType dtype,
+                                   const char* name) const {
+  if (buffer == nullptr && count > 0) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("{} is NULL but count is {} (rank {})", name, count, config_.rank));
+  }
+  if (count > (~uint64_t{0} >> 1) / dtype_size(dtype)) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("count {} of {} is too large (rank {})", count, dtype_name(dtype),
+                            config_.rank));
+  }
+}
+
+void Communicator::allreduce(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype,
+                             ReduceOp op, double prescale, double postscale) {
+  if (!is_valid(dtype)) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("allreduce: unknown dtype {}", static_cast<int>(dtype)));
+  }
+  if (!is_valid(op)) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("allreduce: unknown reduction op {}", static_cast<int>(op)));
+  }
+  if (!std::isfinite(prescale) || !std::isfinite(postscale)) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("allreduce: scale factors must be finite (prescale {}, postscale {})",
+                            prescale, postscale));
+  }
+  validate_buffer(sendbuf, count, dtype, "allreduce: sendbuf");
+  validate_buffer(recvbuf, count, dtype, "allreduce: recvbuf");
+  const size_t bytes = count * dtype_size(dtype);
+  auto* send_begin = static_cast<const std::byte*>(sendbuf);
+  auto* recv_begin = static_cast<const std::byte*>(recvbuf);
+  if (sendbuf != recvbuf && count > 0 && send_begin < recv_begin + bytes &&
+      recv_begin < send_begin + bytes) {
+    throw Error(Status::kInvalidArgument,
+                "allreduce: sendbuf and recvbuf overlap without being the same buffer");
+  }
+  OpDescriptor descriptor;
+  descriptor.collective = Collective::kAllreduce;
+  descriptor.dtype = dtype;
+  descriptor.op = op;
+  descriptor.count = count;
+  descriptor.prescale = prescale;
+  descriptor.postscale = postscale;
+  run(descriptor, [&](const OpDescriptor& d) { ring_allreduce(*ring_, d, sendbuf, recvbuf); });
+}
+
+void Communicator::broadcast(void* buffer, uint64_t count, DataType dtype, int root) {
+  if (!is_valid(dtype)) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("broadcast: unknown dtype {}", static_cast<int>(dtype)));
+  }
+  if (root < 0 || root >= config_.size) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("broadcast: root {} is not a rank of this communicator (size {})",
+                            root, config_.size));
+  }
+  validate_buffer(buffer, count, dtype, "broadcast: buf");
+  OpDescriptor descriptor;
+  descriptor.collective = Collective::kBroadcast;
+  descriptor.dtype = dtype;
+  descriptor.count = count;
+  descriptor.root = root;
+  run(descriptor, [&](const OpDescriptor& d) { ring_broadcast(*ring_, d, buffer); });
+}
+
+void Communicator::barrier() {
+  OpDescriptor descriptor;
+  descriptor.collective = Collective::kBarrier;
+  run(descriptor, [&](const OpDescriptor& d) { ring_barrier(*ring_, d); });
+}
+
+}  // namespace kolo

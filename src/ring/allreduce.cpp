@@ -1,0 +1,230 @@
+// Ring allreduce (Patarasuk and Yuan): reduce-scatter, then allgather.
+//
+// The buffer of `count` elements is cut into N chunks, as equal as possible (the first count % N
+// chunks hold one element more). Rank r talks only to its neighbours: it sends to r+1 and receives
+// from r-1 (mod N).
+//
+//   Reduce-scatter, steps s = 0 .. N-2: rank r sends chunk (r - s) and receives chunk (r - s - 1),
+//   which it combines with its own contribution. The partial result of a chunk thus travels round
+//   the ring gathering one contribution per hop; at the last step rank r finishes chunk (r + 1):
+//   it holds the reduction of all N contributions.
+//
+//   Allgather, steps s = 0 .. N-2: rank r sends chunk (r + 1 - s) and receives chunk (r - s),
+//   straight into the output, so the finished chunks travel round the ring once more.
+//
+// Each rank sends 2(N-1) chunks, 2(N-1)/N of the buffer: with latency a and bandwidth B the time
+// is 2(N-1)·a + 2(N-1)/N · S/B, which no algorithm beats in the bandwidth term.
+//
+// Pipelining. Every chunk is cut into segments of KOLO_SEGMENT_BYTES and each segment is a
+// message. All receives and sends are posted in one global order, (phase, step, segment), the same
+// on every rank, and a send is posted as soon as the receive it depends on has been processed:
+// while segment k of one step is on the wire, segment k-1 is being reduced. Reduce-scatter
+// receives land in a few reusable slots; everything else moves between the caller's buffers with
+// no copy. Because every rank posts receive j before it can wait for send j, and send j depends
+// only on receives before j, the pipeline cannot deadlock.
+//
+// Where partial results live. A partial is kept in the accumulator type (float32 for the half
+// types, so they round once, at the end). When that is the element type, the partial of chunk c is
+// kept in the caller's output at chunk c (overwritten by the allgather later); otherwise in a
+// reusable float32 shadow of the buffer. The first send of each rank goes straight from the input
+// unless it needs converting or prescaling.
+//
+// Every chunk has at least one segment, possibly empty, so every rank receives from its left
+// neighbour at every step: ranks that disagree about the call always find out, even for count 0.
+#include <algorithm>
+
+#include "ring/ring.hpp"
+
+namespace kolo {
+namespace {
+
+// Elements [begin, begin + length) of the buffer, one message of the pipeline.
+struct Segment {
+  uint64_t begin = 0;
+  uint64_t length = 0;
+};
+
+enum class Action : uint8_t {
+  kSendInput,     // reduce-scatter step 0: our own contribution, loaded if needed
+  kSendPartial,   // reduce-scatter: a partial we combined
+  kSendOutput,    // allgather: a finished chunk
+  kCombine,       // reduce-scatter receive: combine into our partial
+  kFinish,        // last reduce-scatter receive: finish into the output
+  kGather,        // allgather receive: straight into the output
+};
+
+struct Step {
+  Action action;
+  Segment segment;
+  size_t depends_on;  // sends: index of the receive that must be processed first, or kNone
+};
+constexpr size_t kNone = ~size_t{0};
+constexpr size_t kReceiveSlots = 4;
+
+class ChunkLayout {
+ public:
+  ChunkLayout(uint64_t count, int ranks, uint64_t segment_elements)
+      : count_(count), ranks_(ranks), segment_(segment_elements) {}
+
+  uint64_t begin(int chunk) const {
+    return chunk * (count_ / ranks_) + std::min<uint64_t>(chunk, count_ % ranks_);
+  }
+  uint64_t size(int chunk) const {
+    return count_ / ranks_ + (static_cast<uint64_t>(chunk) < count_ % ranks_ ? 1 : 0);
+  }
+  uint64_t segments(int chunk) const {
+    return std::max<uint64_t>(1, (size(chunk) + segment_ - 1) / segment_);
+  }
+  Segment segment(int chunk, uint64_t k) const {
+    uint64_t offset = std::min(k * segment_, size(chunk));
+    return {begin(chunk) + offset, std::min(segment_, size(chunk) - offset)};
+  }
+
+ private:
+  uint64_t count_;
+  int ranks_;
+  uint64_t segment_;
+};
+
+}  // namespace
+
+void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf) {
+  const int n = ring.size();
+  const int r = ring.rank();
+  ReduceSpec spec{op.dtype, op.op, op.prescale, op.postscale, n};
+  const auto* input = static_cast<const std::byte*>(sendbuf);
+  auto* output = static_cast<std::byte*>(recvbuf);
+  if (n == 1) {
+    reduce_single(output, input, op.count, spec);
+    return;
+  }
+
+  const size_t element = dtype_size(op.dtype);
+  const size_t accumulator = accumulator_size(op.dtype);
+  const uint64_t segment_elements = std::max<size_t>(1, ring.segment_bytes() / accumulator);
+  const ChunkLayout chunks(op.count, n, segment_elements);
+  const bool partials_in_output = accumulator == element;
+  const bool send_input_directly = partials_in_output && op.prescale == 1.0;
+  std::byte* partials = partials_in_output
+                            ? output
+                            : ring.buffer(Ring::kPartials, std::max<uint64_t>(1, op.count) * accumulator);
+  std::byte* slots = ring.buffer(Ring::kReceiveSlots, kReceiveSlots * segment_elements * accumulator);
+  auto mod = [n](int value) { return ((value % n) + n) % n; };
+
+  // The schedule, in the global order every rank follows.
+  std::vector<Step> sends;
+  std::vector<Step> receives;
+  for (int s = 0; s < n - 1; ++s) {
+    int send_chunk = mod(r - s);
+    int receive_chunk = mod(r - s - 1);
+    // The partial sent at step s > 0 was received at step s-1: same chunk, same segments.
+    size_t first = receives.size() - (s == 0 ? 0 : chunks.segments(send_chunk));
+    for (uint64_t k = 0; k < chunks.segments(send_chunk); ++k) {
+      sends.push_back({s == 0 ? Action::kSendInput : Action::kSendPartial,
+                       chunks.segment(send_chunk, k), s == 0 ? kNone : first + k});
+    }
+    for (uint64_t k = 0; k < chunks.segments(receive_chunk); ++k) {
+      receives.push_back({s == n - 2 ? Action::kFinish : Action::kCombine,
+                          chunks.segment(receive_chunk, k), kNone});
+    }
+  }
+  for (int s = 0; s < n - 1; ++s) {
+    int send_chunk = mod(r + 1 - s);
+    int receive_chunk = mod(r - s);
+    // Sent at step s: finished by the last reduce-scatter receive, or gathered at step s-1.
+    size_t first = receives.size() - chunks.segments(send_chunk);
+    for (uint64_t k = 0; k < chunks.segments(send_chunk); ++k) {
+      sends.push_back({Action::kSendOutput, chunks.segment(send_chunk, k), first + k});
+    }
+    for (uint64_t k = 0; k < chunks.segments(receive_chunk); ++k) {
+      receives.push_back({Action::kGather, chunks.segment(receive_chunk, k), kNone});
+    }
+  }
+
+  Transfer* transfers = ring.transfers(sends.size() + receives.size());
+  Transfer* send_transfers = transfers;
+  Transfer* receive_transfers = transfers + sends.size();
+  std::vector<size_t> slot_of(receives.size(), kNone);
+  std::vector<size_t> free_slots;
+  for (size_t slot = 0; slot < kReceiveSlots; ++slot) free_slots.push_back(kReceiveSlots - 1 - slot);
+
+  size_t posted_receives = 0;
+  size_t processed_receives = 0;
+  size_t posted_sends = 0;
+  size_t completed_sends = 0;
+  ring.begin();
+  while (processed_receives < receives.size() || completed_sends < sends.size()) {
+    bool moved = false;
+
+    while (posted_receives < receives.size()) {
+      const Step& step = receives[posted_receives];
+      Transfer& transfer = receive_transfers[posted_receives];
+      if (step.action == Action::kGather) {
+        transfer.reset(ring.left(), op, output + step.segment.begin * element,
+                       step.segment.length * element);
+      } else {
+        if (free_slots.empty()) break;
+        size_t slot = free_slots.back();
+        free_slots.pop_back();
+        slot_of[posted_receives] = slot;
+        transfer.reset(ring.left(), op, slots + slot * segment_elements * accumulator,
+                       step.segment.length * accumulator);
+      }
+      ring.transport().post_recv(transfer);
+      ++posted_receives;
+      moved = true;
+    }
+
+    while (processed_receives < posted_receives && receive_transfers[processed_receives].complete) {
+      const Step& step = receives[processed_receives];
+      const Transfer& transfer = receive_transfers[processed_receives];
+      const uint64_t begin = step.segment.begin;
+      const uint64_t length = step.segment.length;
+      if (step.action == Action::kCombine) {
+        reduce_combine(partials + begin * accumulator, transfer.data, input + begin * element,
+                       length, spec);
+      } else if (step.action == Action::kFinish) {
+        reduce_finish(output + begin * element, transfer.data, input + begin * element, length,
+                      spec);
+      }
+      if (slot_of[processed_receives] != kNone) free_slots.push_back(slot_of[processed_receives]);
+      ++processed_receives;
+      moved = true;
+    }
+
+    while (posted_sends < sends.size() && (sends[posted_sends].depends_on == kNone ||
+                                           sends[posted_sends].depends_on < processed_receives)) {
+      const Step& step = sends[posted_sends];
+      const uint64_t begin = step.segment.begin;
+      const uint64_t length = step.segment.length;
+      Transfer& transfer = send_transfers[posted_sends];
+      if (step.action == Action::kSendOutput) {
+        transfer.reset(ring.right(), op, output + begin * element, length * element);
+      } else if (step.action == Action::kSendInput && send_input_directly) {
+        transfer.reset(ring.right(), op, const_cast<std::byte*>(input + begin * element),
+                       length * element);
+      } else {
+        if (step.action == Action::kSendInput) {
+          reduce_load(partials + begin * accumulator, input + begin * element, length, spec);
+        }
+        transfer.reset(ring.right(), op, partials + begin * accumulator, length * accumulator);
+      }
+      ring.transport().post_send(transfer);
+      ++posted_sends;
+      moved = true;
+    }
+
+    while (completed_sends < posted_sends && send_transfers[completed_sends].complete) {
+      ++completed_sends;
+      moved = true;
+    }
+
+    if (moved) {
+      ring.made_progress();
+    } else {
+      ring.wait(op, processed_receives < receives.size() ? ring.left() : ring.right());
+    }
+  }
+}
+
+}  // namespace kolo

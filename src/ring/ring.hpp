@@ -1,0 +1,65 @@
+// What every ring algorithm needs: the transport, this rank's place in the ring, reusable buffers
+// and the bounded wait. Nothing here knows about sockets.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "core/deadline.hpp"
+#include "core/op_descriptor.hpp"
+#include "core/reduce.hpp"
+#include "transport/transport.hpp"
+
+namespace kolo {
+
+class Ring {
+ public:
+  Ring(Transport& transport, int rank, int size, size_t segment_bytes, double timeout_s)
+      : transport_(transport), rank_(rank), size_(size), segment_bytes_(segment_bytes),
+        timeout_s_(timeout_s), deadline_(timeout_s) {}
+
+  Transport& transport() { return transport_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int left() const { return (rank_ + size_ - 1) % size_; }
+  int right() const { return (rank_ + 1) % size_; }
+  size_t segment_bytes() const { return segment_bytes_; }
+
+  // Buffers that grow to the largest size asked for and are then reused, so a training loop
+  // allocates (and first-touches) them once. `which` names independent buffers.
+  enum Buffer { kReceiveSlots = 0, kPartials = 1, kBufferCount = 2 };
+  std::byte* buffer(Buffer which, size_t bytes);
+
+  // `count` transfers, reset; the storage is reused across calls and does not move while posted.
+  Transfer* transfers(size_t count);
+
+  // Starts the no-progress clock for a new collective.
+  void begin() { made_progress(); }
+  // Something completed: the no-progress clock starts again.
+  void made_progress() { deadline_ = Deadline(timeout_s_); }
+  // Waits for the transport; throws kolo::Error(kTimeout) naming the operation and the peer we
+  // wait for when nothing has completed for the timeout, after telling every peer.
+  void wait(const OpDescriptor& op, int waiting_for);
+
+ private:
+  Transport& transport_;
+  int rank_;
+  int size_;
+  size_t segment_bytes_;
+  double timeout_s_;
+  Deadline deadline_;
+  std::unique_ptr<std::byte[]> buffers_[kBufferCount];
+  size_t buffer_bytes_[kBufferCount] = {};
+  std::vector<Transfer> transfers_;
+};
+
+// The collectives, each in its own file with its schedule described at the top.
+void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf);
+void ring_broadcast(Ring& ring, const OpDescriptor& op, void* buffer);
+void ring_barrier(Ring& ring, const OpDescriptor& op);
+// Returns once every rank has entered a call with the same descriptor; KOLO_ERR_MISMATCH on every
+// rank otherwise. Collectives whose data flow does not already tie every rank together use it.
+void ring_agree(Ring& ring, const OpDescriptor& op);
+
+}  // namespace kolo

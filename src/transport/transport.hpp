@@ -1,0 +1,83 @@
+// The transport interface: moving bytes between ranks, knowing nothing about collectives.
+//
+// A handful of non-blocking verbs, in the spirit of NCCL's network plugins: post a send or a
+// receive of a buffer to a peer, and make progress until transfers complete. Messages between a
+// pair of ranks are matched in order: the k-th receive posted for a peer takes the k-th message
+// that peer sent. Every message carries the OpDescriptor of the collective it belongs to, and the
+// receiver checks it against its own, so ranks that disagree get KOLO_ERR_MISMATCH instead of
+// corrupt data or a hang.
+//
+// Failures are exceptions (kolo::Error) thrown from progress(): a lost peer (kPeerLost, naming the
+// rank), a disagreement (kMismatch, naming both sides), or an abort announced by another rank,
+// which carries that rank's status and message. After a failure the transport is broken: posted
+// transfers are forgotten, and every later call throws the same error.
+//
+// Adding a transport: a folder under src/transport/ and one line in make_transport().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/deadline.hpp"
+#include "core/op_descriptor.hpp"
+#include "kolo/status.hpp"
+
+namespace kolo {
+
+class StoreClient;
+struct Config;
+
+// One send or receive. The caller owns it and keeps it (and its buffer) alive and unmoved until
+// `complete` is set or the transport fails. The transport links posted transfers through `next`,
+// so posting never allocates.
+struct Transfer {
+  int peer = -1;
+  OpDescriptor descriptor;
+  void* data = nullptr;
+  size_t bytes = 0;
+
+  // Transport state.
+  bool complete = false;
+  size_t done = 0;
+  Transfer* next = nullptr;
+
+  void reset(int to_peer, const OpDescriptor& op, void* buffer, size_t length) {
+    peer = to_peer;
+    descriptor = op;
+    data = buffer;
+    bytes = length;
+    complete = false;
+    done = 0;
+    next = nullptr;
+  }
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual const char* name() const = 0;
+
+  // Queue transfer for sending to transfer.peer; it may complete at once.
+  virtual void post_send(Transfer& transfer) = 0;
+  // Queue transfer to receive the next message from transfer.peer.
+  virtual void post_recv(Transfer& transfer) = 0;
+  // Waits for network activity (no longer than the deadline) and advances every posted transfer.
+  // Returns after at least one event or at the deadline; the caller checks its transfers.
+  virtual void progress(const Deadline& deadline) = 0;
+
+  // Marks the transport broken with this error, forgets posted transfers and tells every peer
+  // (best effort, never blocks for long), so that no rank waits for this one any more.
+  virtual void abort(const Error& error) noexcept = 0;
+  // The error that broke the transport, if any (then every call rethrows it).
+  virtual const Error* failure() const = 0;
+};
+
+// Connects this rank to every peer, exchanging addresses through the store. `context` tells the
+// connections of different communicators apart. Throws kolo::Error on failure.
+std::unique_ptr<Transport> make_transport(const Config& config, StoreClient& store, int rank,
+                                          int size, uint64_t context);
+
+}  // namespace kolo
