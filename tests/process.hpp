@@ -42,7 +42,7 @@ class Process {
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int free_tcp_port();
-// $KOLO_BUILD_DIR (set by meson test), or "." when unset; paths to built programs.
+// $TESTS_BUILD_DIR (set by meson test), or "." when unset; paths to built programs.
 std::string build_dir();
 std::string built_program(const std::string& relative_path);  // build_dir() + "/" + relative_path
 

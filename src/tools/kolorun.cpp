@@ -1,0 +1,376 @@
+// kolorun: starts N ranks of one program on this machine and supervises them.
+//
+//   kolorun -np N [--timeout S] [--grace S] [--verbose] [--] program [args...]
+//
+// Each rank runs with the environment plus KOLO_RANK=i, KOLO_SIZE=N, KOLO_LOCAL_RANK=i,
+// KOLO_LOCAL_SIZE=N, KOLO_ADDR=127.0.0.1:<a port that was free at launch>, where rank 0 serves the
+// rendezvous store, and KOLO_SECRET=<32 random bytes in hex>, which every rank shares and an
+// outsider cannot guess. A KOLO_ADDR or KOLO_SECRET already in the environment is kept.
+//
+// Every line a rank writes is passed on whole, as "[i] line", to kolorun's stdout or stderr,
+// matching the stream it came from. A rank runs in its own process group, so that a signal reaches
+// everything it started; its stdin is /dev/null, and it is SIGKILLed if kolorun itself dies.
+// kolorun adopts (as child subreaper) and reaps what stopped ranks leave behind, so no zombie is
+// left even where init reaps nothing, as in many containers.
+// SIGINT and SIGTERM sent to kolorun are forwarded to every rank.
+//
+// The first rank to fail (non-zero exit or a signal) stops the job: the others get SIGTERM, and
+// SIGKILL --grace seconds later; kolorun exits with that rank's status (128+signal when killed).
+// --timeout stops the job the same way and exits 124. Bad arguments exit 2; a program that cannot
+// be executed makes its ranks exit 127.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sodium.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr Clock::time_point kNever = Clock::time_point::max();
+constexpr std::string_view kUsage = "Usage: kolorun -np N [options] [--] program [args...]";
+
+void write_all(int fd, std::string_view text) {
+  while (!text.empty()) {
+    ssize_t written = ::write(fd, text.data(), text.size());
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) return;  // our stdout is gone: drop the output, keep supervising the job
+    text.remove_prefix(static_cast<size_t>(written));
+  }
+}
+
+template <typename... Args>
+void say(fmt::format_string<Args...> format, Args&&... args) {
+  write_all(STDERR_FILENO, "kolorun: " + fmt::format(format, std::forward<Args>(args)...) + "\n");
+}
+
+// One output stream of one rank, read from a non-blocking pipe. Complete lines go out in one
+// write(), so lines never interleave; a line longer than 1 MiB is passed on in pieces.
+struct Stream {
+  int fd = -1;
+  int target = -1;  // STDOUT_FILENO or STDERR_FILENO
+  std::string prefix;
+  std::string pending;  // bytes after the last newline
+
+  void pass_lines(bool at_end) {
+    std::string lines;
+    size_t start = 0;
+    for (size_t end; (end = pending.find('\n', start)) != std::string::npos; start = end + 1) {
+      lines.append(prefix).append(pending, start, end + 1 - start);
+    }
+    pending.erase(0, start);
+    if (!pending.empty() && (at_end || pending.size() > (1u << 20))) {
+      lines.append(prefix).append(pending).push_back('\n');
+      pending.clear();
+    }
+    write_all(target, lines);
+  }
+
+  // Reads what is there now; at end of file, passes on a last partial line and closes.
+  void read_available() {
+    char buffer[65536];
+    ssize_t count;
+    while ((count = ::read(fd, buffer, sizeof buffer)) > 0 || (count < 0 && errno == EINTR)) {
+      if (count > 0) pending.append(buffer, static_cast<size_t>(count));
+    }
+    bool at_end = count == 0 || errno != EAGAIN;
+    pass_lines(at_end);
+    if (at_end) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+};
+
+struct Rank {
+  pid_t pid = -1;
+  bool running = false;
+  Stream streams[2];  // stdout, stderr
+};
+
+std::string signal_name(int signal) {
+  const char* abbreviation = sigabbrev_np(signal);
+  return abbreviation ? fmt::format("SIG{}", abbreviation) : std::to_string(signal);
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  return "killed by signal " + signal_name(WTERMSIG(status));
+}
+
+// Port 0 makes the kernel choose; once closed, the port is free again for rank 0 to bind.
+std::optional<std::string> free_local_address() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  auto* generic = reinterpret_cast<sockaddr*>(&address);
+  bool ok = fd >= 0 && ::bind(fd, generic, length) == 0 && ::getsockname(fd, generic, &length) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!ok) return std::nullopt;
+  return fmt::format("127.0.0.1:{}", ntohs(address.sin_port));
+}
+
+std::string make_secret() {
+  unsigned char bytes[32];
+  char hex[2 * sizeof bytes + 1];
+  randombytes_buf(bytes, sizeof bytes);
+  return sodium_bin2hex(hex, sizeof hex, bytes, sizeof bytes);
+}
+
+// CLI11 reads "-np 4" as "-n p" and a stray "4"; MPI users type -np, so it becomes --np. The scan
+// stops at the program (or "--") so that the program's own arguments are left alone.
+std::vector<std::string> normalize_arguments(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& arg = args[i];
+    if (arg == "--" || arg.empty() || arg[0] != '-') break;
+    if (arg == "-np" || arg.starts_with("-np=")) arg.insert(0, "-");
+    if (arg == "--np" || arg == "-n" || arg == "--timeout" || arg == "--grace") ++i;  // its value
+  }
+  return args;
+}
+
+Clock::time_point seconds_from_now(double seconds) {
+  using std::chrono::duration, std::chrono::duration_cast;
+  return Clock::now() + duration_cast<Clock::duration>(duration<double>(seconds));
+}
+
+struct Job {
+  std::vector<std::string> command;
+  double timeout_s = 0, grace_s = 5;
+  bool verbose = false;
+  std::vector<Rank> ranks;
+  int running = 0;
+  std::optional<int> failure_code;  // exit code of the first rank that failed
+  bool stopping = false, timed_out = false;
+  Clock::time_point kill_at = kNever, timeout_at = kNever;
+
+  // Forks rank `index`, whose environment is ours (KOLO_SIZE, ADDR, SECRET set by main) plus its
+  // rank. The child runs the program or exits 127. False (errno set) when it cannot be started;
+  // the job is then stopped, and kolorun exits soon, so the pipes of that failure stay open.
+  bool start(int index) {
+    ::setenv("KOLO_RANK", std::to_string(index).c_str(), 1);
+    ::setenv("KOLO_LOCAL_RANK", std::to_string(index).c_str(), 1);
+    std::vector<char*> argv;
+    for (std::string& arg : command) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    int out_pipe[2], err_pipe[2];
+    if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) return false;
+    pid_t parent = ::getpid();
+    pid_t pid = ::fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) _exit(127);  // kolorun died before the line above took effect
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::signal(SIGPIPE, SIG_DFL);
+      ::dup2(::open("/dev/null", O_RDONLY), STDIN_FILENO);
+      ::dup2(out_pipe[1], STDOUT_FILENO);
+      ::dup2(err_pipe[1], STDERR_FILENO);
+      ::execvp(argv[0], argv.data());
+      std::string error = std::strerror(errno);
+      write_all(STDERR_FILENO, fmt::format("kolorun: cannot run {}: {}\n", command[0], error));
+      _exit(127);
+    }
+    ::setpgid(pid, pid);  // as in the child: whichever runs first, no kill finds the group missing
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    for (int fd : {out_pipe[0], err_pipe[0]}) ::fcntl(fd, F_SETFL, O_NONBLOCK);
+    std::string prefix = fmt::format("[{}] ", index);
+    ranks[index] = {
+        pid,
+        true,
+        {{out_pipe[0], STDOUT_FILENO, prefix, {}}, {err_pipe[0], STDERR_FILENO, prefix, {}}}};
+    ++running;
+    return true;
+  }
+
+  void signal_ranks(int signal) {
+    for (Rank& rank : ranks) {
+      if (rank.running) ::kill(-rank.pid, signal);
+    }
+  }
+
+  void stop(int signal) {  // the first stop also starts the grace period
+    signal_ranks(signal);
+    if (!stopping) kill_at = seconds_from_now(grace_s);
+    stopping = true;
+  }
+
+  void reap() {
+    int status;
+    for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        if (ranks[i].pid != pid) continue;
+        ranks[i].running = false;
+        --running;
+        bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        if (verbose || (failed && !stopping)) say("rank {} {}", i, describe(status));
+        if (failed && !failure_code) {
+          failure_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+        if (failed) stop(SIGTERM);
+      }
+    }
+  }
+
+  // Starts the ranks and passes on their output until all have exited; returns kolorun's status.
+  int run(int size, int signal_fd) {
+    ranks.resize(static_cast<size_t>(size));
+    if (timeout_s > 0) timeout_at = seconds_from_now(timeout_s);
+    for (int i = 0; i < size && !stopping; ++i) {
+      if (!start(i)) {
+        say("cannot start rank {}: {}", i, std::strerror(errno));
+        failure_code = 1;
+        stop(SIGTERM);
+      }
+    }
+    while (running > 0) {
+      std::vector<pollfd> polled = {{signal_fd, POLLIN, 0}};
+      std::vector<Stream*> streams;
+      for (Rank& rank : ranks) {
+        for (Stream& stream : rank.streams) {
+          if (stream.fd < 0) continue;
+          polled.push_back({stream.fd, POLLIN, 0});
+          streams.push_back(&stream);
+        }
+      }
+      Clock::time_point deadline = std::min(kill_at, timeout_at);
+      auto until_deadline = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      long wait_ms = deadline == kNever ? -1 : std::clamp<long>(until_deadline.count(), 0, 1000);
+      ::poll(polled.data(), polled.size(), static_cast<int>(wait_ms));
+      for (size_t i = 1; i < polled.size(); ++i) {
+        if (polled[i].revents) streams[i - 1]->read_available();
+      }
+      signalfd_siginfo info;
+      while (::read(signal_fd, &info, sizeof info) == sizeof info) {
+        int signal = static_cast<int>(info.ssi_signo);
+        if (signal == SIGCHLD) continue;  // reap() finds every exited child, however many SIGCHLDs
+        if (verbose) say("forwarding {} to the ranks", signal_name(signal));
+        stop(signal);
+      }
+      reap();
+      if (Clock::now() >= timeout_at) {
+        say("job timed out after {} s; stopping it", timeout_s);
+        timed_out = true;
+        timeout_at = kNever;
+        stop(SIGTERM);
+      }
+      if (Clock::now() >= kill_at) {
+        if (verbose && running > 0) say("grace period over; killing what is left");
+        kill_at = kNever;
+        signal_ranks(SIGKILL);
+      }
+    }
+    // What the ranks wrote before they exited is in the pipes now; what their leftover children
+    // write later is not waited for.
+    for (Rank& rank : ranks) {
+      for (Stream& stream : rank.streams) {
+        if (stream.fd < 0) continue;
+        stream.read_available();
+        stream.pass_lines(/*at_end=*/true);
+        if (stream.fd >= 0) ::close(stream.fd);
+      }
+    }
+    return timed_out ? 124 : failure_code.value_or(0);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Job job;
+  int size = 0;
+  CLI::App app{"Starts N ranks of a program on this machine, with the KOLO_* environment set.",
+               "kolorun"};
+  app.footer(std::string(kUsage));
+  app.add_option("-n,--np", size, "number of ranks (also -np)")->required();
+  app.add_option("--timeout", job.timeout_s, "stop the job after this many seconds; exit 124");
+  app.add_option("--grace", job.grace_s, "seconds between SIGTERM and SIGKILL when stopping (5)");
+  app.add_flag("-v,--verbose", job.verbose, "say what kolorun does");
+  app.prefix_command();  // the program and everything after it are left in remaining()
+  app.failure_message([](const CLI::App*, const CLI::Error& error) {
+    return fmt::format("kolorun: {}\n{}\n", error.what(), kUsage);
+  });
+  std::vector<std::string> args = normalize_arguments(argc, argv);
+  std::vector<char*> arg_pointers;
+  for (std::string& arg : args) arg_pointers.push_back(arg.data());
+  try {
+    app.parse(static_cast<int>(arg_pointers.size()), arg_pointers.data());
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+  job.command = app.remaining();
+  bool after_separator = !job.command.empty() && job.command.front() == "--";
+  if (after_separator) job.command.erase(job.command.begin());
+  std::string problem;
+  if (size < 1 || job.timeout_s < 0 || job.grace_s < 0) {
+    problem = "-np must be at least 1, --timeout and --grace not negative";
+  } else if (job.command.empty()) {
+    problem = "no program given";
+  } else if (!after_separator && job.command[0][0] == '-') {
+    problem = fmt::format("unknown option {}", job.command[0]);
+  }
+  if (!problem.empty()) {
+    say("{}\n{}", problem, kUsage);
+    return 2;
+  }
+
+  // The ranks inherit kolorun's environment: what they share is set here, their rank by start().
+  const char* address = std::getenv("KOLO_ADDR");
+  if (!address || !*address) {
+    std::optional<std::string> picked = free_local_address();
+    if (!picked) {
+      say("cannot pick a free port on 127.0.0.1: {}", std::strerror(errno));
+      return 1;
+    }
+    ::setenv("KOLO_ADDR", picked->c_str(), 1);
+  }
+  const char* secret = std::getenv("KOLO_SECRET");
+  if (!secret || !*secret) {
+    if (sodium_init() < 0) {
+      say("cannot initialise libsodium");
+      return 1;
+    }
+    ::setenv("KOLO_SECRET", make_secret().c_str(), 1);
+  }
+  ::setenv("KOLO_SIZE", std::to_string(size).c_str(), 1);
+  ::setenv("KOLO_LOCAL_SIZE", std::to_string(size).c_str(), 1);
+
+  // Signals arrive through a signalfd, so that Job::run handles them between two polls.
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int signal : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&handled, signal);
+  ::sigprocmask(SIG_BLOCK, &handled, nullptr);
+  int signal_fd = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
+  ::signal(SIGPIPE, SIG_IGN);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);  // reap() then also collects orphans of the ranks
+  if (job.verbose) {
+    say("starting {} ranks of {} with KOLO_ADDR={}", size, job.command[0],
+        std::getenv("KOLO_ADDR"));
+  }
+  return job.run(size, signal_fd);
+}

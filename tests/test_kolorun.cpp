@@ -1,0 +1,362 @@
+// kolorun, run for real with small /bin/sh ranks, and the tests' own process helper under it.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "process.hpp"
+
+namespace {
+
+using Catch::Matchers::Contains;
+using kolo::test::Process;
+using kolo::test::ProcessResult;
+using Clock = std::chrono::steady_clock;
+
+std::string kolorun_path() {
+  return kolo::test::built_program("src/kolorun");
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// kolorun must pick the address and secret itself unless a test hands them over.
+void clear_job_environment() {
+  for (const char* name : {"KOLO_ADDR", "KOLO_SECRET", "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK",
+                           "KOLO_LOCAL_SIZE"}) {
+    ::unsetenv(name);
+  }
+}
+
+struct Run {
+  ProcessResult result;
+  double seconds = 0;
+};
+
+// Runs kolorun with these arguments to the end (10 s at most) and times it.
+Run run_kolorun(const std::vector<std::string>& args,
+                const std::map<std::string, std::string>& extra_env = {}) {
+  std::vector<std::string> argv = {kolorun_path()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Clock::time_point start = Clock::now();
+  Process kolorun(argv, extra_env);
+  Run run{kolorun.wait(10), 0};
+  run.seconds = seconds_since(start);
+  return run;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream stream(text);
+  for (std::string line; std::getline(stream, line);) lines.push_back(line);
+  return lines;
+}
+
+// The numbers that follow "pid=" in the output: the ranks report their own pids.
+std::vector<pid_t> reported_pids(const std::string& output) {
+  std::vector<pid_t> pids;
+  std::regex pattern(R"(pid=(\d+))");
+  for (std::sregex_iterator it(output.begin(), output.end(), pattern), end; it != end; ++it) {
+    pids.push_back(static_cast<pid_t>(std::stol((*it)[1])));
+  }
+  return pids;
+}
+
+// Gone, or a zombie waiting for whoever inherited it. The test process is a child subreaper
+// (process.cpp), so ranks whose kolorun died are its children: they are reaped here.
+bool process_gone(pid_t pid) {
+  int status;
+  ::waitpid(pid, &status, WNOHANG);
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!stat || !std::getline(stat, line)) return true;
+  size_t state = line.rfind(')') + 2;  // the command name in parentheses may contain spaces
+  return state < line.size() && (line[state] == 'Z' || line[state] == 'X');
+}
+
+bool all_gone_within(const std::vector<pid_t>& pids, double seconds) {
+  Clock::time_point start = Clock::now();
+  for (;;) {
+    if (std::all_of(pids.begin(), pids.end(), process_gone)) return true;
+    if (seconds_since(start) > seconds) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+bool output_appears(const Process& process, size_t count, const std::string& marker) {
+  Clock::time_point start = Clock::now();
+  while (seconds_since(start) < 5) {
+    std::string output = process.output_so_far();
+    size_t found = 0;
+    for (size_t at = output.find(marker); at != std::string::npos; at = output.find(marker, at + 1))
+      ++found;
+    if (found >= count) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("Process captures both output streams and the exit code", "[process]") {
+  Process shell({"/bin/sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 7"}, {});
+  ProcessResult result = shell.wait(5);
+  INFO("output: " << result.output);
+  CHECK(result.exit_code == 7);
+  CHECK(result.signal == 0);
+  CHECK_FALSE(result.timed_out);
+  CHECK_THAT(result.output, Contains("to-stdout\n") && Contains("to-stderr\n"));
+}
+
+TEST_CASE("Process lays extra_env over the environment", "[process]") {
+  ::setenv("KOLO_TEST_REPLACED", "old", 1);
+  Process shell({"/bin/sh", "-c", "echo \"$KOLO_TEST_REPLACED $KOLO_TEST_ADDED\""},
+                {{"KOLO_TEST_REPLACED", "new"}, {"KOLO_TEST_ADDED", "added"}});
+  CHECK(shell.wait(5).output == "new added\n");
+  ::unsetenv("KOLO_TEST_REPLACED");
+}
+
+TEST_CASE("Process::wait kills what outlives its timeout and reports a signal", "[process]") {
+  Clock::time_point start = Clock::now();
+  Process sleeper({"/bin/sh", "-c", "echo started; sleep 30 & echo pid=$!; wait"}, {});
+  REQUIRE(output_appears(sleeper, 1, "pid="));
+  ProcessResult result = sleeper.wait(0.2);
+  INFO("output: " << result.output);
+  CHECK(result.timed_out);
+  CHECK(result.signal == SIGKILL);
+  CHECK(result.exit_code == -1);
+  CHECK_THAT(result.output, Contains("started\n"));
+  CHECK(seconds_since(start) < 3);
+  CHECK(all_gone_within(reported_pids(result.output), 2));  // the background sleep too
+
+  Process terminated({"/bin/sh", "-c", "exec sleep 30"}, {});
+  terminated.kill(SIGTERM);
+  ProcessResult killed = terminated.wait(5);
+  CHECK(killed.signal == SIGTERM);
+  CHECK_FALSE(killed.timed_out);
+}
+
+TEST_CASE("free_tcp_port gives a port that can be bound on 127.0.0.1", "[process]") {
+  int port = kolo::test::free_tcp_port();
+  REQUIRE(port > 0);
+  REQUIRE(port < 65536);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  CHECK(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  ::close(fd);
+}
+
+TEST_CASE("kolorun gives every rank its place in the job and one shared secret", "[kolorun]") {
+  clear_job_environment();
+  Run run = run_kolorun({"-np", "4", "/bin/sh", "-c",
+                         "echo rank=$KOLO_RANK size=$KOLO_SIZE local_rank=$KOLO_LOCAL_RANK "
+                         "local_size=$KOLO_LOCAL_SIZE addr=$KOLO_ADDR secret=$KOLO_SECRET"});
+  INFO("output: " << run.result.output);
+  REQUIRE(run.result.exit_code == 0);
+  std::regex line_pattern(
+      R"(\[(\d)\] rank=(\d) size=4 local_rank=(\d) local_size=4 addr=127\.0\.0\.1:(\d+) )"
+      R"(secret=([0-9a-f]{64}))");
+  std::multiset<int> ranks;
+  std::set<std::string> addresses, secrets;
+  for (const std::string& line : lines_of(run.result.output)) {
+    std::smatch match;
+    INFO("line: " << line);
+    REQUIRE(std::regex_match(line, match, line_pattern));
+    CHECK(match[1] == match[2]);  // the prefix names the rank that wrote the line
+    CHECK(match[2] == match[3]);  // one machine: the local rank is the rank
+    ranks.insert(std::stoi(match[2]));
+    addresses.insert(match[4]);
+    secrets.insert(match[5]);
+  }
+  CHECK(ranks == std::multiset<int>{0, 1, 2, 3});
+  CHECK(secrets.size() == 1);
+  REQUIRE(addresses.size() == 1);
+  int port = std::stoi(*addresses.begin());
+  CHECK((port > 0 && port < 65536));
+}
+
+TEST_CASE("kolorun keeps a KOLO_ADDR and KOLO_SECRET it was given", "[kolorun]") {
+  clear_job_environment();
+  std::string secret(64, 'a');
+  std::map<std::string, std::string> env = {
+      {"KOLO_ADDR", "10.1.2.3:4567"}, {"KOLO_SECRET", secret}, {"KOLO_RANK", "99"}};
+  std::string script = "echo $KOLO_RANK/$KOLO_SIZE $KOLO_ADDR $KOLO_SECRET";
+  std::string np_option = GENERATE("-np", "-n", "--np");
+  Run run = run_kolorun({np_option, "2", "/bin/sh", "-c", script}, env);
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 0);
+  std::vector<std::string> lines = lines_of(run.result.output);
+  std::sort(lines.begin(), lines.end());
+  CHECK(lines == std::vector<std::string>{"[0] 0/2 10.1.2.3:4567 " + secret,
+                                          "[1] 1/2 10.1.2.3:4567 " + secret});
+}
+
+TEST_CASE("kolorun prefixes each line and keeps stdout and stderr apart", "[kolorun]") {
+  std::string script =
+      "echo out-$KOLO_RANK; echo err-$KOLO_RANK >&2; echo more-$KOLO_RANK; printf end-$KOLO_RANK";
+  // A shell around kolorun throws one of its streams away, to see what went to the other.
+  auto lines_on = [&](const std::string& discard) {
+    Process shell(
+        {"/bin/sh", "-c", "\"$0\" -np 2 /bin/sh -c \"$1\" " + discard, kolorun_path(), script}, {});
+    ProcessResult result = shell.wait(10);
+    INFO("output: " << result.output);
+    CHECK(result.exit_code == 0);
+    return lines_of(result.output);
+  };
+  std::vector<std::string> out = lines_on("2>/dev/null");
+  std::vector<std::string> rank0_out, rank1_out;
+  for (const std::string& line : out)
+    (line.starts_with("[0] ") ? rank0_out : rank1_out).push_back(line);
+  CHECK(rank0_out == std::vector<std::string>{"[0] out-0", "[0] more-0", "[0] end-0"});
+  CHECK(rank1_out == std::vector<std::string>{"[1] out-1", "[1] more-1", "[1] end-1"});
+  std::vector<std::string> err = lines_on(">/dev/null");
+  std::sort(err.begin(), err.end());
+  CHECK(err == std::vector<std::string>{"[0] err-0", "[1] err-1"});
+}
+
+TEST_CASE("kolorun never mixes lines of different ranks", "[kolorun]") {
+  const int kLines = 400;
+  std::string script = "i=0; while [ $i -lt " + std::to_string(kLines) +
+                       " ]; do echo $KOLO_RANK-$i-" + std::string(200, 'x') + "; i=$((i+1)); done";
+  Run run = run_kolorun({"-np", "4", "/bin/sh", "-c", script});
+  REQUIRE(run.result.exit_code == 0);
+  std::regex line_pattern(R"(\[(\d)\] (\d)-(\d+)-x{200})");
+  std::vector<int> next_line(4, 0);
+  int well_formed = 0;
+  for (const std::string& line : lines_of(run.result.output)) {
+    std::smatch match;
+    if (!std::regex_match(line, match, line_pattern) || match[1] != match[2]) {
+      FAIL("a mangled line: " << line);
+    }
+    int rank = std::stoi(match[1]);
+    CHECK(std::stoi(match[3]) == next_line[rank]++);  // each rank's lines in order
+    ++well_formed;
+  }
+  CHECK(well_formed == 4 * kLines);
+}
+
+TEST_CASE("kolorun stops the job when a rank fails and exits with its status", "[kolorun]") {
+  SECTION("a non-zero exit") {
+    Run run = run_kolorun({"-np", "3", "/bin/sh", "-c",
+                           "echo pid=$$; if [ $KOLO_RANK = 1 ]; then sleep 0.2; exit 3; fi; "
+                           "exec sleep 30"});
+    INFO("output: " << run.result.output);
+    CHECK(run.result.exit_code == 3);
+    CHECK_THAT(run.result.output, Contains("kolorun: rank 1 exited with status 3\n"));
+    CHECK(run.seconds < 3);  // the other ranks were stopped, not waited for
+    CHECK(reported_pids(run.result.output).size() == 3);
+    CHECK(all_gone_within(reported_pids(run.result.output), 1));
+  }
+  SECTION("a signal") {
+    Run run = run_kolorun({"-np", "2", "/bin/sh", "-c",
+                           "if [ $KOLO_RANK = 1 ]; then kill -KILL $$; fi; exec sleep 30"});
+    INFO("output: " << run.result.output);
+    CHECK(run.result.exit_code == 128 + SIGKILL);
+    CHECK_THAT(run.result.output, Contains("kolorun: rank 1 killed by signal SIGKILL\n"));
+    CHECK(run.seconds < 3);
+  }
+  SECTION("ranks that ignore SIGTERM are killed when the grace period ends") {
+    Run run = run_kolorun({"--grace", "0.5", "-np", "3", "/bin/sh", "-c",
+                           "trap '' TERM; echo pid=$$; "
+                           "if [ $KOLO_RANK = 0 ]; then sleep 0.2; exit 5; fi; exec sleep 30"});
+    INFO("output: " << run.result.output);
+    CHECK(run.result.exit_code == 5);
+    CHECK(run.seconds >= 0.7);  // rank 0's 0.2 s, then the whole grace period
+    CHECK(run.seconds < 3);
+    CHECK(reported_pids(run.result.output).size() == 3);
+    CHECK(all_gone_within(reported_pids(run.result.output), 1));
+  }
+}
+
+TEST_CASE("kolorun forwards SIGTERM and SIGINT to every rank", "[kolorun]") {
+  int signal = GENERATE(SIGTERM, SIGINT);
+  Process kolorun({kolorun_path(), "-np", "3", "/bin/sh", "-c", "echo pid=$$; exec sleep 30"}, {});
+  REQUIRE(output_appears(kolorun, 3, "pid="));
+  Clock::time_point start = Clock::now();
+  kolorun.kill(signal);  // the ranks lead their own process groups: only kolorun gets this
+  ProcessResult result = kolorun.wait(10);
+  INFO("output: " << result.output);
+  CHECK(result.exit_code == 128 + signal);
+  CHECK(seconds_since(start) < 3);
+  std::vector<pid_t> pids = reported_pids(result.output);
+  CHECK(pids.size() == 3);
+  CHECK(all_gone_within(pids, 1));
+}
+
+TEST_CASE("the ranks die with kolorun", "[kolorun]") {
+  Process kolorun({kolorun_path(), "-np", "2", "/bin/sh", "-c", "echo pid=$$; exec sleep 30"}, {});
+  REQUIRE(output_appears(kolorun, 2, "pid="));
+  kolorun.kill(SIGKILL);
+  ProcessResult result = kolorun.wait(5);
+  CHECK(result.signal == SIGKILL);
+  CHECK(all_gone_within(reported_pids(result.output), 2));
+}
+
+TEST_CASE("kolorun --timeout stops the job and exits 124", "[kolorun]") {
+  Run run = run_kolorun({"--timeout", "0.3", "-np", "2", "sleep", "30"});
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 124);
+  CHECK_THAT(run.result.output, Contains("timed out"));
+  CHECK(run.seconds < 3);
+}
+
+TEST_CASE("kolorun finds programs on PATH and says nothing when all goes well", "[kolorun]") {
+  Run run = run_kolorun({"-np", "2", "true"});
+  CHECK(run.result.exit_code == 0);
+  CHECK(run.result.output.empty());
+}
+
+TEST_CASE("kolorun exits 127 when the program cannot be run", "[kolorun]") {
+  Run run = run_kolorun({"-np", "2", "/nonexistent/program"});
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 127);
+  CHECK_THAT(run.result.output,
+             Contains("kolorun: cannot run /nonexistent/program: No such file or directory"));
+}
+
+TEST_CASE("kolorun leaves the program's own arguments alone", "[kolorun]") {
+  std::vector<std::string> separator =
+      GENERATE(std::vector<std::string>{}, std::vector<std::string>{"--"});
+  std::vector<std::string> args = {"--np=2"};
+  args.insert(args.end(), separator.begin(), separator.end());
+  for (const char* arg : {"/bin/sh", "-c", "echo \"$@\"", "sh", "-np", "5", "--verbose"}) {
+    args.push_back(arg);
+  }
+  Run run = run_kolorun(args);
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 0);
+  std::vector<std::string> lines = lines_of(run.result.output);
+  std::sort(lines.begin(), lines.end());
+  CHECK(lines == std::vector<std::string>{"[0] -np 5 --verbose", "[1] -np 5 --verbose"});
+}
+
+TEST_CASE("kolorun rejects bad arguments with exit status 2 and says why", "[kolorun]") {
+  std::vector<std::string> args = GENERATE(
+      std::vector<std::string>{}, std::vector<std::string>{"/bin/true"},
+      std::vector<std::string>{"-np"}, std::vector<std::string>{"-np", "0", "/bin/true"},
+      std::vector<std::string>{"-np", "x", "/bin/true"}, std::vector<std::string>{"-np", "2"},
+      std::vector<std::string>{"-np", "2", "--bogus", "/bin/true"});
+  Run run = run_kolorun(args);
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 2);
+  CHECK_THAT(run.result.output, Contains("kolorun: ") && Contains("Usage: kolorun -np N"));
+}
