@@ -1,0 +1,47 @@
+// Starting N ranks of kolo_test_worker by hand (no launcher), as a user of mpirun-less start-up
+// would: each process gets KOLO_RANK, KOLO_SIZE, KOLO_ADDR and the job secret.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "process.hpp"
+
+namespace kolo::test {
+
+inline const char* kTestSecret = "0123456789abcdef0123456789abcdef";
+
+struct Job {
+  std::vector<Process> ranks;
+  int port = 0;
+
+  // Waits for every rank; a rank that runs past timeout_s is killed and reported as timed out.
+  std::vector<ProcessResult> wait(double timeout_s) {
+    std::vector<ProcessResult> results;
+    for (auto& rank : ranks) results.push_back(rank.wait(timeout_s));
+    return results;
+  }
+};
+
+inline Job start_job(int size, const std::vector<std::string>& worker_args,
+                     const std::map<std::string, std::string>& extra_env = {}) {
+  Job job;
+  job.port = free_tcp_port();
+  for (int rank = 0; rank < size; ++rank) {
+    std::map<std::string, std::string> env = {
+        {"KOLO_RANK", std::to_string(rank)},
+        {"KOLO_SIZE", std::to_string(size)},
+        {"KOLO_ADDR", "127.0.0.1:" + std::to_string(job.port)},
+        {"KOLO_SECRET", kTestSecret},
+        {"KOLO_TIMEOUT", "60"},
+    };
+    for (const auto& [key, value] : extra_env) env[key] = value;
+    std::vector<std::string> argv = {built_program("tests/kolo_test_worker")};
+    argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+    job.ranks.emplace_back(argv, env);
+  }
+  return job;
+}
+
+}  // namespace kolo::test

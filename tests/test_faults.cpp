@@ -1,0 +1,173 @@
+// Faults and bad input across real processes: a rank killed with SIGKILL, ranks that disagree,
+// invalid arguments, a rank that never arrives, strangers without the job secret.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <regex>
+#include <thread>
+
+#include "job.hpp"
+
+using kolo::test::start_job;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+void wait_until_looping(kolo::test::Job& job) {
+  for (int attempt = 0; attempt < 600; ++attempt) {
+    bool all = true;
+    for (auto& rank : job.ranks) all = all && contains(rank.output_so_far(), "looping");
+    if (all) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  FAIL("the ranks did not start looping within 30 s");
+}
+
+// Seconds the worker reports between its last successful allreduce and its failure.
+double seconds_to_failure(const std::string& output) {
+  std::smatch match;
+  REQUIRE(std::regex_search(output, match, std::regex(R"(after ([0-9.]+) s since last success)")));
+  return std::stod(match[1]);
+}
+
+// Sends `bytes` to 127.0.0.1:port and closes; returns false if nobody listened.
+bool poke(int port, const std::string& bytes) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool connected = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  if (connected) {
+    (void)!::write(fd, bytes.data(), bytes.size());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ::close(fd);
+  return connected;
+}
+
+}  // namespace
+
+TEST_CASE("a rank killed with SIGKILL becomes KOLO_ERR_PEER_LOST on every survivor",
+          "[faults][sigkill]") {
+  struct Case {
+    int size;
+    int victim;
+  };
+  for (Case c : {Case{4, 2}, Case{3, 0}, Case{2, 1}}) {
+    DYNAMIC_SECTION("N = " << c.size << ", rank " << c.victim << " killed") {
+      auto job = start_job(c.size, {"loop", "120"});
+      wait_until_looping(job);
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      auto killed_at = std::chrono::steady_clock::now();
+      job.ranks[c.victim].kill(SIGKILL);
+      for (int rank = 0; rank < c.size; ++rank) {
+        auto result = job.ranks[rank].wait(30);
+        if (rank == c.victim) {
+          CHECK(result.signal == SIGKILL);
+          continue;
+        }
+        double elapsed =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+        INFO("rank " << rank << " output:\n" << result.output);
+        CHECK_FALSE(result.timed_out);
+        CHECK(result.exit_code == 3);
+        CHECK(contains(result.output, "KOLO_ERR_PEER_LOST"));
+        CHECK(contains(result.output, "rank " + std::to_string(c.victim)));
+        CHECK(elapsed < 10.0);
+        CHECK(seconds_to_failure(result.output) < 10.0);
+      }
+    }
+  }
+}
+
+TEST_CASE("ranks that disagree get KOLO_ERR_MISMATCH on every rank", "[faults][mismatch]") {
+  for (const char* kind : {"count", "dtype", "op", "collective", "root", "scale"}) {
+    for (int n : {2, 3}) {
+      DYNAMIC_SECTION(kind << " differs, N = " << n) {
+        auto job = start_job(n, {"mismatch", kind});
+        auto results = job.wait(60);
+        for (size_t rank = 0; rank < results.size(); ++rank) {
+          INFO("rank " << rank << " output:\n" << results[rank].output);
+          CHECK_FALSE(results[rank].timed_out);
+          CHECK(results[rank].exit_code == 0);
+          CHECK(contains(results[rank].output, "KOLO_ERR_MISMATCH"));
+          CHECK(contains(results[rank].output, "disagree"));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("invalid arguments are refused before anything is sent", "[faults][arguments]") {
+  for (int n : {1, 2, 3}) {
+    DYNAMIC_SECTION("N = " << n) {
+      auto job = start_job(n, {"badargs"});
+      auto results = job.wait(60);
+      for (size_t rank = 0; rank < results.size(); ++rank) {
+        INFO("rank " << rank << " output:\n" << results[rank].output);
+        CHECK(results[rank].exit_code == 0);
+        CHECK(contains(results[rank].output, "bad-argument checks passed"));
+      }
+    }
+  }
+}
+
+TEST_CASE("a rank that never arrives gives KOLO_ERR_TIMEOUT within KOLO_TIMEOUT",
+          "[faults][timeout]") {
+  auto job = start_job(3, {"stall", "30"}, {{"KOLO_TIMEOUT", "2"}});
+  auto started = std::chrono::steady_clock::now();
+  for (int rank = 0; rank < 2; ++rank) {
+    auto result = job.ranks[rank].wait(20);
+    INFO("rank " << rank << " output:\n" << result.output);
+    CHECK(result.exit_code == 3);
+    CHECK(contains(result.output, "KOLO_ERR_TIMEOUT"));
+  }
+  double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  CHECK(elapsed < 15.0);
+}
+
+TEST_CASE("strangers without the job secret are dropped and the job goes on", "[faults][secret]") {
+  auto job = start_job(2, {"loop", "4"});
+  wait_until_looping(job);
+  // Garbage, an oversized length and an empty connection to the rendezvous store.
+  CHECK(poke(job.port, "GET / HTTP/1.0\r\n\r\n"));
+  CHECK(poke(job.port, std::string(64, '\xff')));
+  CHECK(poke(job.port, ""));
+  // A process with the wrong secret tries to join as rank 1.
+  kolo::test::Process intruder({kolo::test::built_program("tests/kolo_test_worker"), "loop", "1"},
+                               {{"KOLO_RANK", "1"},
+                                {"KOLO_SIZE", "2"},
+                                {"KOLO_ADDR", "127.0.0.1:" + std::to_string(job.port)},
+                                {"KOLO_SECRET", "not-the-secret"},
+                                {"KOLO_TIMEOUT", "5"}});
+  auto intruder_result = intruder.wait(30);
+  INFO("intruder output:\n" << intruder_result.output);
+  CHECK(intruder_result.exit_code == 4);
+  CHECK(contains(intruder_result.output, "init failed"));
+  auto results = job.wait(60);
+  for (size_t rank = 0; rank < results.size(); ++rank) {
+    INFO("rank " << rank << " output:\n" << results[rank].output);
+    CHECK(results[rank].exit_code == 0);
+    CHECK(contains(results[rank].output, "status KOLO_SUCCESS"));
+  }
+}
+
+TEST_CASE("a missing rendezvous configuration says what to set", "[faults][config]") {
+  kolo::test::Process lonely({kolo::test::built_program("tests/kolo_test_worker"), "barrier"},
+                             {{"KOLO_RANK", "0"}, {"KOLO_SIZE", "2"}});
+  auto result = lonely.wait(30);
+  INFO(result.output);
+  CHECK(result.exit_code == 4);
+  CHECK(contains(result.output, "KOLO_ERR_CONFIG"));
+  CHECK(contains(result.output, "KOLO_ADDR"));
+}
