@@ -44,18 +44,22 @@
 #include <type_traits>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KOLO_REDUCE_X86 1
 #else
 #define KOLO_REDUCE_X86 0
 #endif
 
-// GCC's default for C++ is -ffp-contract=fast, even with -std=c++20: where FMA is available it
-// would fuse a*b+c into one rounding, and results would depend on the build's -march.
+// Two settings that the results and the speed of this file must not depend on:
+//  - contraction: GCC's default for C++ is -ffp-contract=fast, even with -std=c++20; where FMA is
+//    available it would fuse a*b+c into one rounding, and results would depend on -march.
+//  - vectorisation: at -O2 (Meson's debugoptimized) GCC 12 vectorises only loops that need no
+//    run-time checks or scalar tails, which is none of these.
 #if defined(__clang__)
 #pragma clang fp contract(off)
 #elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
+#pragma GCC optimize("fp-contract=off", "tree-vectorize", "vect-cost-model=dynamic")
 #endif
 
 #define KOLO_INLINE __attribute__((always_inline)) inline
@@ -639,23 +643,28 @@ void single_with(IsaTag<kIsa> isa, void* out, const void* own, size_t count,
   }
 }
 
+constexpr IsaTag<Isa::kPortable> kPortable;
+
+#if KOLO_REDUCE_X86
+constexpr IsaTag<Isa::kAvx2> kAvx2;
+
 // Building with -DKOLO_REDUCE_PORTABLE_ONLY keeps to the portable primitives, so that the tests
 // can check both sets on one machine.
 bool use_avx2() {
-#if KOLO_REDUCE_X86 && !defined(KOLO_REDUCE_PORTABLE_ONLY)
+#if defined(KOLO_REDUCE_PORTABLE_ONLY)
+  return false;
+#else
   static const bool supported = [] {
+    // "avx2" includes the operating system's support for the AVX registers, which F16C needs
+    // too; F16C itself is read from cpuid (clang's __builtin_cpu_supports does not know it).
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    unsigned eax, ebx, ecx, edx;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") && f16c;
   }();
   return supported;
-#else
-  return false;
 #endif
 }
-
-constexpr IsaTag<Isa::kPortable> kPortable;
-#if KOLO_REDUCE_X86
-constexpr IsaTag<Isa::kAvx2> kAvx2;
 #endif
 
 }  // namespace
