@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# compare_mpi.sh — kolo's allreduce next to Open MPI's MPI_Allreduce on this machine, over shared
+# memory (btl vader) and over TCP on loopback (btl tcp), for 2 and 4 ranks, and a markdown table of
+# the out-of-place bus bandwidth of each.
+#
+#   bench/compare_mpi.sh            64 KiB .. 256 MiB, every 4x
+#   bench/compare_mpi.sh --quick    64 KiB .. 16 MiB, fewer iterations (about a minute)
+#
+# Settings come from the environment:
+#   BUILD=./build            the meson build directory (kolorun, allreduce_perf, mpi_allreduce_perf)
+#   RANKS="2 4"              rank counts to run
+#   MIN_BYTES=64K MAX_BYTES=256M FACTOR=4
+#   SPLIT_BYTES=4M           sizes below run SMALL_ITERS timed calls, the others LARGE_ITERS
+#   SMALL_ITERS=20 SMALL_WARMUP=5 LARGE_ITERS=5 LARGE_WARMUP=2
+#   CHECK=1                  check every result (0: skip the checks, faster)
+#   DTYPE=float OP=sum
+#   LOG_DIR=<new temporary>  where the full nccl-tests-style output of every run is kept
+#   MPIRUN_ARGS="--bind-to none"   extra mpirun flags (kolorun pins nothing either)
+#
+# A cell reads "fail" when the run failed and ends in "!" when some element was wrong; the logs
+# say why.
+set -uo pipefail
+
+quick=0
+for argument in "$@"; do
+  case "$argument" in
+    --quick) quick=1 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "compare_mpi.sh: unknown argument $argument (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+BUILD=${BUILD:-./build}
+RANKS=${RANKS:-"2 4"}
+MIN_BYTES=${MIN_BYTES:-64K}
+FACTOR=${FACTOR:-4}
+SPLIT_BYTES=${SPLIT_BYTES:-4M}
+CHECK=${CHECK:-1}
+DTYPE=${DTYPE:-float}
+OP=${OP:-sum}
+MPIRUN_ARGS=${MPIRUN_ARGS:---bind-to none}
+if [[ $quick == 1 ]]; then
+  MAX_BYTES=${MAX_BYTES:-16M}
+  SMALL_ITERS=${SMALL_ITERS:-10} SMALL_WARMUP=${SMALL_WARMUP:-2}
+  LARGE_ITERS=${LARGE_ITERS:-3} LARGE_WARMUP=${LARGE_WARMUP:-1}
+else
+  MAX_BYTES=${MAX_BYTES:-256M}
+  SMALL_ITERS=${SMALL_ITERS:-20} SMALL_WARMUP=${SMALL_WARMUP:-5}
+  LARGE_ITERS=${LARGE_ITERS:-5} LARGE_WARMUP=${LARGE_WARMUP:-2}
+fi
+LOG_DIR=${LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/compare_mpi.XXXXXX")}
+mkdir -p "$LOG_DIR"
+
+kolorun=$BUILD/src/kolorun
+kolo_perf=$BUILD/bench/allreduce_perf
+mpi_perf=$BUILD/bench/mpi_allreduce_perf
+for program in "$kolorun" "$kolo_perf"; do
+  [[ -x $program ]] || { echo "compare_mpi.sh: $program is not built (BUILD=$BUILD)" >&2; exit 1; }
+done
+have_mpi=1
+if [[ ! -x $mpi_perf ]] || ! command -v mpirun >/dev/null; then
+  echo "compare_mpi.sh: no $mpi_perf or no mpirun: only kolo is measured" >&2
+  have_mpi=0
+fi
+
+# "64K" -> 65536 (powers of 1024, as the benchmarks read them).
+to_bytes() {
+  local number=${1%%[KkMmGg]*} unit=${1##*[0-9]}
+  case "$unit" in
+    K|k) echo $((number << 10)) ;; M|m) echo $((number << 20)) ;; G|g) echo $((number << 30)) ;;
+    *) echo "$number" ;;
+  esac
+}
+# 65536 -> "64K", for the table.
+human() {
+  local bytes=$1
+  if ((bytes >= 1 << 30 && bytes % (1 << 30) == 0)); then echo "$((bytes >> 30))G"
+  elif ((bytes >= 1 << 20 && bytes % (1 << 20) == 0)); then echo "$((bytes >> 20))M"
+  elif ((bytes >= 1 << 10 && bytes % (1 << 10) == 0)); then echo "$((bytes >> 10))K"
+  else echo "$bytes"; fi
+}
+
+# The sizes of the grid, split into the small pass (below SPLIT_BYTES) and the large one.
+min=$(to_bytes "$MIN_BYTES") max=$(to_bytes "$MAX_BYTES") split=$(to_bytes "$SPLIT_BYTES")
+sizes=() small_last=0 large_first=0
+for ((size = min; size <= max; size = size * FACTOR)); do
+  sizes+=("$size")
+  if ((size < split)); then small_last=$size; elif ((large_first == 0)); then large_first=$size; fi
+  ((FACTOR > 1)) || break
+done
+
+# Runs one benchmark command over both passes, appending to one log.
+#   measure LOG COMMAND...
+measure() {
+  local log=$1 status=0
+  shift
+  : >"$log"
+  if ((small_last > 0)); then
+    "$@" -b "$min" -e "$small_last" -f "$FACTOR" -n "$SMALL_ITERS" -w "$SMALL_WARMUP" \
+      -c "$CHECK" -d "$DTYPE" -o "$OP" >>"$log" 2>&1 || status=$?
+  fi
+  if ((large_first > 0 && status == 0)); then
+    "$@" -b "$large_first" -e "$max" -f "$FACTOR" -n "$LARGE_ITERS" -w "$LARGE_WARMUP" \
+      -c "$CHECK" -d "$DTYPE" -o "$OP" >>"$log" 2>&1 || status=$?
+  fi
+  return $status
+}
+
+# The btl is only honoured by the ob1 pml, hence --mca pml ob1 (where UCX is installed, the ucx pml
+# would otherwise win and ignore --mca btl).
+# Open MPI's shared-memory transport copies with CMA (process_vm_readv), which some containers
+# forbid; fall back to copying through the shared segment when a tiny run fails.
+if ((have_mpi)) && ! mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ob1 \
+    --mca btl self,vader "$mpi_perf" -b 1M -e 1M -n 1 -w 0 -c 1 >"$LOG_DIR/mpi_probe.log" 2>&1; then
+  export OMPI_MCA_btl_vader_single_copy_mechanism=none
+  echo "compare_mpi.sh: vader with CMA failed (see $LOG_DIR/mpi_probe.log); using" \
+       "OMPI_MCA_btl_vader_single_copy_mechanism=none" >&2
+fi
+
+configs=(kolo)
+((have_mpi)) && configs+=(mpi_shm mpi_tcp)
+declare -A busbw
+started=$SECONDS
+# Other work on the machine skews every column; the table says how busy it was.
+load_at_start=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
+for ranks in $RANKS; do
+  for config in "${configs[@]}"; do
+    log=$LOG_DIR/${config}_np${ranks}.log
+    echo "compare_mpi.sh: $config with $ranks ranks ..." >&2
+    # shellcheck disable=SC2086  # MPIRUN_ARGS is a list of flags
+    case "$config" in
+      kolo) measure "$log" "$kolorun" -np "$ranks" "$kolo_perf" ;;
+      mpi_shm) measure "$log" mpirun --allow-run-as-root --oversubscribe $MPIRUN_ARGS -np "$ranks" \
+                 --mca pml ob1 --mca btl self,vader "$mpi_perf" ;;
+      mpi_tcp) measure "$log" mpirun --allow-run-as-root --oversubscribe $MPIRUN_ARGS -np "$ranks" \
+                 --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo "$mpi_perf" ;;
+    esac
+    status=$?
+    # Rows are the lines that are not comments, once kolorun's "[rank] " prefix is dropped: field 1
+    # is the size, 8 the out-of-place busbw, 9 its #wrong.
+    while read -r size value wrong; do
+      [[ $wrong =~ ^[0-9]+$ && $wrong != 0 ]] && value="$value!"
+      busbw[$config,$ranks,$size]=$value
+    done < <(awk '{ sub(/^\[[0-9]+\] /, "") }
+                  !/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ { print $1, $8, $9 }' "$log")
+    if ((status != 0)); then
+      echo "compare_mpi.sh: $config with $ranks ranks failed (exit $status), see $log:" >&2
+      tail -n 5 "$log" | sed 's/^/    /' >&2
+    fi
+  done
+done
+
+declare -A titles=([kolo]="kolo" [mpi_shm]="MPI shm" [mpi_tcp]="MPI tcp")
+echo
+echo "allreduce busbw in GB/s (out of place, $DTYPE $OP) on $(hostname), $(nproc) cores," \
+     "load $load_at_start at the start; $((SECONDS - started)) s; logs in $LOG_DIR"
+echo
+header="| size |" rule="|-----:|"
+for ranks in $RANKS; do
+  for config in "${configs[@]}"; do
+    header+=" ${titles[$config]} N=$ranks |"
+    rule+="------:|"
+  done
+done
+echo "$header"
+echo "$rule"
+wrong=0
+for size in "${sizes[@]}"; do
+  line="| $(human "$size") |"
+  for ranks in $RANKS; do
+    for config in "${configs[@]}"; do
+      value=${busbw[$config,$ranks,$size]:-fail}
+      [[ $value == *! || $value == fail ]] && wrong=1
+      line+=" $value |"
+    done
+  done
+  echo "$line"
+done
+exit $wrong
