@@ -9,6 +9,7 @@
 #include "core/deadline.hpp"
 #include "core/op_descriptor.hpp"
 #include "core/reduce.hpp"
+#include "ring/blocks.hpp"
 #include "transport/transport.hpp"
 
 namespace kolo {
@@ -28,7 +29,7 @@ class Ring {
 
   // Buffers that grow to the largest size asked for and are then reused, so a training loop
   // allocates (and first-touches) them once. `which` names independent buffers.
-  enum Buffer { kReceiveSlots = 0, kPartials = 1, kBufferCount = 2 };
+  enum Buffer { kReceiveSlots = 0, kPartials = 1, kScratch = 2, kBufferCount = 3 };
   std::byte* buffer(Buffer which, size_t bytes);
 
   // `count` transfers, reset; the storage is reused across calls and does not move while posted.
@@ -61,5 +62,26 @@ void ring_barrier(Ring& ring, const OpDescriptor& op);
 // Returns once every rank has entered a call with the same descriptor; KOLO_ERR_MISMATCH on every
 // rank otherwise. Collectives whose data flow does not already tie every rank together use it.
 void ring_agree(Ring& ring, const OpDescriptor& op);
+
+// Every rank's block of `blocks` (this rank's from sendbuf) into recvbuf, on every rank.
+void ring_allgather(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf,
+                    const Blocks& blocks);
+void bruck_allgather(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf,
+                     const Blocks& blocks);
+// sendbuf holds blocks.total elements; this rank's block of the reduction goes to recvbuf.
+void ring_reduce_scatter(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf,
+                         const Blocks& blocks);
+// Allreduce for small buffers: op.algorithm == Algorithm::kRecursiveDoubling.
+void recursive_doubling_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf,
+                                  void* recvbuf);
+// Per-peer blocks between every pair of ranks. op.detail != 0 (alltoallv): messages carry their
+// pair's count and an agreement round ends the call.
+void pairwise_alltoall(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf,
+                       const AlltoallLayout& layout);
+// The reduction of every rank's sendbuf into recvbuf on op.root (recvbuf unused elsewhere).
+void chain_reduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf);
+// Point to point: op describes the message (collective kSendRecv, root = the sender).
+void send_to_peer(Ring& ring, const OpDescriptor& op, const void* buffer, int peer);
+void receive_from_peer(Ring& ring, const OpDescriptor& op, void* buffer, int peer);
 
 }  // namespace kolo

@@ -1,0 +1,159 @@
+// Communicator::split: ranks that pass the same colour form a new communicator, ordered by key
+// (MPI_Comm_split, ncclCommSplit).
+//
+// The split is one collective call on the parent, under the parent's lock (so another thread's
+// call on the parent cannot slip between its steps), in four steps:
+//
+//   1. Exchange: an allgather on the parent of every rank's (colour, key, host), 16 bytes a rank.
+//   2. Members: the ranks with this rank's colour, ordered by (key, parent rank); the position in
+//      that order is the new rank. Local rank and size, and the node count, come from the hosts.
+//   3. Connect: each member opens its own connection to the rendezvous store (a store client is
+//      not thread-safe, and the new communicator may be used from another thread at the same time
+//      as the parent) and builds a new transport among the members. The transport's store keys and
+//      connection hellos carry a context: a 64-bit mix of the parent's context, the split's
+//      sequence number on the parent (the same on every rank, the split being collective) and the
+//      colour — different for every communicator split from this parent, and (with overwhelming
+//      probability) from every other communicator in the job.
+//   4. Outcome: an allreduce (max) on the parent of every rank's status, so that either every
+//      rank gets its new communicator, or every rank reports the failure (naming a rank that
+//      failed). This also keeps every rank in the call until every member is done with the store.
+//
+// Because each communicator has its own transport (its own sockets and progress), its own lock
+// and its own sequence numbers, operations on a parent, its children and their siblings never mix,
+// from any number of threads. The new communicator shares nothing with the parent but the store
+// server, which rank 0's process keeps (shared ownership) until its last communicator is destroyed:
+// destroying the parent first leaves the children working, and splitting them further works as
+// long as the process of the world's rank 0 still holds a communicator.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "bootstrap/store.hpp"
+#include "core/communicator.hpp"
+#include "core/log.hpp"
+#include "net/socket.hpp"
+#include "ring/algorithms.hpp"
+#include "ring/ring.hpp"
+#include "transport/transport.hpp"
+
+namespace kolo {
+namespace {
+
+struct MemberInfo {
+  int32_t color = -1;
+  int32_t key = 0;
+  uint64_t host = 0;  // a hash of the host name
+};
+static_assert(sizeof(MemberInfo) == 16);
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t hash_text(const std::string& text) {
+  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char c : text) hash = (hash ^ c) * 0x100000001b3ull;
+  return hash;
+}
+
+}  // namespace
+
+Communicator::Communicator(const Config& config, std::shared_ptr<StoreServer> server,
+                           uint64_t context, int node_count)
+    : config_(config), node_count_(node_count), server_(std::move(server)), context_(context) {
+  store_ = std::make_unique<StoreClient>(net::parse_endpoint(config_.addr, "KOLO_ADDR"),
+                                         config_.secret, config_.rank, config_.timeout_s);
+  transport_ = make_transport(config_, *store_, config_.rank, config_.size, context_);
+  ring_ = std::make_unique<Ring>(*transport_, config_.rank, config_.size, config_.segment_bytes,
+                                 config_.timeout_s);
+  log::info("sub-communicator {:x} ready: rank {} of {}, local rank {} of {}, {} node(s)", context_,
+            config_.rank, config_.size, config_.local_rank, config_.local_size, node_count_);
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  const int n = size();
+  const MemberInfo mine{color < 0 ? -1 : color, key, hash_text(net::host_name())};
+  std::vector<MemberInfo> everyone(static_cast<size_t>(n));
+  std::unique_ptr<Communicator> child;
+  std::optional<Error> failure;
+  int32_t outcome[2] = {0, -1};  // the worst status, and a rank that had it
+
+  OpDescriptor descriptor;
+  descriptor.collective = Collective::kSplit;
+  descriptor.dtype = DataType::kUInt8;
+  descriptor.count = sizeof(MemberInfo);
+  descriptor.algorithm = allgather_algorithm(sizeof(MemberInfo) * n, n);
+  run_collective(descriptor, [&](const OpDescriptor& exchange) {
+    const Blocks blocks = Blocks::equal(sizeof(MemberInfo), n);
+    if (exchange.algorithm == Algorithm::kBruck) {
+      bruck_allgather(*ring_, exchange, &mine, everyone.data(), blocks);
+    } else {
+      ring_allgather(*ring_, exchange, &mine, everyone.data(), blocks);
+    }
+
+    if (mine.color >= 0) {
+      std::vector<int> members;
+      for (int r = 0; r < n; ++r) {
+        if (everyone[r].color == mine.color) members.push_back(r);
+      }
+      std::stable_sort(members.begin(), members.end(),
+                       [&](int a, int b) { return everyone[a].key < everyone[b].key; });
+      Config config = config_;
+      config.size = static_cast<int>(members.size());
+      config.rank = -1;  // found below
+      config.local_rank = 0;
+      config.local_size = 0;
+      std::vector<uint64_t> hosts;
+      for (int position = 0; position < config.size; ++position) {
+        const int member = members[position];
+        if (member == rank()) config.rank = position;
+        if (everyone[member].host == mine.host) {
+          if (member != rank() && config.rank < 0) ++config.local_rank;
+          ++config.local_size;
+        }
+        hosts.push_back(everyone[member].host);
+      }
+      std::sort(hosts.begin(), hosts.end());
+      const int nodes = static_cast<int>(std::unique(hosts.begin(), hosts.end()) - hosts.begin());
+      uint64_t context = mix(mix(context_ ^ mix(exchange.sequence)) ^ static_cast<uint32_t>(color));
+      if (context <= 1) context += 2;  // 0 is unused, 1 is the world's
+      try {
+        child.reset(new Communicator(config, server_, context, nodes));
+      } catch (const Error& error) {
+        failure.emplace(error);
+      } catch (const std::exception& error) {
+        failure.emplace(Status::kSystem, error.what());
+      }
+      if (failure) {
+        outcome[0] = static_cast<int32_t>(failure->status());
+        outcome[1] = rank();
+      }
+    }
+
+    OpDescriptor report = exchange;
+    report.dtype = DataType::kInt32;
+    report.op = ReduceOp::kMax;
+    report.count = 2;
+    report.algorithm = allreduce_algorithm(sizeof(outcome), n);
+    if (report.algorithm == Algorithm::kRecursiveDoubling) {
+      recursive_doubling_allreduce(*ring_, report, outcome, outcome);
+    } else {
+      ring_allreduce(*ring_, report, outcome, outcome);
+    }
+  });
+
+  if (failure) throw Error(failure->status(), fmt::format("split: {}", failure->what()));
+  if (outcome[0] != 0) {
+    throw Error(static_cast<Status>(outcome[0]),
+                fmt::format("split: rank {} of the parent communicator could not join its new "
+                            "communicator, so no rank gets one (see that rank's error)",
+                            outcome[1]));
+  }
+  return child;
+}
+
+}  // namespace kolo

@@ -1,0 +1,181 @@
+// Recursive-doubling allreduce, for small buffers: log2 N exchanges instead of the ring's 2(N-1)
+// steps.
+//
+// Let P be the largest power of two <= N and E = N - P. Each rank turns its input into a partial
+// (loaded in the accumulator type, prescaled), then:
+//
+//   fold      each rank r >= P sends its partial to r - P, which combines it into its own;
+//   exchange  for d = 1, 2, 4, ..., P/2, ranks r < P swap partials with r XOR d and combine;
+//   finish    ranks r < P finish their partial into recvbuf (AVG's division, the postscale and
+//             the rounding of half types, once), and each rank r < E sends the finished result to
+//             r + P.
+//
+// Every message holds the whole buffer: the time is (log2 P + 2·[E > 0])·a + the same times
+// S/B, against the ring's 2(N-1)·a + 2(N-1)/N · S/B, so it wins while S is small (where is
+// measured, src/ring/algorithms.hpp).
+//
+// Same result on every rank. At each exchange both partners compute lower OP upper, the partial
+// of the lower rank first, so they compute the same expression and, from the same bits, get the
+// same bits (IEEE +, *, min and max are deterministic given the operand order). After the last
+// exchange every rank r < P holds bitwise the same partial, finishes it the same way, and the
+// ranks r >= P receive it. Partials combine in the accumulator type (reduce_combine with the
+// accumulator as dtype and no prescale); the finish combines the partial with the identity of the
+// op (-0 for sums, 1 for products, +inf/-inf or the integer limits for min/max), which leaves every
+// value, NaN included, unchanged, so that reduce_finish can do the rest.
+//
+// Agreement: every rank hears from its partner at every step (or from its fold partner), and a
+// rank's contribution reaches the others only through ranks that checked the message it came in;
+// a rank that disagrees is found out by the first rank it sends to, and nobody can finish without
+// its contribution, so no rank returns success while another reports KOLO_ERR_MISMATCH.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "ring/ring.hpp"
+
+namespace kolo {
+namespace {
+
+template <typename T>
+void fill(std::byte* buffer, uint64_t count, T value) {
+  for (uint64_t i = 0; i < count; ++i) std::memcpy(buffer + i * sizeof(T), &value, sizeof(T));
+}
+
+template <typename T>
+void fill_integer_identity(std::byte* buffer, uint64_t count, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin:
+      return fill(buffer, count, std::numeric_limits<T>::max());
+    case ReduceOp::kMax:
+      return fill(buffer, count, std::numeric_limits<T>::min());
+    case ReduceOp::kProd:
+      return fill(buffer, count, T{1});
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return fill(buffer, count, T{0});
+  }
+}
+
+// The identity of op in dtype's bits: x OP identity == x for every x.
+template <typename T>
+void fill_float_identity(std::byte* buffer, uint64_t count, ReduceOp op, T one, T infinity,
+                         T negative_infinity, T negative_zero) {
+  switch (op) {
+    case ReduceOp::kMin:
+      return fill(buffer, count, infinity);
+    case ReduceOp::kMax:
+      return fill(buffer, count, negative_infinity);
+    case ReduceOp::kProd:
+      return fill(buffer, count, one);
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return fill(buffer, count, negative_zero);
+  }
+}
+
+void fill_identity(std::byte* buffer, uint64_t count, DataType dtype, ReduceOp op) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  constexpr double kInfDouble = std::numeric_limits<double>::infinity();
+  switch (dtype) {
+    case DataType::kFloat32:
+      return fill_float_identity(buffer, count, op, 1.0f, kInf, -kInf, -0.0f);
+    case DataType::kFloat64:
+      return fill_float_identity(buffer, count, op, 1.0, kInfDouble, -kInfDouble, -0.0);
+    case DataType::kFloat16:  // IEEE binary16 bits
+      return fill_float_identity<uint16_t>(buffer, count, op, 0x3c00, 0x7c00, 0xfc00, 0x8000);
+    case DataType::kBFloat16:
+      return fill_float_identity<uint16_t>(buffer, count, op, 0x3f80, 0x7f80, 0xff80, 0x8000);
+    case DataType::kInt8:
+      return fill_integer_identity<int8_t>(buffer, count, op);
+    case DataType::kUInt8:
+      return fill_integer_identity<uint8_t>(buffer, count, op);
+    case DataType::kInt32:
+      return fill_integer_identity<int32_t>(buffer, count, op);
+    case DataType::kInt64:
+      return fill_integer_identity<int64_t>(buffer, count, op);
+  }
+}
+
+}  // namespace
+
+void recursive_doubling_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf,
+                                  void* recvbuf) {
+  const int n = ring.size();
+  const int r = ring.rank();
+  const ReduceSpec spec{op.dtype, op.op, op.prescale, op.postscale, n};
+  const auto* input = static_cast<const std::byte*>(sendbuf);
+  auto* output = static_cast<std::byte*>(recvbuf);
+  if (n == 1) {
+    reduce_single(output, input, op.count, spec);
+    return;
+  }
+  // Two partials combine as accumulator-typed values, with nothing left to prescale.
+  const ReduceSpec partial_spec{accumulator_type(op.dtype), op.op, 1.0, 1.0, n};
+  const size_t element = dtype_size(op.dtype);
+  const size_t accumulator = accumulator_size(op.dtype);
+  const size_t partial_bytes = op.count * accumulator;
+  int powers = 1;
+  while (powers * 2 <= n) powers *= 2;
+  const int extra = n - powers;
+
+  std::byte* mine = ring.buffer(Ring::kPartials, std::max<size_t>(1, partial_bytes));
+  std::byte* theirs = ring.buffer(Ring::kReceiveSlots, std::max<size_t>(1, partial_bytes));
+  // Posts a receive and/or a send with one peer and waits for both. Buffers may be null when
+  // empty (count 0), so what to post is said explicitly.
+  enum Direction { kSend = 1, kReceive = 2, kBoth = 3 };
+  auto exchange = [&](int peer, Direction direction, const void* send, size_t send_bytes,
+                      void* receive, size_t receive_bytes) {
+    Transfer* transfers = ring.transfers(2);
+    if (direction & kReceive) {
+      transfers[0].reset(peer, op, receive, receive_bytes);
+      ring.transport().post_recv(transfers[0]);
+    }
+    if (direction & kSend) {
+      transfers[1].reset(peer, op, const_cast<void*>(send), send_bytes);
+      ring.transport().post_send(transfers[1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (!(direction & (i == 0 ? kReceive : kSend))) continue;
+      while (!transfers[i].complete) ring.wait(op, peer);
+      ring.made_progress();
+    }
+  };
+  ring.begin();
+
+  if (r >= powers) {
+    // Hand our contribution to r - P and wait for the result. The input goes as it is when it
+    // already is a partial (no conversion, no prescale).
+    const void* contribution = input;
+    if (accumulator != element || op.prescale != 1.0) {
+      reduce_load(mine, input, op.count, spec);
+      contribution = mine;
+    }
+    exchange(r - powers, kSend, contribution, partial_bytes, nullptr, 0);
+    exchange(r - powers, kReceive, nullptr, 0, output, op.count * element);
+    return;
+  }
+
+  reduce_load(mine, input, op.count, spec);
+  if (r < extra) {
+    exchange(r + powers, kReceive, nullptr, 0, theirs, partial_bytes);
+    reduce_combine(mine, mine, theirs, op.count, partial_spec);
+  }
+  for (int distance = 1; distance < powers; distance *= 2) {
+    const int partner = r ^ distance;
+    exchange(partner, kBoth, mine, partial_bytes, theirs, partial_bytes);
+    if (r < partner) {
+      reduce_combine(mine, mine, theirs, op.count, partial_spec);
+    } else {
+      reduce_combine(theirs, theirs, mine, op.count, partial_spec);
+      std::swap(mine, theirs);
+    }
+  }
+  std::byte* identity = ring.buffer(Ring::kScratch, std::max<size_t>(1, op.count * element));
+  fill_identity(identity, op.count, op.dtype, op.op);
+  const ReduceSpec finish_spec{op.dtype, op.op, 1.0, op.postscale, n};
+  reduce_finish(output, mine, identity, op.count, finish_spec);
+  if (r < extra) exchange(r + powers, kSend, output, op.count * element, nullptr, 0);
+}
+
+}  // namespace kolo
