@@ -1,0 +1,202 @@
+#include "transport/control_channel.hpp"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/deadline.hpp"
+#include "core/log.hpp"
+
+namespace kolo {
+namespace {
+
+constexpr uint32_t kControlMagic = 0x434c4f4b;  // "KOLC"
+constexpr uint32_t kControlAbort = 1;
+constexpr uint32_t kControlGoodbye = 2;
+
+}  // namespace
+
+ControlChannel::ControlChannel(int rank, int size) : rank_(rank), size_(size), links_(size) {
+  epoll_ = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_.valid()) {
+    throw Error(Status::kSystem, fmt::format("epoll_create1 failed: {}", std::strerror(errno)));
+  }
+}
+
+void ControlChannel::attach(int peer, net::Socket socket) {
+  net::set_nodelay(socket);
+  net::tune_for_bulk(socket, 0);  // keepalive and TCP_USER_TIMEOUT: a vanished host shows
+  net::set_nonblocking(socket, true);
+  epoll_event event{};
+  event.events = EPOLLIN | EPOLLRDHUP;
+  event.data.u32 = static_cast<uint32_t>(peer);
+  if (::epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, socket.fd(), &event) != 0) {
+    throw Error(Status::kSystem, fmt::format("epoll_ctl failed: {}", std::strerror(errno)));
+  }
+  links_[peer].socket = std::move(socket);
+}
+
+void ControlChannel::serve() {
+  std::array<epoll_event, 64> events;
+  for (;;) {
+    int ready = ::epoll_wait(epoll_.fd(), events.data(), events.size(), 0);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      throw Error(Status::kSystem, fmt::format("epoll_wait failed: {}", std::strerror(errno)));
+    }
+    for (int i = 0; i < ready; ++i) serve_link(static_cast<int>(events[i].data.u32));
+    if (ready < static_cast<int>(events.size())) return;
+  }
+}
+
+void ControlChannel::serve_link(int peer) {
+  Link& link = links_[peer];
+  while (link.socket.valid() && !link.closed) {
+    char* target;
+    size_t wanted;
+    if (link.header_done < sizeof(FrameHeader)) {
+      target = reinterpret_cast<char*>(&link.header) + link.header_done;
+      wanted = sizeof(FrameHeader) - link.header_done;
+    } else {
+      target = link.text.data() + link.text_done;
+      wanted = link.header.length - link.text_done;
+    }
+    ssize_t received = wanted ? ::recv(link.socket.fd(), target, wanted, MSG_DONTWAIT) : 0;
+    if (received < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      int error = errno;
+      close_link(peer);
+      throw lost(peer, fmt::format("its connection failed: {}", std::strerror(error)));
+    }
+    if (wanted && received == 0) {
+      close_link(peer);
+      if (!link.said_goodbye) {
+        throw lost(peer, "its connection closed without a goodbye (did it die?)");
+      }
+      return;
+    }
+    if (link.header_done < sizeof(FrameHeader)) {
+      link.header_done += received;
+      if (link.header_done < sizeof(FrameHeader)) continue;
+      if (link.header.magic != kControlMagic || link.header.length > kMaxText) {
+        log::warn("rank {} sent a malformed control frame; dropping the connection", peer);
+        close_link(peer);
+        throw lost(peer, "it sent a malformed control frame");
+      }
+    } else {
+      link.text_done += received;
+    }
+    if (link.text_done < link.header.length) continue;
+    link.header_done = 0;
+    link.text_done = 0;
+    handle_frame(peer);
+  }
+}
+
+void ControlChannel::handle_frame(int peer) {
+  Link& link = links_[peer];
+  const FrameHeader& header = link.header;
+  if (header.kind == kControlGoodbye) {
+    link.said_goodbye = true;
+    return;
+  }
+  Status status = static_cast<Status>(header.status);
+  if (header.kind != kControlAbort || status == Status::kSuccess) {
+    throw lost(peer, "it sent an unknown control frame");
+  }
+  if (header.origin < 0 || header.origin >= size_) {
+    throw lost(peer, "it sent a malformed control frame");
+  }
+  remote_failure_ = true;
+  remote_origin_ = header.origin;
+  remote_text_.assign(link.text.data(), header.length);
+  throw Error(status, fmt::format("{} (reported by rank {})", remote_text_, header.origin));
+}
+
+void ControlChannel::close_link(int peer) {
+  Link& link = links_[peer];
+  if (link.closed) return;
+  link.closed = true;
+  ::epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, link.socket.fd(), nullptr);
+}
+
+void ControlChannel::look_for_abort(int peer) {
+  if (const Link& link = links_[peer]; link.socket.valid() && !link.closed) {
+    pollfd waiting{link.socket.fd(), POLLIN, 0};
+    ::poll(&waiting, 1, 200);
+  }
+  for (int other = 0; other < size_; ++other) {
+    try {
+      serve_link(other);
+    } catch (const Error&) {
+      if (remote_failure_) throw;  // an abort: the first cause
+    }
+  }
+}
+
+Error ControlChannel::lost(int peer, const std::string& why) const {
+  return Error(Status::kPeerLost, fmt::format("rank {} lost rank {}: {}", rank_, peer, why));
+}
+
+void ControlChannel::send_frame(int peer, uint32_t kind, Status status, int origin,
+                                const std::string& text) noexcept {
+  Link& link = links_[peer];
+  if (!link.socket.valid() || link.closed) return;
+  FrameHeader header;
+  header.magic = kControlMagic;
+  header.kind = kind;
+  header.status = static_cast<int32_t>(status);
+  header.origin = origin;
+  header.length = static_cast<uint32_t>(std::min(text.size(), kMaxText));
+  std::string frame(reinterpret_cast<const char*>(&header), sizeof(header));
+  frame.append(text, 0, header.length);
+  try {
+    net::send_all(link.socket, frame.data(), frame.size(), Deadline(0.2));
+  } catch (const Error&) {
+    // The peer is gone or stuck; it will learn of the failure through its own timeout.
+  }
+}
+
+void ControlChannel::tell_peers(const Error& error) noexcept {
+  // A rank that learnt of the failure from another passes it on before it closes anything: a peer
+  // that sees this rank's connections close then finds the first cause waiting.
+  int origin = remote_failure_ ? remote_origin_ : rank_;
+  const std::string text = remote_failure_ ? remote_text_ : std::string(error.what());
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != origin) send_frame(peer, kControlAbort, error.status(), origin, text);
+  }
+}
+
+void ControlChannel::say_goodbye() noexcept {
+  for (int peer = 0; peer < size_; ++peer) {
+    send_frame(peer, kControlGoodbye, Status::kSuccess, rank_, "");
+  }
+  for (auto& link : links_) {
+    if (link.socket.valid()) ::shutdown(link.socket.fd(), SHUT_WR);
+  }
+}
+
+void ControlChannel::wait_until_closed(const Deadline& deadline) noexcept {
+  for (;;) {
+    bool open = false;
+    for (const auto& link : links_) open = open || (link.socket.valid() && !link.closed);
+    if (!open || deadline.expired()) return;
+    pollfd waiting{epoll_.fd(), POLLIN, 0};
+    ::poll(&waiting, 1, std::max(1, deadline.remaining_ms()));
+    for (int peer = 0; peer < size_; ++peer) {
+      try {
+        serve_link(peer);
+      } catch (const Error&) {
+        // Whatever a peer says now changes nothing: this rank is leaving.
+      }
+    }
+  }
+}
+
+}  // namespace kolo

@@ -1,0 +1,105 @@
+// The control connection to every peer: how failures reach every rank, and how a dead peer shows.
+//
+// Each pair of ranks keeps one authenticated TCP socket (set up by connect_mesh) that carries small
+// frames only, a fixed header and at most 4 KiB of text:
+//   ABORT    a rank failed: its status, the rank that failed first and that rank's message. Every
+//            peer stops waiting and reports that first cause, not a consequence of it.
+//   GOODBYE  a rank destroys its communicator normally.
+// The socket is always read, so a peer whose control socket closes without a goodbye was lost
+// (killed, crashed): the kernel closes a dead process's sockets, and every rank learns of it within
+// one wake-up. A host that vanishes is caught by TCP keepalive and TCP_USER_TIMEOUT within ~10 s.
+//
+// Transports poll fd() beside their own events (the TCP transport's epoll set, the UCX worker's
+// event fd) and call serve() when it is readable.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/deadline.hpp"
+#include "kolo/status.hpp"
+#include "net/socket.hpp"
+
+namespace kolo {
+
+class ControlChannel {
+ public:
+  ControlChannel(int rank, int size);
+  ControlChannel(const ControlChannel&) = delete;
+  ControlChannel& operator=(const ControlChannel&) = delete;
+
+  // Takes the connected, authenticated control socket of a peer and starts watching it.
+  void attach(int peer, net::Socket socket);
+
+  // Readable (level-triggered) while some control socket has a frame or an end of file to read.
+  int fd() const { return epoll_.fd(); }
+
+  // Reads what every peer has sent, without blocking. Throws kolo::Error: the announced status
+  // (and text, "reported by rank R") for an ABORT, kPeerLost naming the peer when a control
+  // connection closes without a goodbye, fails or carries a malformed frame.
+  void serve();
+
+  bool said_goodbye(int peer) const { return links_[peer].said_goodbye; }
+  // The peer's control connection reached its end (after a goodbye, or an error was thrown).
+  bool closed(int peer) const { return links_[peer].closed; }
+
+  // Called when another path to `peer` failed (a data connection closed): a rank that failed first
+  // sent an ABORT that may still be in flight, and the loss is probably a consequence of it. Waits
+  // up to 200 ms for the peer's control socket, reads every peer's, and throws the ABORT if one
+  // arrived; returns otherwise.
+  void look_for_abort(int peer);
+
+  // "rank R lost rank P: why".
+  Error lost(int peer, const std::string& why) const;
+
+  // Tells every peer about a failure with an ABORT frame, best effort and briefly (0.2 s a peer at
+  // most). A failure that arrived in an ABORT is passed on with its origin, so that every rank
+  // reports the first cause; the origin itself is not told.
+  void tell_peers(const Error& error) noexcept;
+
+  // Sends GOODBYE to every peer and shuts down the writing side of every control socket.
+  void say_goodbye() noexcept;
+
+  // After say_goodbye: reads (and ignores) what peers send until every control socket has reached
+  // its end, that is until every peer has said goodbye too or is gone, or until the deadline.
+  void wait_until_closed(const Deadline& deadline) noexcept;
+
+ private:
+  static constexpr size_t kMaxText = 4096;
+
+  struct FrameHeader {
+    uint32_t magic = 0;
+    uint32_t kind = 0;
+    int32_t status = 0;
+    int32_t origin = -1;  // ABORT: the rank that failed first
+    uint32_t length = 0;
+  };
+
+  struct Link {
+    net::Socket socket;
+    bool closed = false;
+    bool said_goodbye = false;
+    FrameHeader header;
+    size_t header_done = 0;
+    std::array<char, kMaxText> text{};
+    size_t text_done = 0;
+  };
+
+  void serve_link(int peer);
+  void handle_frame(int peer);
+  void close_link(int peer);
+  void send_frame(int peer, uint32_t kind, Status status, int origin,
+                  const std::string& text) noexcept;
+
+  int rank_;
+  int size_;
+  net::Socket epoll_;
+  std::vector<Link> links_;
+  bool remote_failure_ = false;  // an ABORT arrived from remote_origin_
+  int remote_origin_ = -1;
+  std::string remote_text_;
+};
+
+}  // namespace kolo

@@ -1,0 +1,168 @@
+#include "transport/mesh.hpp"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <exception>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "bootstrap/store.hpp"
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "kolo/status.hpp"
+#include "net/auth.hpp"
+
+namespace kolo {
+namespace {
+
+// The local address this machine uses to reach `remote`: a connected UDP socket sends nothing but
+// is given a source address by the kernel's routing table.
+std::string route_source_address(const net::Endpoint& remote) {
+  net::Socket probe(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(remote.port == 0 ? 9 : remote.port);
+  if (!probe.valid() || ::inet_pton(AF_INET, remote.host.c_str(), &address.sin_addr) != 1 ||
+      ::connect(probe.fd(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    return "0.0.0.0";
+  }
+  sockaddr_in local{};
+  socklen_t length = sizeof(local);
+  if (::getsockname(probe.fd(), reinterpret_cast<sockaddr*>(&local), &length) != 0) {
+    return "0.0.0.0";
+  }
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text));
+  return text;
+}
+
+std::string key(uint64_t context, const char* name, int rank) {
+  return fmt::format("kolo/{:x}/{}/{}", context, name, rank);
+}
+
+// Connection `stream` of a peer: 0 .. data_streams-1 carry data, data_streams is the control one.
+void place(PeerSockets& peer, int stream, int data_streams, net::Socket socket) {
+  if (stream == data_streams) {
+    peer.control = std::move(socket);
+  } else {
+    peer.data[stream] = std::move(socket);
+  }
+}
+
+// Accepts the connections of every lower rank: `rank` of them per data stream and control.
+void accept_connections(const net::Socket& listener, const std::string& secret, uint64_t context,
+                        const char* name, int rank, int data_streams, const Deadline& deadline,
+                        const std::atomic<bool>& stop,
+                        std::vector<std::pair<net::Hello, net::Socket>>& accepted) {
+  const size_t per_peer = static_cast<size_t>(data_streams) + 1;
+  const size_t expected = static_cast<size_t>(rank) * per_peer;
+  std::vector<bool> seen(expected, false);
+  while (accepted.size() < expected) {
+    if (stop) return;
+    if (deadline.expired()) {
+      throw Error(Status::kTimeout,
+                  fmt::format("rank {} timed out waiting for lower ranks to connect ({} of {} "
+                              "connections arrived)",
+                              rank, accepted.size(), expected));
+    }
+    net::Socket socket;
+    try {
+      socket = net::accept_from(listener, Deadline(std::min(0.1, deadline.remaining_s())));
+    } catch (const Error& error) {
+      if (error.status() == Status::kTimeout) continue;
+      throw;
+    }
+    std::string who = net::peer_endpoint(socket).to_string();
+    try {
+      // A stranger that never answers may delay the mesh by a few seconds, not stall it.
+      net::Hello hello = net::authenticate_as_server(
+          socket, secret, Deadline(std::min(5.0, std::max(0.0, deadline.remaining_s()))));
+      bool control = hello.purpose == net::kPurposeControl;
+      bool valid = hello.context == context && hello.rank >= 0 && hello.rank < rank &&
+                   (control || (hello.purpose == net::kPurposeData &&
+                                hello.stream < static_cast<uint32_t>(data_streams)));
+      size_t slot = valid ? static_cast<size_t>(hello.rank) * per_peer +
+                                (control ? data_streams : hello.stream)
+                          : 0;
+      if (!valid || seen[slot]) {
+        log::warn("{}: dropped a connection from {}: unexpected rank {} stream {} purpose {}", name,
+                  who, hello.rank, hello.stream, hello.purpose);
+        continue;
+      }
+      seen[slot] = true;
+      accepted.emplace_back(hello, std::move(socket));
+    } catch (const Error& error) {
+      log::warn("{}: dropped a connection from {}: {}", name, who, error.what());
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<PeerSockets> connect_mesh(const Config& config, StoreClient& store, int rank, int size,
+                                      uint64_t context, const char* name, int data_streams) {
+  Deadline deadline(config.timeout_s);
+  std::string host = !config.socket_ifname.empty()
+                         ? net::interface_address(config.socket_ifname)
+                         : route_source_address(net::parse_endpoint(config.addr, "KOLO_ADDR"));
+  net::Socket listener = net::listen_on({host, 0});
+  net::Endpoint me = net::local_endpoint(listener);
+  if (me.host == "0.0.0.0") me.host = "127.0.0.1";
+  store.set_string(key(context, name, rank), me.to_string());
+  if (data_streams > 0) {
+    log::info("{}: rank {} listens on {} with {} data stream(s) per peer", name, rank,
+              me.to_string(), data_streams);
+  } else {
+    log::info("{}: rank {} listens on {} for control connections", name, rank, me.to_string());
+  }
+
+  std::vector<PeerSockets> peers(size);
+  for (auto& peer : peers) peer.data.resize(data_streams);
+
+  // Lower ranks connect to us while we connect to higher ranks.
+  std::atomic<bool> stop{false};
+  std::exception_ptr accept_error;
+  std::vector<std::pair<net::Hello, net::Socket>> accepted;
+  std::thread acceptor([&] {
+    try {
+      accept_connections(listener, config.secret, context, name, rank, data_streams, deadline, stop,
+                         accepted);
+    } catch (...) {
+      accept_error = std::current_exception();
+    }
+  });
+  std::exception_ptr connect_error;
+  try {
+    for (int peer = rank + 1; peer < size; ++peer) {
+      net::Endpoint endpoint = net::parse_endpoint(store.get_string(key(context, name, peer)),
+                                                   "the address published by a peer");
+      for (int stream = 0; stream <= data_streams; ++stream) {
+        bool control = stream == data_streams;
+        net::Socket socket = net::connect_to(endpoint, deadline);
+        net::Hello hello{control ? net::kPurposeControl : net::kPurposeData, rank,
+                         static_cast<uint32_t>(stream), context};
+        net::authenticate_as_client(socket, config.secret, hello, deadline);
+        place(peers[peer], stream, data_streams, std::move(socket));
+      }
+    }
+  } catch (...) {
+    connect_error = std::current_exception();
+    stop = true;
+  }
+  acceptor.join();
+  if (connect_error) std::rethrow_exception(connect_error);
+  if (accept_error) std::rethrow_exception(accept_error);
+  for (auto& [hello, socket] : accepted) {
+    int stream =
+        hello.purpose == net::kPurposeControl ? data_streams : static_cast<int>(hello.stream);
+    place(peers[hello.rank], stream, data_streams, std::move(socket));
+  }
+  return peers;
+}
+
+}  // namespace kolo

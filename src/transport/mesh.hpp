@@ -1,0 +1,34 @@
+// Authenticated TCP connections between every pair of ranks, set up through the rendezvous store.
+//
+// Every rank listens on the interface that routes to the store (or KOLO_SOCKET_IFNAME) and
+// publishes the address under kolo/<context>/<name>/<rank>. The lower rank of each pair connects,
+// the higher one accepts, and every socket proves the job secret (net/auth.hpp) and says which
+// rank, purpose and stream it is before it is used; anything else that connects is dropped and
+// logged. The listener is closed once the mesh is complete.
+//
+// The TCP transport asks for its data streams and a control connection per peer; the UCX
+// transport only for the control connection (its data goes through UCX).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "net/socket.hpp"
+
+namespace kolo {
+
+class StoreClient;
+struct Config;
+
+struct PeerSockets {
+  std::vector<net::Socket> data;  // data_streams connected, authenticated, blocking sockets
+  net::Socket control;            // the control connection (see control_channel.hpp)
+};
+
+// Returns one entry per rank; this rank's own entry is empty. `name` keys the published address
+// and prefixes log lines ("tcp", "ucx"). Throws kolo::Error: kTimeout when peers do not show up
+// within config.timeout_s, kPeerLost when a peer drops a connection during set-up.
+std::vector<PeerSockets> connect_mesh(const Config& config, StoreClient& store, int rank, int size,
+                                      uint64_t context, const char* name, int data_streams);
+
+}  // namespace kolo

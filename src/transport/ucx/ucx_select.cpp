@@ -1,0 +1,81 @@
+// KOLO_TRANSPORT=auto: which transport a job uses.
+//
+// UCX wins where it has a path kolo's TCP transport lacks: shared memory when every rank is on one
+// host (the copy goes through memory instead of the loopback TCP stack), and RDMA when every host
+// has an active InfiniBand/RoCE port. Anywhere else both end up on TCP sockets, and kolo's own
+// transport, which needs no extra library state, is kept. The ranks must agree, so rank 0 decides
+// from what every rank published and the others read its verdict.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "bootstrap/store.hpp"
+#include "net/socket.hpp"
+#include "transport/ucx/ucx_transport.hpp"
+
+namespace kolo {
+namespace {
+
+// Whether this host has an RDMA port that is up (/sys/class/infiniband/<device>/ports/<n>/state
+// reads "4: ACTIVE").
+bool has_active_rdma_port() {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  for (const auto& device : fs::directory_iterator("/sys/class/infiniband", error)) {
+    for (const auto& port : fs::directory_iterator(device.path() / "ports", error)) {
+      std::ifstream state(port.path() / "state");
+      std::string text;
+      std::getline(state, text);
+      if (text.find("ACTIVE") != std::string::npos) return true;
+    }
+  }
+  return false;
+}
+
+std::string key(uint64_t context, const std::string& what) {
+  return fmt::format("kolo/{:x}/transport-auto/{}", context, what);
+}
+
+}  // namespace
+
+bool ucx_is_faster(const Config& /*config*/, StoreClient& store, int rank, int size,
+                   uint64_t context, std::string& reason) {
+  if (size == 1) {
+    reason = "a single rank sends nothing";
+    return false;
+  }
+  store.set_string(key(context, std::to_string(rank)),
+                   fmt::format("{} {}", has_active_rdma_port() ? 1 : 0, net::host_name()));
+  if (rank == 0) {
+    std::set<std::string> hosts;
+    int without_rdma = 0;
+    for (int other = 0; other < size; ++other) {
+      std::istringstream entry(store.get_string(key(context, std::to_string(other))));
+      int rdma = 0;
+      std::string host;
+      entry >> rdma;
+      std::getline(entry >> std::ws, host);
+      hosts.insert(host);
+      if (!rdma) ++without_rdma;
+    }
+    std::string verdict;
+    if (hosts.size() == 1) {
+      verdict = fmt::format("ucx all {} ranks are on one host: shared memory", size);
+    } else if (without_rdma == 0) {
+      verdict = fmt::format("ucx every rank of {} hosts has an active RDMA port", hosts.size());
+    } else {
+      verdict = fmt::format("tcp {} hosts, and {} of {} ranks have no active RDMA port",
+                            hosts.size(), without_rdma, size);
+    }
+    store.set_string(key(context, "verdict"), verdict);
+  }
+  std::string verdict = store.get_string(key(context, "verdict"));
+  size_t space = verdict.find(' ');
+  reason = verdict.substr(space + 1);
+  return verdict.substr(0, space) == "ucx";
+}
+
+}  // namespace kolo

@@ -1,0 +1,24 @@
+// UCX transport: UCP tagged messages over whatever UCX finds (shared memory and CMA within a host,
+// InfiniBand/RoCE, TCP), with kolo's control channel beside it for failures. Built only where
+// libucx-dev is installed (KOLO_HAVE_UCX); nothing outside this folder includes UCX headers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "transport/transport.hpp"
+
+namespace kolo {
+
+std::unique_ptr<Transport> make_ucx_transport(const Config& config, StoreClient& store, int rank,
+                                              int size, uint64_t context);
+
+// KOLO_TRANSPORT=auto: whether UCX gives this job a faster path than kolo's TCP transport, namely
+// every rank on one host (shared memory) or an active RDMA port on every host. Every rank
+// publishes its host and RDMA ports in the store and rank 0 decides for all, so that all ranks
+// choose the same transport. `reason` says why, for the log.
+bool ucx_is_faster(const Config& config, StoreClient& store, int rank, int size, uint64_t context,
+                   std::string& reason);
+
+}  // namespace kolo
