@@ -1,0 +1,360 @@
+// fusion_perf: one data-parallel training step's gradient reduction, as a framework does it,
+// with tensor fusion on and off.
+//
+// The gradients are those of real models, generated here from their layer definitions: ResNet-50
+// and ResNet-101 (bottleneck blocks of 1x1, 3x3 and 1x1 convolutions without bias, batch norm
+// scale and shift after each, a projection shortcut in the first block of each stage, a 1000-way
+// classifier), VGG-16 (thirteen 3x3 convolutions with bias, three fully connected layers) and
+// BERT-base (token, position and segment embeddings and their LayerNorm, twelve encoder layers of
+// query, key, value, attention output, two LayerNorms and the 3072-wide feed-forward, a pooler).
+// Each step submits every gradient with kolo_allreduce_async (in place, float32, average) in
+// backward order, last layer first, as soon as "backward" reaches it (at once: no compute is
+// simulated), then waits for them all. Buffers are allocated and touched once, before timing.
+//
+// For each model the step is timed with fusion on (the threshold given, KOLO_FUSION_THRESHOLD by
+// default), with fusion off (threshold 0: one collective per tensor, still negotiated by the
+// engine), and, for reference, with ordered calls (one blocking kolo_allreduce per tensor, no
+// engine). The modes take turns step by step. A step's time is the slowest rank's; the table
+// shows the median over the measured steps, the effective bus bandwidth (gradient bytes / time *
+// 2(N-1)/N, as nccl-tests computes it for allreduce) and the speedup of fusion. Run it with
+// kolorun:
+//
+//   kolorun -np 4 build/bench/fusion_perf [--model resnet50,vgg16] [--steps 5] [--warmup 2]
+#include <fmt/format.h>
+#include <kolo.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Gradient {
+  std::string name;
+  uint64_t count;
+};
+
+struct Model {
+  std::string name;
+  std::vector<Gradient> gradients;  // in forward (definition) order
+};
+
+void add(Model& model, std::string name, uint64_t count) {
+  model.gradients.push_back({std::move(name), count});
+}
+
+void add_batch_norm(Model& model, const std::string& name, uint64_t channels) {
+  add(model, name + ".weight", channels);
+  add(model, name + ".bias", channels);
+}
+
+// torchvision's ResNet with Bottleneck blocks (expansion 4).
+Model resnet(const std::string& name, const std::vector<int>& blocks_per_stage) {
+  Model model{name, {}};
+  add(model, "conv1.weight", 64ull * 3 * 7 * 7);
+  add_batch_norm(model, "bn1", 64);
+  uint64_t in = 64;
+  for (size_t stage = 0; stage < blocks_per_stage.size(); ++stage) {
+    const uint64_t planes = 64ull << stage;
+    const uint64_t out = planes * 4;
+    for (int block = 0; block < blocks_per_stage[stage]; ++block) {
+      const std::string prefix = fmt::format("layer{}.{}", stage + 1, block);
+      add(model, prefix + ".conv1.weight", planes * in);
+      add_batch_norm(model, prefix + ".bn1", planes);
+      add(model, prefix + ".conv2.weight", planes * planes * 3 * 3);
+      add_batch_norm(model, prefix + ".bn2", planes);
+      add(model, prefix + ".conv3.weight", out * planes);
+      add_batch_norm(model, prefix + ".bn3", out);
+      if (block == 0) {
+        add(model, prefix + ".downsample.0.weight", out * in);
+        add_batch_norm(model, prefix + ".downsample.1", out);
+      }
+      in = out;
+    }
+  }
+  add(model, "fc.weight", 1000 * in);
+  add(model, "fc.bias", 1000);
+  return model;
+}
+
+// torchvision's VGG-16 (configuration D, without batch norm).
+Model vgg16() {
+  Model model{"vgg16", {}};
+  const int layers[] = {64, 64,  0,   128, 128, 0,   256, 256, 256,
+                        0,  512, 512, 512, 0,   512, 512, 512, 0};
+  uint64_t in = 3;
+  int index = 0;
+  for (int out : layers) {
+    if (out != 0) {
+      add(model, fmt::format("features.{}.weight", index), static_cast<uint64_t>(out) * in * 9);
+      add(model, fmt::format("features.{}.bias", index), static_cast<uint64_t>(out));
+      in = static_cast<uint64_t>(out);
+      index += 2;  // each convolution is followed by a ReLU
+    } else {
+      index += 1;  // max pooling
+    }
+  }
+  const uint64_t widths[] = {512 * 7 * 7, 4096, 4096, 1000};
+  for (int i = 0; i < 3; ++i) {
+    add(model, fmt::format("classifier.{}.weight", 3 * i), widths[i + 1] * widths[i]);
+    add(model, fmt::format("classifier.{}.bias", 3 * i), widths[i + 1]);
+  }
+  return model;
+}
+
+// Hugging Face's BertModel, bert-base-uncased sizes.
+Model bert_base() {
+  Model model{"bert-base", {}};
+  const uint64_t hidden = 768, intermediate = 3072, vocabulary = 30522, positions = 512;
+  auto dense = [&](const std::string& name, uint64_t in, uint64_t out) {
+    add(model, name + ".weight", out * in);
+    add(model, name + ".bias", out);
+  };
+  auto layer_norm = [&](const std::string& name) {
+    add(model, name + ".weight", hidden);
+    add(model, name + ".bias", hidden);
+  };
+  add(model, "embeddings.word_embeddings.weight", vocabulary * hidden);
+  add(model, "embeddings.position_embeddings.weight", positions * hidden);
+  add(model, "embeddings.token_type_embeddings.weight", 2 * hidden);
+  layer_norm("embeddings.LayerNorm");
+  for (int layer = 0; layer < 12; ++layer) {
+    const std::string prefix = fmt::format("encoder.layer.{}", layer);
+    dense(prefix + ".attention.self.query", hidden, hidden);
+    dense(prefix + ".attention.self.key", hidden, hidden);
+    dense(prefix + ".attention.self.value", hidden, hidden);
+    dense(prefix + ".attention.output.dense", hidden, hidden);
+    layer_norm(prefix + ".attention.output.LayerNorm");
+    dense(prefix + ".intermediate.dense", hidden, intermediate);
+    dense(prefix + ".output.dense", intermediate, hidden);
+    layer_norm(prefix + ".output.LayerNorm");
+  }
+  dense("pooler.dense", hidden, hidden);
+  return model;
+}
+
+Model model_named(const std::string& name) {
+  if (name == "resnet50") return resnet("resnet50", {3, 4, 6, 3});
+  if (name == "resnet101") return resnet("resnet101", {3, 4, 23, 3});
+  if (name == "vgg16") return vgg16();
+  if (name == "bert-base") return bert_base();
+  std::fprintf(stderr, "fusion_perf: unknown model %s (resnet50, resnet101, vgg16, bert-base)\n",
+               name.c_str());
+  std::exit(2);
+}
+
+void check(kolo_comm_t comm, kolo_status_t status, const char* what) {
+  if (status != KOLO_SUCCESS) {
+    std::fprintf(stderr, "fusion_perf: %s: %s: %s\n", what, kolo_status_string(status),
+                 kolo_comm_last_error(comm));
+    std::exit(1);
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+enum class Mode { kFused, kUnfused, kOrdered };
+
+struct StepResult {
+  double seconds = 0;        // the slowest rank's
+  uint64_t collectives = 0;  // the engine ran on this rank
+};
+
+// One step: every gradient submitted in backward order, then all waited for.
+StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vector<float>>& buffers,
+                    std::vector<kolo_request_t>& requests, Mode mode, uint64_t threshold) {
+  check(comm, kolo_comm_set_fusion_threshold(comm, mode == Mode::kFused ? threshold : 0),
+        "kolo_comm_set_fusion_threshold");
+  kolo_fusion_stats_t before, after;
+  std::memset(&before, 0, sizeof(before));
+  before.struct_size = sizeof(before);
+  after = before;
+  check(comm, kolo_comm_fusion_stats(comm, &before), "kolo_comm_fusion_stats");
+  check(comm, kolo_barrier(comm), "kolo_barrier");
+  auto start = std::chrono::steady_clock::now();
+  // Backward order: the last layer's gradients are ready first.
+  for (size_t i = model.gradients.size(); i-- > 0;) {
+    const Gradient& gradient = model.gradients[i];
+    float* data = buffers[i].data();
+    if (mode == Mode::kOrdered) {
+      check(comm, kolo_allreduce(comm, data, data, gradient.count, KOLO_FLOAT32, KOLO_AVG),
+            "kolo_allreduce");
+    } else {
+      check(comm,
+            kolo_allreduce_async(comm, gradient.name.c_str(), data, data, gradient.count,
+                                 KOLO_FLOAT32, KOLO_AVG, nullptr, &requests[i]),
+            "kolo_allreduce_async");
+    }
+  }
+  if (mode != Mode::kOrdered) {
+    for (kolo_request_t& request : requests) {
+      kolo_status_t status = kolo_request_wait(request);
+      if (status != KOLO_SUCCESS) {
+        std::fprintf(stderr, "fusion_perf: a request failed: %s\n",
+                     kolo_request_last_error(request));
+        std::exit(1);
+      }
+      kolo_request_free(request);
+    }
+  }
+  StepResult result;
+  result.seconds = seconds_since(start);
+  check(comm, kolo_allreduce(comm, &result.seconds, &result.seconds, 1, KOLO_FLOAT64, KOLO_MAX),
+        "kolo_allreduce");
+  check(comm, kolo_comm_fusion_stats(comm, &after), "kolo_comm_fusion_stats");
+  result.collectives = after.collectives - before.collectives;
+  return result;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fusion_perf: a training step's gradient allreduce, with tensor fusion on and off"};
+  std::string models = "resnet50,resnet101,vgg16,bert-base";
+  int steps = 5, warmup = 2;
+  std::string threshold_text;
+  bool skip_ordered = false;
+  bool verify = false;
+  std::string max_tensor_text;
+  app.add_option("-m,--model", models,
+                 "models, comma-separated: resnet50, resnet101, vgg16, "
+                 "bert-base")
+      ->capture_default_str();
+  app.add_option("-n,--steps", steps, "measured steps per mode")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("-w,--warmup", warmup, "warm-up steps per mode")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("-t,--threshold", threshold_text,
+                 "fusion threshold in bytes when fused (default: KOLO_FUSION_THRESHOLD or 64M)");
+  app.add_flag("--no-ordered", skip_ordered, "skip the ordered-calls column");
+  app.add_option("--max-tensor-bytes", max_tensor_text,
+                 "keep only the gradients smaller than this (K/M/G suffixes): the latency-bound "
+                 "part of a model");
+  app.add_flag("-c,--check", verify,
+               "check every element after each mode (every rank starts with rank + 1, so the "
+               "average is (N + 1) / 2 whatever the number of steps)");
+  CLI11_PARSE(app, argc, argv);
+
+  auto parse_size = [](const std::string& text) {
+    char* end = nullptr;
+    uint64_t value = std::strtoull(text.c_str(), &end, 10);
+    if (*end == 'K' || *end == 'k') value <<= 10;
+    if (*end == 'M' || *end == 'm') value <<= 20;
+    if (*end == 'G' || *end == 'g') value <<= 30;
+    return value;
+  };
+  uint64_t threshold = 64ull << 20;
+  std::string threshold_source = threshold_text;
+  if (threshold_source.empty() && std::getenv("KOLO_FUSION_THRESHOLD")) {
+    threshold_source = std::getenv("KOLO_FUSION_THRESHOLD");
+  }
+  if (!threshold_source.empty()) threshold = parse_size(threshold_source);
+  const uint64_t max_tensor_bytes =
+      max_tensor_text.empty() ? ~uint64_t{0} : parse_size(max_tensor_text);
+
+  kolo_comm_t comm;
+  check(nullptr, kolo_comm_init(nullptr, &comm), "kolo_comm_init");
+  int rank = 0, size = 1;
+  kolo_comm_rank(comm, &rank);
+  kolo_comm_size(comm, &size);
+
+  std::vector<std::string> names;
+  for (size_t at = 0; at <= models.size();) {
+    size_t comma = models.find(',', at);
+    if (comma == std::string::npos) comma = models.size();
+    if (comma > at) names.push_back(models.substr(at, comma - at));
+    at = comma + 1;
+  }
+  const char* cycle = std::getenv("KOLO_CYCLE_TIME_MS");
+  const char* timeline = std::getenv("KOLO_TIMELINE");
+  if (rank == 0) {
+    fmt::print(
+        "# fusion_perf: {} ranks, fusion threshold {} MiB, cycle {} ms, {} steps after {} "
+        "warm-up, float32 average{}\n",
+        size, threshold / double(1 << 20), cycle ? cycle : "5", steps, warmup,
+        timeline ? ", timeline on" : "");
+    fmt::print(
+        "# time: the slowest rank's step, median; busbw: gradient bytes / time * 2(N-1)/N\n");
+    fmt::print("#\n");
+    fmt::print(
+        "# {:<10} {:>7} {:>9} | {:>9} {:>7} {:>6} | {:>9} {:>7} {:>6} | {:>7} | {:>9} "
+        "{:>7}\n",
+        "model", "tensors", "MB", "fused ms", "busbw", "colls", "unfused", "busbw", "colls",
+        "speedup", "ordered", "busbw");
+  }
+  const double bus_factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
+  for (const std::string& name : names) {
+    Model model = model_named(name);
+    if (max_tensor_bytes != ~uint64_t{0}) {
+      std::erase_if(model.gradients, [&](const Gradient& gradient) {
+        return gradient.count * 4 >= max_tensor_bytes;
+      });
+      model.name += "<" + max_tensor_text;
+    }
+    uint64_t elements = 0;
+    std::vector<std::vector<float>> buffers;
+    for (const Gradient& gradient : model.gradients) {
+      buffers.emplace_back(gradient.count, 1.0f + rank);  // allocated and touched once
+      elements += gradient.count;
+    }
+    const double bytes = elements * 4.0;
+    auto busbw = [&](double seconds) { return bytes / seconds * bus_factor / 1e9; };
+    auto check_values = [&](const char* mode) {
+      if (!verify) return;
+      const float expected = (size + 1) / 2.0f;
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        for (float value : buffers[i]) {
+          if (value != expected) {
+            std::fprintf(stderr, "fusion_perf: rank %d: %s %s: %s holds %g instead of %g\n", rank,
+                         model.name.c_str(), mode, model.gradients[i].name.c_str(), value,
+                         expected);
+            std::exit(1);
+          }
+        }
+      }
+    };
+    // The modes take turns step by step, so that a machine whose load changes treats them alike.
+    std::vector<Mode> modes = {Mode::kFused, Mode::kUnfused};
+    if (!skip_ordered) modes.push_back(Mode::kOrdered);
+    std::vector<std::vector<double>> times(3);
+    std::vector<double> collectives(3, 0);
+    std::vector<kolo_request_t> requests(model.gradients.size());
+    for (int step = 0; step < warmup + steps; ++step) {
+      for (Mode mode : modes) {
+        StepResult result = run_step(comm, model, buffers, requests, mode, threshold);
+        if (step < warmup) continue;
+        times[static_cast<int>(mode)].push_back(result.seconds);
+        collectives[static_cast<int>(mode)] += static_cast<double>(result.collectives) / steps;
+      }
+    }
+    check_values(skip_ordered ? "fused and unfused" : "fused, unfused and ordered");
+    const double fused = median(times[0]), unfused = median(times[1]);
+    const double ordered = skip_ordered ? 0 : median(times[2]);
+    if (rank == 0) {
+      fmt::print(
+          "  {:<10} {:>7} {:>9.1f} | {:>9.1f} {:>7.2f} {:>6.1f} | {:>9.1f} {:>7.2f} {:>6.1f} "
+          "| {:>6.2f}x | {:>9} {:>7}\n",
+          model.name, model.gradients.size(), bytes / 1e6, fused * 1e3, busbw(fused),
+          collectives[0], unfused * 1e3, busbw(unfused), collectives[1], unfused / fused,
+          skip_ordered ? "-" : fmt::format("{:.1f}", ordered * 1e3),
+          skip_ordered ? "-" : fmt::format("{:.2f}", busbw(ordered)));
+      std::fflush(stdout);
+    }
+  }
+  check(comm, kolo_comm_destroy(comm), "kolo_comm_destroy");
+  return 0;
+}

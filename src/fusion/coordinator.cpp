@@ -1,0 +1,283 @@
+#include "fusion/coordinator.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <deque>
+
+#include "core/log.hpp"
+
+namespace kolo::fusion {
+namespace {
+
+constexpr uint64_t kNeverUsed = ~uint64_t{0};
+constexpr size_t kStalledTensorsShown = 5;
+
+bool bit_set(const RequestList& list, uint32_t slot) {
+  size_t word = slot / 64;
+  return word < list.ready_words.size() && ((list.ready_words[word] >> (slot % 64)) & 1) != 0;
+}
+
+double seconds(Clock::duration duration) {
+  return std::chrono::duration<double>(duration).count();
+}
+
+}  // namespace
+
+std::string format_ranks(const std::vector<int>& ranks) {
+  std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (i > 0) text += ", ";
+    if (j >= i + 2) {
+      text += fmt::format("{}-{}", ranks[i], ranks[j]);
+      i = j + 1;
+    } else {
+      text += fmt::format("{}", ranks[i]);
+      ++i;
+    }
+  }
+  return text;
+}
+
+Coordinator::Coordinator(const CoordinatorSettings& settings, const ResponseCache& cache)
+    : settings_(settings), cache_(cache), last_used_(cache.capacity(), kNeverUsed) {}
+
+Coordinator::Entry& Coordinator::entry_for(const std::string& key, Clock::time_point now) {
+  auto [it, created] = ledger_.try_emplace(key);
+  if (created) {
+    it->second.spec_of_rank.assign(settings_.ranks, -1);
+    it->second.arrived.assign(settings_.ranks, Clock::time_point{});
+    it->second.first_seen = now;
+    it->second.order = next_order_++;
+  }
+  return it->second;
+}
+
+void Coordinator::record(Entry& entry, int rank, const UnitSpec& spec, Clock::time_point now) {
+  if (entry.spec_of_rank[rank] >= 0) return;  // a cached unit's bit repeats every cycle
+  auto known = std::find(entry.specs.begin(), entry.specs.end(), spec);
+  if (known == entry.specs.end()) known = entry.specs.insert(entry.specs.end(), spec);
+  entry.spec_of_rank[rank] = static_cast<int32_t>(known - entry.specs.begin());
+  entry.arrived[rank] = now;
+  ++entry.submitted;
+}
+
+std::string Coordinator::mismatch_message(const std::string& key, const Entry& entry) const {
+  std::string text = fmt::format("ranks disagree about tensor '{}': ", key);
+  for (size_t i = 0; i < entry.specs.size(); ++i) {
+    std::vector<int> ranks;
+    for (int rank = 0; rank < settings_.ranks; ++rank) {
+      if (entry.spec_of_rank[rank] == static_cast<int32_t>(i)) ranks.push_back(rank);
+    }
+    if (i > 0) text += i + 1 == entry.specs.size() ? " but " : "; ";
+    text += fmt::format("{} submitted {}", format_ranks(ranks), describe(entry.specs[i]));
+  }
+  return text;
+}
+
+void Coordinator::touch(uint32_t slot, uint64_t cycle) {
+  if (last_used_[slot] != kNeverUsed) lru_.erase({last_used_[slot], slot});
+  last_used_[slot] = cycle;
+  lru_.insert({cycle, slot});
+}
+
+int32_t Coordinator::choose_slot(const UnitSpec& spec, uint64_t cycle,
+                                 const std::vector<uint32_t>& busy) {
+  int32_t slot = cache_.slot_of(spec.key());
+  if (slot < 0 && never_used_ < cache_.capacity()) slot = static_cast<int32_t>(never_used_++);
+  if (slot < 0) {
+    for (auto it = lru_.begin(); it != lru_.end() && it->first < cycle; ++it) {
+      if (it->second < busy.size() && busy[it->second] > 0) continue;
+      slot = static_cast<int32_t>(it->second);
+      break;
+    }
+  }
+  if (slot >= 0) touch(static_cast<uint32_t>(slot), cycle);
+  return slot;
+}
+
+uint64_t Coordinator::padded_bytes(const UnitSpec& spec) const {
+  const uint64_t ranks = static_cast<uint64_t>(settings_.ranks);
+  uint64_t elements = 0;
+  for (const Member& member : spec.members) elements += (member.count + ranks - 1) / ranks * ranks;
+  return elements * dtype_size(spec.dtype);
+}
+
+void Coordinator::check_stalls(Clock::time_point now, ResponseList& response) {
+  const double warn_after = settings_.stall_warning_s;
+  const double abort_after = settings_.stall_abort_s;
+  if (warn_after <= 0 && abort_after <= 0) return;
+  struct Stalled {
+    double age;
+    std::string text;
+  };
+  std::vector<Stalled> stalled;
+  for (auto it = ledger_.begin(); it != ledger_.end();) {
+    const Entry& entry = it->second;
+    double age = seconds(now - entry.first_seen);
+    bool aborting = abort_after > 0 && age >= abort_after;
+    if (!aborting && !(warn_after > 0 && age >= warn_after)) {
+      ++it;
+      continue;
+    }
+    std::vector<int> present, missing;
+    for (int rank = 0; rank < settings_.ranks; ++rank) {
+      (entry.spec_of_rank[rank] >= 0 ? present : missing).push_back(rank);
+    }
+    if (aborting) {
+      response.errors.push_back(
+          {it->first, Status::kTimeout,
+           fmt::format("tensor '{}' stalled: submitted by {} but not by {} within {} s "
+                       "(KOLO_STALL_ABORT_S)",
+                       it->first, format_ranks(present), format_ranks(missing), abort_after)});
+      it = ledger_.erase(it);
+      continue;
+    }
+    stalled.push_back({age, fmt::format("'{}' missing {}", it->first, format_ranks(missing))});
+    ++it;
+  }
+  if (stalled.empty() ||
+      (last_warning_ != Clock::time_point{} && seconds(now - last_warning_) < warn_after)) {
+    return;
+  }
+  last_warning_ = now;
+  std::sort(stalled.begin(), stalled.end(),
+            [](const Stalled& a, const Stalled& b) { return a.age > b.age; });
+  std::string list;
+  for (size_t i = 0; i < stalled.size() && i < kStalledTensorsShown; ++i) {
+    if (i > 0) list += "; ";
+    list += stalled[i].text;
+  }
+  if (stalled.size() > kStalledTensorsShown) {
+    list += fmt::format(" (and {} more)", stalled.size() - kStalledTensorsShown);
+  }
+  log::warn(
+      "fusion: {} tensor(s) submitted by some ranks but not by others for more than {} s "
+      "(KOLO_STALL_WARNING_S): {}. Every rank must submit the same names; one that never does "
+      "stalls the job",
+      stalled.size(), warn_after, list);
+}
+
+std::vector<Batch> Coordinator::plan(const std::vector<Ready>& ready,
+                                     uint64_t fusion_threshold) const {
+  auto unit_of = [](const Ready& entry) {
+    ResponseUnit unit;
+    unit.hit = entry.hit;
+    unit.slot = entry.slot;
+    if (!entry.hit) unit.spec = *entry.spec;
+    return unit;
+  };
+  std::vector<Batch> batches;
+  std::vector<bool> taken(ready.size(), false);
+  auto alone = [](const UnitSpec& spec) {
+    return spec.members.size() == 1 && spec.total_bytes() >= kAloneBytes;
+  };
+  for (size_t i = 0; i < ready.size(); ++i) {
+    if (taken[i]) continue;
+    taken[i] = true;
+    Batch batch;
+    batch.units.push_back(unit_of(ready[i]));
+    const UnitSpec& first = *ready[i].spec;
+    if (fusion_threshold > 0 && first.kind == Kind::kAllreduce && !alone(first)) {
+      size_t members = first.members.size();
+      uint64_t bytes = padded_bytes(first);
+      for (size_t j = i + 1; j < ready.size() && bytes < fusion_threshold; ++j) {
+        if (taken[j] || !fusable(first, *ready[j].spec) || alone(*ready[j].spec)) continue;
+        uint64_t more = padded_bytes(*ready[j].spec);
+        if (bytes + more > fusion_threshold) continue;
+        taken[j] = true;
+        bytes += more;
+        members += ready[j].spec->members.size();
+        batch.units.push_back(unit_of(ready[j]));
+      }
+      batch.fused = members > 1;
+    }
+    batches.push_back(std::move(batch));
+  }
+  return batches;
+}
+
+ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>& lists,
+                                  uint64_t fusion_threshold, Clock::time_point now,
+                                  std::vector<Arrival>* arrivals) {
+  const int ranks = settings_.ranks;
+  ResponseList response;
+  std::vector<Ready> ready;
+  std::deque<UnitSpec> ready_specs;  // specs of ready ledger entries (stable addresses)
+
+  for (int rank = 0; rank < ranks; ++rank) {
+    for (const UnitSpec& spec : lists[rank].announcements) {
+      record(entry_for(spec.key(), now), rank, spec, now);
+    }
+  }
+
+  // Ready bits: a slot whose bit every rank set is a hit; partial ones join the ledger.
+  size_t words = 0;
+  for (const RequestList& list : lists) words = std::max(words, list.ready_words.size());
+  std::vector<uint32_t> busy(words * 64, 0);
+  for (int rank = 0; rank < ranks; ++rank) {
+    for (size_t w = 0; w < lists[rank].ready_words.size(); ++w) {
+      for (uint64_t bits = lists[rank].ready_words[w]; bits != 0; bits &= bits - 1) {
+        uint32_t slot = static_cast<uint32_t>(w * 64 + __builtin_ctzll(bits));
+        if (!cache_.at(slot)) {
+          throw Error(Status::kInternal,
+                      fmt::format("rank {} reported a ready unit in cache slot {}, which is "
+                                  "empty (the response caches disagree)",
+                                  rank, slot));
+        }
+        ++busy[slot];
+      }
+    }
+  }
+  for (uint32_t slot = 0; slot < busy.size(); ++slot) {
+    if (busy[slot] == 0) continue;
+    const UnitSpec& spec = *cache_.at(slot);
+    auto known = ledger_.find(spec.key());
+    if (known == ledger_.end() && busy[slot] == static_cast<uint32_t>(ranks)) {
+      ready.push_back({true, static_cast<int32_t>(slot), &spec, now, next_order_++});
+      touch(slot, cycle);
+      if (arrivals) arrivals->push_back({spec.key(), std::vector<Clock::time_point>(ranks, now)});
+      continue;
+    }
+    Entry& entry = known != ledger_.end() ? known->second : entry_for(spec.key(), now);
+    for (int rank = 0; rank < ranks; ++rank) {
+      if (bit_set(lists[rank], slot)) record(entry, rank, spec, now);
+    }
+  }
+
+  // Entries every rank has submitted: ready if they agree, else a mismatch for everyone.
+  for (auto it = ledger_.begin(); it != ledger_.end();) {
+    Entry& entry = it->second;
+    if (entry.submitted < ranks) {
+      ++it;
+      continue;
+    }
+    if (entry.specs.size() == 1) {
+      ready_specs.push_back(std::move(entry.specs.front()));
+      int32_t slot = cache_.find(ready_specs.back());
+      if (slot >= 0) touch(static_cast<uint32_t>(slot), cycle);
+      ready.push_back({slot >= 0, slot, &ready_specs.back(), entry.first_seen, entry.order});
+      if (arrivals) arrivals->push_back({it->first, entry.arrived});
+    } else {
+      response.errors.push_back({it->first, Status::kMismatch, mismatch_message(it->first, entry)});
+    }
+    it = ledger_.erase(it);
+  }
+  check_stalls(now, response);
+
+  std::sort(ready.begin(), ready.end(), [](const Ready& a, const Ready& b) {
+    return a.first_seen != b.first_seen ? a.first_seen < b.first_seen : a.order < b.order;
+  });
+  if (cache_.capacity() > 0) {
+    for (Ready& entry : ready) {
+      if (!entry.hit) entry.slot = choose_slot(*entry.spec, cycle, busy);
+    }
+  }
+  response.batches = plan(ready, fusion_threshold);
+  response.idle = ledger_.empty();
+  return response;
+}
+
+}  // namespace kolo::fusion

@@ -1,0 +1,119 @@
+// Rank 0's half of the negotiation: from every rank's RequestList of a cycle, decide what is
+// ready, check that the ranks agree, choose cache slots and plan the fused batches.
+//
+// A unit is ready when every rank has submitted it. Rank 0 learns of a submission in one of two
+// ways: an announcement carrying the spec (units not in the cache), or a bit in the rank's
+// ready vector (units in cache slot s, spec known to all). Units whose bit is set on every rank
+// are cache hits and cost no bookkeeping at all. Everything else goes into the ledger, one entry
+// per key, which remembers which rank submitted which spec and when, until either every rank has
+// submitted (then the unit is ready if all specs are equal, or fails with KOLO_ERR_MISMATCH on
+// every rank), or it is aborted as stalled (KOLO_STALL_ABORT_S). Rank 0 warns about entries older
+// than KOLO_STALL_WARNING_S, naming the ranks that have not submitted them.
+//
+// Cache slots. A unit negotiated through announcements is given a slot: its old slot if its key
+// was cached with another spec, else a never-used slot, else the least recently used slot that no
+// rank is waiting on in this cycle (whose bit nobody set: evicting it cannot strand a pending
+// unit, since a rank looks its units up in the cache afresh every cycle). When every slot is
+// busy the unit is simply not cached. Every rank applies the assignment when it reads the
+// response, so the caches stay identical.
+//
+// Batches. Ready units are taken in order (the oldest first; those first seen in the same cycle
+// in the order rank 0 learnt of them: announcements by rank, then cache hits by slot); each starts
+// a batch, and later units that can be fused with it (allreduce, same dtype, op and factors) join
+// while the padded size stays within the fusion threshold, looking past units that do not fit. A
+// unit is padded to a multiple of N elements per member (see fused_layout.hpp), so the test is
+// exact. Broadcasts run alone, and so does everything when the threshold is 0. A group is one unit
+// and therefore always runs as one collective; one larger than the threshold runs alone in a
+// buffer of its own size.
+//
+// A single tensor of kAloneBytes or more also runs alone, in place in the caller's buffer. Fusion
+// saves a collective's latency (tens to hundreds of microseconds) at the price of copying the
+// tensor in and out of the fusion buffer, and of a buffer too large to stay in cache: from about
+// a megabyte the copies cost as much as the latency saved, and for larger tensors they only add
+// (bench/fusion_perf measured ResNet-50 1.4 to 1.7 times slower with its 1-9 MiB gradients fused
+// than with nothing fused, on TCP loopback). Results do not depend on it: a tensor reduced alone
+// and one reduced in a fused buffer are bitwise the same.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/deadline.hpp"
+#include "fusion/cache.hpp"
+#include "fusion/wire.hpp"
+
+namespace kolo::fusion {
+
+// When rank 0 learnt of each rank's submission of a unit that became ready (for the timeline).
+struct Arrival {
+  std::string key;
+  std::vector<Clock::time_point> per_rank;
+};
+
+// Single tensors at least this large are not fused (see above).
+inline constexpr uint64_t kAloneBytes = uint64_t{1} << 20;
+
+struct CoordinatorSettings {
+  int ranks = 1;
+  double stall_warning_s = 60.0;  // 0: never warn
+  double stall_abort_s = 0.0;     // 0: never abort
+};
+
+class Coordinator {
+ public:
+  Coordinator(const CoordinatorSettings& settings, const ResponseCache& cache);
+
+  // lists[r] is rank r's RequestList for this cycle (rank 0's own included). Throws
+  // kolo::Error(kInternal) when a rank sets a bit for an empty cache slot. When arrivals is not
+  // null it receives one entry per ready unit.
+  ResponseList process(uint64_t cycle, const std::vector<RequestList>& lists,
+                       uint64_t fusion_threshold, Clock::time_point now,
+                       std::vector<Arrival>* arrivals = nullptr);
+
+  // Units submitted by some ranks and not yet ready.
+  size_t outstanding() const { return ledger_.size(); }
+
+ private:
+  struct Entry {
+    std::vector<UnitSpec> specs;        // the distinct specs submitted
+    std::vector<int32_t> spec_of_rank;  // index into specs, -1: not submitted yet
+    std::vector<Clock::time_point> arrived;
+    int submitted = 0;
+    Clock::time_point first_seen;
+    uint64_t order = 0;  // when the entry was created, to order entries seen in the same cycle
+  };
+  struct Ready {
+    bool hit = false;
+    int32_t slot = -1;
+    const UnitSpec* spec = nullptr;  // points into the cache or into the ready specs
+    Clock::time_point first_seen;
+    uint64_t order = 0;
+  };
+
+  Entry& entry_for(const std::string& key, Clock::time_point now);
+  void record(Entry& entry, int rank, const UnitSpec& spec, Clock::time_point now);
+  std::string mismatch_message(const std::string& key, const Entry& entry) const;
+  void check_stalls(Clock::time_point now, ResponseList& response);
+  int32_t choose_slot(const UnitSpec& spec, uint64_t cycle, const std::vector<uint32_t>& busy);
+  void touch(uint32_t slot, uint64_t cycle);
+  std::vector<Batch> plan(const std::vector<Ready>& ready, uint64_t fusion_threshold) const;
+  uint64_t padded_bytes(const UnitSpec& spec) const;
+
+  CoordinatorSettings settings_;
+  const ResponseCache& cache_;
+  std::unordered_map<std::string, Entry> ledger_;
+  // Least recently used order of the occupied slots: (cycle last used, slot).
+  std::vector<uint64_t> last_used_;
+  std::set<std::pair<uint64_t, uint32_t>> lru_;
+  uint32_t never_used_ = 0;  // slots [never_used_, capacity) have never been assigned
+  uint64_t next_order_ = 0;
+  Clock::time_point last_warning_{};
+};
+
+// "rank 2", "ranks 0, 1, 5", "ranks 0-63": for messages.
+std::string format_ranks(const std::vector<int>& ranks);
+
+}  // namespace kolo::fusion

@@ -1,0 +1,168 @@
+// The fusion engine of a communicator: named asynchronous operations, negotiated, fused and run
+// by a background thread on connections of its own. See engine.cpp for how it works.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/op_descriptor.hpp"
+#include "fusion/cache.hpp"
+#include "fusion/request.hpp"
+#include "fusion/wire.hpp"
+#include "transport/transport.hpp"
+
+namespace kolo {
+
+class Ring;
+
+namespace fusion {
+
+class Coordinator;
+class Timeline;
+struct Arrival;
+
+// Counters of one rank's engine, for tests, benchmarks and tuning (kolo_comm_fusion_stats).
+struct FusionStats {
+  uint64_t cycles = 0;               // negotiation cycles this rank took part in
+  uint64_t idle_sleeps = 0;          // times every rank was idle and the engine slept
+  uint64_t tensors_submitted = 0;    // group members count one each
+  uint64_t requests_completed = 0;   // successfully
+  uint64_t requests_failed = 0;      // with an error, cancellation included
+  uint64_t negotiated = 0;           // units agreed through full specs sent to rank 0
+  uint64_t cache_hits = 0;           // units agreed through the ready bits alone
+  uint64_t collectives = 0;          // collectives the engine ran
+  uint64_t fused_collectives = 0;    // of which through the fusion buffer
+  uint64_t tensors_fused = 0;        // tensors that went through the fusion buffer
+  uint64_t bytes_copied = 0;         // into and out of the fusion buffer
+  uint64_t fusion_buffer_bytes = 0;  // its size now
+};
+
+class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
+ public:
+  // Nothing starts until the first submission. `context` tells the engine's connections apart
+  // from the communicator's own (and from other communicators' engines).
+  FusionEngine(const Config& config, uint64_t context);
+  ~FusionEngine();
+  FusionEngine(const FusionEngine&) = delete;
+  FusionEngine& operator=(const FusionEngine&) = delete;
+
+  // Queues a named operation and returns at once. Throws kolo::Error: kInvalidArgument (bad
+  // spec or buffers, or a name that is already pending on this rank), or the engine's failure
+  // once it is broken. The first call starts the engine thread, which connects to the peers.
+  std::shared_ptr<Request> submit(UnitSpec spec, std::vector<MemberBuffers> buffers,
+                                  Request::Callback callback);
+
+  // The communicator broke (a lost peer, a mismatch in an ordered call): every pending and later
+  // request fails with this error, and the peers' engines are told.
+  void communicator_failed(const Error& error);
+
+  // Bytes per fused collective from the next cycle on; 0 disables fusion. Rank 0 plans the
+  // fusion for every rank, so its value is the one that counts.
+  void set_fusion_threshold(uint64_t bytes) { fusion_threshold_ = bytes; }
+  FusionStats stats() const;
+
+  // Stops the engine thread (at the end of the collective it may be running; connecting is not
+  // waited for), then fails every request still pending with kCancelled. Called when the
+  // communicator is destroyed; idempotent.
+  void shutdown();
+
+ private:
+  struct LocalUnit {
+    std::shared_ptr<Request> request;
+    bool announced = false;  // its spec went to rank 0 (not a cache hit)
+  };
+  struct Stopped {};  // thrown inside the engine thread when shutdown() asks it to stop
+  struct Departed {   // a peer left while every rank was idle
+    Error error;
+  };
+  enum class State { kNotStarted, kConnecting, kRunning, kFinished };
+
+  void run();
+  void connect();
+  void loop();
+  void run_cycle();
+  RequestList build_requests();
+  ResponseList exchange_as_coordinator(RequestList mine, std::vector<Arrival>* arrivals);
+  ResponseList exchange_as_member(const RequestList& mine);
+  void execute(const ResponseList& response, Clock::time_point received,
+               const std::vector<Arrival>& arrivals);
+  void run_batch(const Batch& batch, const std::vector<LocalUnit*>& units,
+                 Clock::time_point received);
+  void run_fused(const std::vector<LocalUnit*>& units, Clock::time_point received);
+  void run_alone(LocalUnit& unit, Clock::time_point received);
+  void finish(const std::string& key, Status status, const std::string& message);
+  void fail_everything(const Error& error);
+  void idle_wait();
+  void say_bye(uint64_t cycle, int departed) noexcept;
+  void sleep_until(Clock::time_point when);
+  void check_stop();
+  template <typename Done, typename Describe>
+  void wait_for(Done&& done, Describe&& what);
+  void signal();
+  void drain_signal();
+  OpDescriptor control_descriptor(MessageKind kind, uint64_t cycle) const;
+  MessageHeader header(MessageKind kind, uint64_t cycle, uint64_t payload_bytes) const;
+  void check_header(const MessageHeader& header, MessageKind kind, uint64_t cycle, int from) const;
+  std::byte* fusion_buffer(size_t bytes);
+
+  const Config config_;
+  const uint64_t context_;
+  const int rank_;
+  const int size_;
+  std::atomic<uint64_t> fusion_threshold_;
+  int wake_fd_ = -1;  // eventfd: a submission while idle, shutdown, failure
+
+  // Shared with the application's threads.
+  mutable std::mutex mutex_;
+  std::vector<std::shared_ptr<Request>> queue_;  // submitted, not yet seen by the engine
+  std::unordered_set<std::string> in_flight_;    // member names of every pending request
+  std::optional<Error> failure_;                 // broken: every submission fails with it
+  std::optional<Error> outside_failure_;         // the communicator broke
+  State state_ = State::kNotStarted;
+  bool stop_ = false;
+  bool shut_down_ = false;
+  bool idle_waiting_ = false;
+  std::thread thread_;
+  mutable std::mutex stats_mutex_;
+  FusionStats stats_;
+
+  // The engine thread's own.
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Ring> ring_;
+  ResponseCache cache_;
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0
+  std::unique_ptr<Timeline> timeline_;
+  uint32_t cycles_row_ = 0;
+  std::unordered_map<std::string, LocalUnit> pending_;
+  uint64_t cycle_ = 0;
+  uint64_t sequence_ = 0;
+  bool idle_ = false;
+  std::unique_ptr<std::byte[]> fusion_buffer_;
+  size_t fusion_buffer_bytes_ = 0;
+
+  // Negotiation messages: this rank's outgoing and incoming headers, payloads and transfers.
+  MessageHeader out_header_;
+  std::vector<uint8_t> out_payload_;
+  MessageHeader wake_header_;
+  std::vector<MessageHeader> in_headers_;          // [peer]
+  std::vector<std::vector<uint8_t>> in_payloads_;  // [peer]
+  std::vector<Transfer> out_header_transfers_;     // [peer]
+  std::vector<Transfer> out_payload_transfers_;    // [peer]
+  std::vector<Transfer> in_header_transfers_;      // [peer]
+  std::vector<Transfer> in_payload_transfers_;     // [peer]
+  std::vector<Transfer> wake_transfers_;           // [peer]
+  bool requests_posted_ = false;                   // rank 0: next cycle's headers are posted
+  bool wake_posted_ = false;                       // WAKE receive (others) or sends (rank 0)
+};
+
+}  // namespace fusion
+}  // namespace kolo

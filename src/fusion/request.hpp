@@ -1,0 +1,71 @@
+// A submitted named operation as the application and the engine both see it.
+//
+// The application holds a request through its kolo_request_t, the engine while the operation is
+// pending; whichever lets go last frees it, so a request may be freed before it completes (the
+// operation goes on) and waited on after its communicator is gone (it then reports
+// KOLO_ERR_CANCELLED). The caller's buffers are used by the engine thread only, and never after
+// complete() has been called.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/deadline.hpp"
+#include "fusion/spec.hpp"
+#include "kolo/status.hpp"
+
+namespace kolo::fusion {
+
+// The buffers of one member: send is read, recv written (the same pointer in place; a broadcast
+// uses recv only).
+struct MemberBuffers {
+  const void* send = nullptr;
+  void* recv = nullptr;
+};
+
+class Request {
+ public:
+  using Callback = std::function<void(Status)>;
+
+  Request(UnitSpec spec, std::vector<MemberBuffers> buffers, Callback callback, double timeout_s)
+      : spec_(std::move(spec)),
+        buffers_(std::move(buffers)),
+        callback_(std::move(callback)),
+        timeout_s_(timeout_s),
+        submitted_(Clock::now()) {}
+
+  const UnitSpec& spec() const { return spec_; }
+  const std::vector<MemberBuffers>& buffers() const { return buffers_; }
+  Clock::time_point submitted() const { return submitted_; }
+
+  // Finishes the request once (later calls are ignored): runs the callback, then publishes the
+  // status, so that a waiter returns only after the callback has finished.
+  void complete(Status status, std::string message);
+
+  // Non-blocking: true and *status once complete.
+  bool test(Status* status) const;
+  // Blocks until complete or the communicator's timeout passes (kTimeout then, and message() says
+  // so; the request stays pending); returns the request's status.
+  Status wait();
+  // The error message: "" on success and while pending (unless a wait timed out).
+  std::string message() const;
+
+ private:
+  const UnitSpec spec_;
+  const std::vector<MemberBuffers> buffers_;
+  Callback callback_;
+  const double timeout_s_;
+  const Clock::time_point submitted_;
+
+  mutable std::mutex mutex_;
+  mutable std::condition_variable completed_;
+  bool finishing_ = false;
+  bool done_ = false;
+  Status status_ = Status::kSuccess;
+  std::string message_;
+};
+
+}  // namespace kolo::fusion

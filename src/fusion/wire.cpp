@@ -1,0 +1,208 @@
+#include "fusion/wire.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace kolo::fusion {
+namespace {
+
+constexpr uint8_t kUnitHit = 1;
+constexpr uint8_t kUnitNew = 2;
+
+class Writer {
+ public:
+  explicit Writer(std::vector<uint8_t>& out) : out_(out) { out_.clear(); }
+  template <typename T>
+  void put(T value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    size_t at = out_.size();
+    out_.resize(at + sizeof(T));
+    std::memcpy(out_.data() + at, &value, sizeof(T));
+  }
+  void put_string(const std::string& text) {
+    put<uint32_t>(static_cast<uint32_t>(text.size()));
+    out_.insert(out_.end(), text.begin(), text.end());
+  }
+  void put_spec(const UnitSpec& spec) {
+    put<uint8_t>(static_cast<uint8_t>(spec.kind));
+    put<uint8_t>(static_cast<uint8_t>(spec.dtype));
+    put<uint8_t>(static_cast<uint8_t>(spec.op));
+    put<int32_t>(spec.root);
+    put<double>(spec.prescale);
+    put<double>(spec.postscale);
+    put<uint32_t>(static_cast<uint32_t>(spec.members.size()));
+    for (const Member& member : spec.members) {
+      put_string(member.name);
+      put<uint64_t>(member.count);
+    }
+  }
+
+ private:
+  std::vector<uint8_t>& out_;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size, int ranks, uint32_t capacity)
+      : data_(data), size_(size), ranks_(ranks), capacity_(capacity) {}
+
+  [[noreturn]] void malformed(const std::string& what) const {
+    throw Error(
+        Status::kInternal,
+        fmt::format("malformed negotiation message ({} at byte {} of {})", what, at_, size_));
+  }
+  template <typename T>
+  T get(const char* what) {
+    if (size_ - at_ < sizeof(T)) malformed(fmt::format("truncated {}", what));
+    T value;
+    std::memcpy(&value, data_ + at_, sizeof(T));
+    at_ += sizeof(T);
+    return value;
+  }
+  // A count of items of at least item_bytes each: bounded by what is left and by limit.
+  uint32_t get_count(const char* what, size_t item_bytes, size_t limit) {
+    uint32_t count = get<uint32_t>(what);
+    if (count > limit || static_cast<uint64_t>(count) * item_bytes > size_ - at_) {
+      malformed(fmt::format("{} {} out of bounds", what, count));
+    }
+    return count;
+  }
+  std::string get_string(const char* what, size_t limit) {
+    uint32_t length = get_count(what, 1, limit);
+    std::string text(reinterpret_cast<const char*>(data_ + at_), length);
+    at_ += length;
+    return text;
+  }
+  UnitSpec get_spec() {
+    UnitSpec spec;
+    spec.kind = static_cast<Kind>(get<uint8_t>("kind"));
+    spec.dtype = static_cast<DataType>(get<uint8_t>("dtype"));
+    spec.op = static_cast<ReduceOp>(get<uint8_t>("op"));
+    spec.root = get<int32_t>("root");
+    spec.prescale = get<double>("prescale");
+    spec.postscale = get<double>("postscale");
+    uint32_t members = get_count("member count", 4 + 1 + 8, kMaxGroupMembers);
+    spec.members.resize(members);
+    for (Member& member : spec.members) {
+      member.name = get_string("name length", kMaxNameBytes);
+      member.count = get<uint64_t>("count");
+    }
+    if (std::string problem = check_spec(spec, ranks_); !problem.empty()) malformed(problem);
+    return spec;
+  }
+  int32_t get_slot(bool allow_none) {
+    int32_t slot = get<int32_t>("slot");
+    if ((slot < 0 && !(allow_none && slot == -1)) ||
+        (slot >= 0 && static_cast<uint32_t>(slot) >= capacity_)) {
+      malformed(fmt::format("cache slot {} outside a cache of {}", slot, capacity_));
+    }
+    return slot;
+  }
+  void expect_end() const {
+    if (at_ != size_) malformed(fmt::format("{} bytes left over", size_ - at_));
+  }
+  uint32_t capacity() const { return capacity_; }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t at_ = 0;
+  int ranks_;
+  uint32_t capacity_;
+};
+
+}  // namespace
+
+size_t encoded_size(const UnitSpec& spec) {
+  size_t bytes = 3 + 4 + 8 + 8 + 4;
+  for (const Member& member : spec.members) bytes += 4 + member.name.size() + 8;
+  return bytes;
+}
+
+void encode(const RequestList& list, std::vector<uint8_t>& out) {
+  Writer writer(out);
+  size_t words = list.ready_words.size();
+  while (words > 0 && list.ready_words[words - 1] == 0) --words;
+  writer.put<uint32_t>(static_cast<uint32_t>(words));
+  for (size_t i = 0; i < words; ++i) writer.put<uint64_t>(list.ready_words[i]);
+  writer.put<uint32_t>(static_cast<uint32_t>(list.announcements.size()));
+  for (const UnitSpec& spec : list.announcements) writer.put_spec(spec);
+}
+
+RequestList decode_requests(const uint8_t* data, size_t size, int ranks, uint32_t cache_capacity) {
+  Reader reader(data, size, ranks, cache_capacity);
+  RequestList list;
+  uint32_t words = reader.get_count("bit words", 8, (cache_capacity + 63) / 64);
+  list.ready_words.resize(words);
+  for (uint64_t& word : list.ready_words) word = reader.get<uint64_t>("bit word");
+  if (words > 0 && cache_capacity % 64 != 0 && words == (cache_capacity + 63) / 64 &&
+      (list.ready_words.back() >> (cache_capacity % 64)) != 0) {
+    reader.malformed("a ready bit beyond the cache capacity");
+  }
+  uint32_t count = reader.get_count("announcement count", 27, ~uint32_t{0});
+  list.announcements.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) list.announcements.push_back(reader.get_spec());
+  reader.expect_end();
+  return list;
+}
+
+void encode(const ResponseList& list, std::vector<uint8_t>& out) {
+  Writer writer(out);
+  writer.put<uint8_t>(list.idle ? 1 : 0);
+  writer.put<uint32_t>(static_cast<uint32_t>(list.errors.size()));
+  for (const ResponseError& error : list.errors) {
+    writer.put_string(error.key);
+    writer.put<int32_t>(static_cast<int32_t>(error.status));
+    writer.put_string(error.message.substr(0, kMaxErrorText));
+  }
+  writer.put<uint32_t>(static_cast<uint32_t>(list.batches.size()));
+  for (const Batch& batch : list.batches) {
+    writer.put<uint8_t>(batch.fused ? 1 : 0);
+    writer.put<uint32_t>(static_cast<uint32_t>(batch.units.size()));
+    for (const ResponseUnit& unit : batch.units) {
+      writer.put<uint8_t>(unit.hit ? kUnitHit : kUnitNew);
+      writer.put<int32_t>(unit.slot);
+      if (!unit.hit) writer.put_spec(unit.spec);
+    }
+  }
+}
+
+ResponseList decode_responses(const uint8_t* data, size_t size, int ranks,
+                              uint32_t cache_capacity) {
+  Reader reader(data, size, ranks, cache_capacity);
+  ResponseList list;
+  uint8_t idle = reader.get<uint8_t>("idle flag");
+  if (idle > 1) reader.malformed("idle flag");
+  list.idle = idle == 1;
+  uint32_t errors = reader.get_count("error count", 12, ~uint32_t{0});
+  list.errors.resize(errors);
+  for (ResponseError& error : list.errors) {
+    error.key = reader.get_string("key length", kMaxNameBytes);
+    int32_t status = reader.get<int32_t>("status");
+    if (status <= 0 || status > 64) reader.malformed(fmt::format("status {}", status));
+    error.status = static_cast<Status>(status);
+    error.message = reader.get_string("message length", kMaxErrorText);
+  }
+  uint32_t batches = reader.get_count("batch count", 5, ~uint32_t{0});
+  list.batches.resize(batches);
+  for (Batch& batch : list.batches) {
+    uint8_t fused = reader.get<uint8_t>("fused flag");
+    if (fused > 1) reader.malformed("fused flag");
+    batch.fused = fused == 1;
+    uint32_t units = reader.get_count("unit count", 5, ~uint32_t{0});
+    if (units == 0) reader.malformed("an empty batch");
+    batch.units.resize(units);
+    for (ResponseUnit& unit : batch.units) {
+      uint8_t type = reader.get<uint8_t>("unit type");
+      if (type != kUnitHit && type != kUnitNew) reader.malformed(fmt::format("unit type {}", type));
+      unit.hit = type == kUnitHit;
+      unit.slot = reader.get_slot(!unit.hit);
+      if (!unit.hit) unit.spec = reader.get_spec();
+    }
+  }
+  reader.expect_end();
+  return list;
+}
+
+}  // namespace kolo::fusion

@@ -1,0 +1,94 @@
+// The negotiation messages of the fusion engine and their encoding.
+//
+// Every cycle each rank other than 0 sends rank 0 a RequestList, and rank 0 answers every rank
+// with the same ResponseList; after an idle response rank 0 starts the next cycle with a WAKE, and
+// a rank that leaves while everyone is idle says BYE instead, where its peers expect a message.
+// Each message is a fixed MessageHeader followed, when payload_bytes > 0, by a payload message
+// of exactly that many bytes (the transport matches messages between two ranks in order, so the
+// receiver posts the payload once it has read the header). Payloads are little-endian fields
+// written and read one by one; every length and count read is bounded before anything is
+// allocated, and a malformed payload is an error naming the sender, never a crash.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fusion/spec.hpp"
+#include "kolo/status.hpp"
+
+namespace kolo::fusion {
+
+inline constexpr uint32_t kMessageMagic = 0x4b465553;  // "SUFK" on the wire
+inline constexpr uint64_t kMaxPayloadBytes = uint64_t{64} << 20;
+inline constexpr size_t kMaxErrorText = 16384;
+
+enum class MessageKind : uint8_t {
+  kRequests = 1,   // rank r -> rank 0, every cycle
+  kResponses = 2,  // rank 0 -> every rank, every cycle
+  kWake = 3,       // rank 0 -> every rank, before the first cycle after an idle one
+  kBye = 4,        // in place of a WAKE or of a RequestList: the sender's communicator was
+                   // destroyed while every rank was idle (a normal departure, not a failure)
+};
+
+struct MessageHeader {
+  uint32_t magic = kMessageMagic;
+  uint8_t kind = 0;
+  uint8_t reserved[3] = {};
+  uint32_t cache_capacity = 0;  // the sender's KOLO_CACHE_CAPACITY, which must agree
+  uint32_t reserved2 = 0;
+  uint64_t cycle = 0;
+  uint64_t payload_bytes = 0;
+};
+static_assert(sizeof(MessageHeader) == 32, "MessageHeader is sent as it is laid out in memory");
+
+// What one rank tells rank 0 in a cycle.
+struct RequestList {
+  // Bit s (word s / 64, bit s % 64) is set while this rank has a pending unit that the response
+  // cache holds in slot s. Only the words up to the highest set bit are sent.
+  std::vector<uint64_t> ready_words;
+  // Pending units that are not in the cache (or whose spec differs from the cached one), each
+  // announced once.
+  std::vector<UnitSpec> announcements;
+};
+
+// One unit of a response: a cache hit names a slot; anything else carries the whole spec and the
+// slot that every rank stores it in from now on (-1: not cached).
+struct ResponseUnit {
+  bool hit = false;
+  int32_t slot = -1;
+  UnitSpec spec;  // when !hit
+};
+
+// Units run as one collective (fused) or one after the other (not fused: a single unit, a
+// broadcast, or a group when fusion is off).
+struct Batch {
+  bool fused = false;
+  std::vector<ResponseUnit> units;
+};
+
+// A unit that fails on every rank that submitted it (ranks disagree, or it stalled too long).
+struct ResponseError {
+  std::string key;
+  Status status = Status::kInternal;
+  std::string message;
+};
+
+// What rank 0 tells every rank in a cycle, executed in this order: errors, then the batches.
+struct ResponseList {
+  bool idle = false;  // nothing is pending on any rank after this response: sleep until woken
+  std::vector<ResponseError> errors;
+  std::vector<Batch> batches;
+};
+
+void encode(const RequestList& list, std::vector<uint8_t>& out);
+void encode(const ResponseList& list, std::vector<uint8_t>& out);
+size_t encoded_size(const UnitSpec& spec);
+
+// Decoders throw kolo::Error(kInternal) naming what is malformed. Specs are checked with
+// check_spec() for `ranks`; slots and bit words must fit in `cache_capacity`.
+RequestList decode_requests(const uint8_t* data, size_t size, int ranks, uint32_t cache_capacity);
+ResponseList decode_responses(const uint8_t* data, size_t size, int ranks, uint32_t cache_capacity);
+
+}  // namespace kolo::fusion

@@ -1,0 +1,310 @@
+// Multi-process tests of the fusion engine: named asynchronous operations over real processes on
+// loopback (tests/worker_fusion.cpp is one rank), and the timelines they write.
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "job.hpp"
+
+using kolo::test::start_job;
+
+namespace {
+
+const char* kWorker = "tests/kolo_fusion_worker";
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::vector<kolo::test::ProcessResult> run(int size, const std::vector<std::string>& args,
+                                           const std::map<std::string, std::string>& env = {},
+                                           double timeout_s = 120) {
+  auto job = start_job(size, args, env, kWorker);
+  return job.wait(timeout_s);
+}
+
+void expect_all_pass(const std::vector<kolo::test::ProcessResult>& results,
+                     const std::string& marker) {
+  for (size_t rank = 0; rank < results.size(); ++rank) {
+    INFO("rank " << rank << " output:\n" << results[rank].output);
+    CHECK_FALSE(results[rank].timed_out);
+    CHECK(results[rank].exit_code == 0);
+    CHECK(contains(results[rank].output, marker));
+  }
+}
+
+// A fresh directory for one test's timelines.
+std::filesystem::path scratch_directory(const std::string& name) {
+  auto path = std::filesystem::temp_directory_path() /
+              ("kolo_fusion_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(path);
+  std::filesystem::create_directories(path);
+  return path;
+}
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream file(path);
+  REQUIRE(file.good());
+  return nlohmann::json::parse(file);  // throws, failing the test, when it is not valid JSON
+}
+
+uint64_t counter(const std::string& output, const std::string& name) {
+  std::smatch match;
+  REQUIRE(std::regex_search(output, match, std::regex(name + " ([0-9]+)")));
+  return std::stoull(match[1]);
+}
+
+}  // namespace
+
+TEST_CASE("ranks submit the same tensors in different orders", "[fusion][orders]") {
+  for (int n : {1, 2, 3, 4}) {
+    DYNAMIC_SECTION("N = " << n) {
+      expect_all_pass(run(n, {"orders"}), "orders checks passed");
+    }
+  }
+}
+
+TEST_CASE("hundreds of small tensors are packed into a few collectives", "[fusion][many]") {
+  for (int n : {2, 5}) {
+    DYNAMIC_SECTION("N = " << n) {
+      expect_all_pass(run(n, {"many"}), "many checks passed");
+    }
+  }
+}
+
+TEST_CASE("fused results are bitwise identical to unfused ones, every dtype and op",
+          "[fusion][bitwise]") {
+  for (int n : {2, 3, 4}) {
+    DYNAMIC_SECTION("N = " << n) {
+      expect_all_pass(run(n, {"bitwise"}, {}, 300), "bitwise checks passed");
+    }
+  }
+  SECTION("small pipeline segments and several streams") {
+    expect_all_pass(
+        run(3, {"bitwise"}, {{"KOLO_SEGMENT_BYTES", "4K"}, {"KOLO_TCP_STREAMS", "2"}}, 300),
+        "bitwise checks passed");
+  }
+}
+
+TEST_CASE("tensors larger than the fusion threshold run alone", "[fusion][large]") {
+  expect_all_pass(run(3, {"large"}, {{"KOLO_FUSION_THRESHOLD", "64K"}}), "large checks passed");
+}
+
+TEST_CASE("mixed dtypes, ops and factors are never fused together; the timeline shows it",
+          "[fusion][mixed][timeline]") {
+  const int n = 3;
+  auto directory = scratch_directory("mixed");
+  auto results = run(n, {"mixed"}, {{"KOLO_TIMELINE", (directory / "trace.json").string()}});
+  expect_all_pass(results, "mixed checks passed");
+
+  for (int rank = 0; rank < n; ++rank) {
+    auto path = directory / ("trace.rank" + std::to_string(rank) + ".json");
+    INFO("timeline " << path);
+    nlohmann::json trace = read_json(path);
+    REQUIRE(trace.is_array());
+    std::map<int, std::string> rows;  // tid -> tensor name
+    std::multiset<std::string> names;
+    for (const auto& event : trace) {
+      CHECK(event.at("pid") == rank);
+      names.insert(event.at("name").get<std::string>());
+      if (event.at("name") == "thread_name") {
+        rows[event.at("tid").get<int>()] = event.at("args").at("name").get<std::string>();
+      }
+      if (event.at("ph") == "X") {
+        CHECK(event.at("dur").get<double>() >= 0);
+        CHECK(event.contains("ts"));
+      }
+    }
+    for (const char* expected :
+         {"NEGOTIATE", "QUEUE", "COPY_IN", "ALLREDUCE", "COPY_OUT", "CYCLE", "process_name"}) {
+      INFO("event " << expected);
+      CHECK(names.count(expected) > 0);
+    }
+    if (rank == 0) CHECK(names.count("SUBMITTED") > 0);
+    CHECK(rows.size() >= 30);  // a row per tensor, and the cycles row
+    // Every collective holds tensors of one kind (the part of the name before '/').
+    std::map<int64_t, std::set<std::string>> kinds_of_collective;
+    std::map<int64_t, int> tensors_of_collective;
+    for (const auto& event : trace) {
+      if (event.at("name") != "ALLREDUCE") continue;
+      const std::string& tensor = rows.at(event.at("tid").get<int>());
+      int64_t collective = event.at("args").at("collective").get<int64_t>();
+      kinds_of_collective[collective].insert(tensor.substr(0, tensor.find('/')));
+      ++tensors_of_collective[collective];
+      CHECK(event.at("args").at("fused").get<bool>() == (event.at("args").at("tensors") > 1));
+    }
+    int fused = 0;
+    for (const auto& [collective, kinds] : kinds_of_collective) {
+      INFO("collective " << collective);
+      CHECK(kinds.size() == 1);
+      if (tensors_of_collective[collective] > 1) ++fused;
+    }
+    CHECK(fused > 0);
+  }
+  std::filesystem::remove_all(directory);
+}
+
+TEST_CASE("the response cache carries a steady loop and survives a changing set",
+          "[fusion][cache]") {
+  SECTION("a cache large enough: almost every tensor is a hit") {
+    auto results = run(3, {"cache", "40"});
+    expect_all_pass(results, "cache checks passed");
+    for (const auto& result : results) {
+      INFO(result.output);
+      uint64_t hits = counter(result.output, "cache_hits");
+      uint64_t negotiated = counter(result.output, "negotiated");
+      CHECK(hits > 10 * negotiated);
+      CHECK(negotiated >= 32);  // the first step, the extras, and the resized tensor twice
+    }
+  }
+  SECTION("a cache of 8 entries: evictions every step, results still right") {
+    auto results = run(3, {"cache", "12"}, {{"KOLO_CACHE_CAPACITY", "8"}});
+    expect_all_pass(results, "cache checks passed");
+    for (const auto& result : results) CHECK(counter(result.output, "cache_hits") > 0);
+  }
+  SECTION("no cache") {
+    auto results = run(2, {"cache", "6"}, {{"KOLO_CACHE_CAPACITY", "0"}});
+    expect_all_pass(results, "cache checks passed");
+    for (const auto& result : results) CHECK(counter(result.output, "cache_hits") == 0);
+  }
+  SECTION("ranks with different cache capacities get KOLO_ERR_CONFIG") {
+    // start_job gives every rank the same environment: this pair is started by hand.
+    kolo::test::Job job;
+    const int port = kolo::test::free_tcp_port();
+    for (int rank = 0; rank < 2; ++rank) {
+      job.ranks.emplace_back(
+          std::vector<std::string>{kolo::test::built_program(kWorker), "cache", "2"},
+          std::map<std::string, std::string>{{"KOLO_RANK", std::to_string(rank)},
+                                             {"KOLO_SIZE", "2"},
+                                             {"KOLO_ADDR", "127.0.0.1:" + std::to_string(port)},
+                                             {"KOLO_SECRET", kolo::test::kTestSecret},
+                                             {"KOLO_TIMEOUT", "30"},
+                                             {"KOLO_CACHE_CAPACITY", rank == 0 ? "64" : "32"}});
+    }
+    for (auto& result : job.wait(60)) {
+      INFO(result.output);
+      CHECK_FALSE(result.timed_out);
+      CHECK(result.exit_code == 1);
+      CHECK(contains(result.output, "KOLO_CACHE_CAPACITY differs"));
+    }
+  }
+}
+
+TEST_CASE("a group runs as one collective, beside single tensors", "[fusion][group]") {
+  for (int n : {1, 3}) {
+    DYNAMIC_SECTION("N = " << n) {
+      expect_all_pass(run(n, {"group"}), "group checks passed");
+    }
+  }
+}
+
+TEST_CASE("named broadcasts from every root", "[fusion][broadcast]") {
+  for (int n : {2, 3}) {
+    DYNAMIC_SECTION("N = " << n) {
+      expect_all_pass(run(n, {"broadcast"}), "broadcast checks passed");
+    }
+  }
+}
+
+TEST_CASE("a name submitted twice before completion is refused at once",
+          "[fusion][errors][duplicate]") {
+  expect_all_pass(run(2, {"duplicate"}), "duplicate checks passed");
+}
+
+TEST_CASE("ranks that disagree about a tensor fail it on every rank, naming it",
+          "[fusion][errors][mismatch]") {
+  for (int n : {2, 3}) {
+    DYNAMIC_SECTION("N = " << n) {
+      expect_all_pass(run(n, {"mismatch"}), "mismatch checks passed");
+    }
+  }
+}
+
+TEST_CASE("invalid arguments of named calls are refused", "[fusion][errors][badargs]") {
+  for (int n : {1, 2}) {
+    DYNAMIC_SECTION("N = " << n) {
+      expect_all_pass(run(n, {"badargs"}), "badargs checks passed");
+    }
+  }
+}
+
+TEST_CASE("a lost rank fails every pending request, naming it", "[fusion][errors][peerlost]") {
+  for (int n : {2, 3}) {
+    DYNAMIC_SECTION("N = " << n) {
+      auto results = run(n, {"peerlost"}, {}, 60);
+      for (int rank = 0; rank < n; ++rank) {
+        INFO("rank " << rank << " output:\n" << results[rank].output);
+        CHECK_FALSE(results[rank].timed_out);
+        if (rank == n - 1) {
+          CHECK(results[rank].signal == SIGKILL);
+        } else {
+          CHECK(results[rank].exit_code == 0);
+          CHECK(contains(results[rank].output, "peerlost checks passed"));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("destroying a communicator with pending requests cancels them cleanly",
+          "[fusion][errors][destroy]") {
+  for (int n : {2, 3}) {
+    DYNAMIC_SECTION("N = " << n) {
+      auto results = run(n, {"destroy"}, {}, 60);
+      expect_all_pass(results, "destroy checks passed");
+      CHECK(contains(results[0].output, "KOLO_ERR_CANCELLED"));
+    }
+  }
+}
+
+TEST_CASE("ranks that leave once all work is done leave quietly", "[fusion][errors][leave]") {
+  for (int n : {2, 3, 4}) {
+    DYNAMIC_SECTION("N = " << n) {
+      auto results = run(n, {"leave"}, {}, 60);
+      expect_all_pass(results, "leave checks passed");
+      for (const auto& result : results) {
+        INFO(result.output);
+        CHECK_FALSE(contains(result.output, "WARN"));
+      }
+    }
+  }
+}
+
+TEST_CASE("stalled tensors: a warning names them and the missing ranks; optionally they fail",
+          "[fusion][stall]") {
+  SECTION("warning") {
+    auto results = run(3, {"stall"}, {{"KOLO_STALL_WARNING_S", "1"}});
+    expect_all_pass(results, "stall checks passed");
+    INFO(results[0].output);
+    CHECK(contains(results[0].output, "'late.tensor' missing rank 2"));
+    CHECK(contains(results[0].output, "KOLO_STALL_WARNING_S"));
+    CHECK_FALSE(contains(results[1].output, "missing rank"));  // only rank 0 reports
+  }
+  SECTION("abort") {
+    auto results = run(3, {"stall", "abort"},
+                       {{"KOLO_STALL_WARNING_S", "0.5"}, {"KOLO_STALL_ABORT_S", "1.5"}});
+    expect_all_pass(results, "stall checks passed");
+    CHECK(contains(results[0].output, "'never.tensor' missing rank 2"));
+  }
+}
+
+TEST_CASE("ordered and named calls from two threads of one program do not race",
+          "[fusion][threads]") {
+  for (int n : {2, 3}) {
+    DYNAMIC_SECTION("N = " << n) {
+      expect_all_pass(run(n, {"threads"}), "threads checks passed");
+    }
+  }
+}
+
+TEST_CASE("an idle communicator runs no cycles and uses no CPU", "[fusion][idle]") {
+  expect_all_pass(run(3, {"idle"}), "idle checks passed");
+}

@@ -1,0 +1,465 @@
+// Unit tests of the fusion engine's parts that need no network: the fused layout, the
+// negotiation messages, the response cache, rank 0's coordinator, and the timeline writer.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "fusion/cache.hpp"
+#include "fusion/coordinator.hpp"
+#include "fusion/fused_layout.hpp"
+#include "fusion/timeline.hpp"
+#include "fusion/wire.hpp"
+
+using namespace kolo;
+using namespace kolo::fusion;
+
+namespace {
+
+UnitSpec allreduce(const std::string& name, uint64_t count, DataType dtype = DataType::kFloat32,
+                   ReduceOp op = ReduceOp::kSum) {
+  UnitSpec spec;
+  spec.dtype = dtype;
+  spec.op = op;
+  spec.members.push_back({name, count});
+  return spec;
+}
+
+RequestList announcing(std::vector<UnitSpec> specs) {
+  RequestList list;
+  list.announcements = std::move(specs);
+  return list;
+}
+
+RequestList with_bits(std::vector<uint32_t> slots) {
+  RequestList list;
+  for (uint32_t slot : slots) {
+    if (list.ready_words.size() <= slot / 64) list.ready_words.resize(slot / 64 + 1, 0);
+    list.ready_words[slot / 64] |= uint64_t{1} << (slot % 64);
+  }
+  return list;
+}
+
+// Applies a response's cache assignments, as every rank does.
+void apply(ResponseCache& cache, const ResponseList& response) {
+  for (const Batch& batch : response.batches) {
+    for (const ResponseUnit& unit : batch.units) {
+      if (!unit.hit && unit.slot >= 0) cache.store(static_cast<uint32_t>(unit.slot), unit.spec);
+    }
+  }
+}
+
+const Clock::time_point kStart = Clock::now();
+Clock::time_point at(double seconds) {
+  return kStart +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+}  // namespace
+
+TEST_CASE("the fused layout puts every element in the chunk the ring gives it alone",
+          "[fusion_units]") {
+  const std::vector<uint64_t> counts = {0, 1, 2, 3, 7, 100, 13, 64};
+  for (int ranks = 1; ranks <= 5; ++ranks) {
+    DYNAMIC_SECTION("N = " << ranks) {
+      FusedLayout layout(counts, ranks);
+      uint64_t expected_chunk = 0;
+      for (uint64_t count : counts) expected_chunk += (count + ranks - 1) / ranks;
+      REQUIRE(layout.chunk_elements() == expected_chunk);
+      REQUIRE(layout.total_elements() == expected_chunk * ranks);
+      // Tensors of (member << 32 | index), copied in: check where each element went.
+      std::vector<std::vector<uint64_t>> tensors(counts.size());
+      std::vector<uint64_t> buffer(layout.total_elements(), ~uint64_t{0});
+      for (size_t m = 0; m < counts.size(); ++m) {
+        tensors[m].resize(counts[m]);
+        for (uint64_t i = 0; i < counts[m]; ++i) tensors[m][i] = (uint64_t{m} << 32) | i;
+        layout.copy_in(m, tensors[m].data(), buffer.data(), sizeof(uint64_t));
+      }
+      layout.zero_padding(buffer.data(), sizeof(uint64_t));
+      uint64_t placed = 0;
+      for (uint64_t p = 0; p < buffer.size(); ++p) {
+        const int chunk = static_cast<int>(p / layout.chunk_elements());
+        if (buffer[p] == 0 && !(p % layout.chunk_elements() == 0 && counts[0] > 0)) {
+          // Padding (or element 0 of member 0, which is 0 too: counts[0] is 0 here).
+          continue;
+        }
+        const size_t member = buffer[p] >> 32;
+        const uint64_t index = buffer[p] & 0xffffffffu;
+        INFO("position " << p << " holds member " << member << " element " << index);
+        REQUIRE(member < counts.size());
+        CHECK(index >= chunk_begin(counts[member], ranks, chunk));
+        CHECK(index <
+              chunk_begin(counts[member], ranks, chunk) + chunk_size(counts[member], ranks, chunk));
+        ++placed;
+      }
+      CHECK(placed == std::accumulate(counts.begin(), counts.end(), uint64_t{0}));
+      for (size_t m = 0; m < counts.size(); ++m) {
+        std::vector<uint64_t> back(counts[m], 0);
+        layout.copy_out(m, buffer.data(), back.data(), sizeof(uint64_t));
+        CHECK(back == tensors[m]);
+      }
+    }
+  }
+}
+
+TEST_CASE("negotiation messages round-trip and malformed ones are refused", "[fusion_units]") {
+  RequestList requests = with_bits({0, 5, 70});
+  UnitSpec group = allreduce("g.a", 3, DataType::kBFloat16, ReduceOp::kAvg);
+  group.members.push_back({"g.b", 0});
+  group.prescale = 0.5;
+  requests.announcements = {allreduce("x", 10), group};
+  UnitSpec broadcast;
+  broadcast.kind = Kind::kBroadcast;
+  broadcast.root = 2;
+  broadcast.members.push_back({"w", 99});
+  requests.announcements.push_back(broadcast);
+  std::vector<uint8_t> bytes;
+  encode(requests, bytes);
+  RequestList decoded = decode_requests(bytes.data(), bytes.size(), 3, 128);
+  CHECK(decoded.ready_words == requests.ready_words);
+  CHECK(decoded.announcements == requests.announcements);
+
+  ResponseList response;
+  response.idle = true;
+  response.errors.push_back({"bad", Status::kMismatch, "ranks disagree about tensor 'bad'"});
+  Batch batch;
+  batch.fused = true;
+  batch.units.push_back({true, 5, {}});
+  batch.units.push_back({false, -1, allreduce("y", 4)});
+  response.batches.push_back(batch);
+  encode(response, bytes);
+  ResponseList back = decode_responses(bytes.data(), bytes.size(), 3, 128);
+  CHECK(back.idle);
+  REQUIRE(back.errors.size() == 1);
+  CHECK(back.errors[0].message == response.errors[0].message);
+  CHECK(back.errors[0].status == Status::kMismatch);
+  REQUIRE(back.batches.size() == 1);
+  CHECK(back.batches[0].fused);
+  CHECK(back.batches[0].units[0].hit);
+  CHECK(back.batches[0].units[0].slot == 5);
+  CHECK(back.batches[0].units[1].spec == allreduce("y", 4));
+
+  auto refused = [](const std::vector<uint8_t>& data, bool is_request, uint32_t capacity = 128) {
+    try {
+      if (is_request) {
+        decode_requests(data.data(), data.size(), 3, capacity);
+      } else {
+        decode_responses(data.data(), data.size(), 3, capacity);
+      }
+    } catch (const Error& error) {
+      CHECK(error.status() == Status::kInternal);
+      CHECK(std::string(error.what()).find("malformed") != std::string::npos);
+      return true;
+    }
+    return false;
+  };
+  encode(requests, bytes);
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    INFO("truncated to " << cut);
+    CHECK(refused(std::vector<uint8_t>(bytes.begin(), bytes.begin() + cut), true));
+  }
+  std::vector<uint8_t> longer = bytes;
+  longer.push_back(0);
+  CHECK(refused(longer, true));
+  CHECK(refused(bytes, true, 64));  // bit 70 beyond a cache of 64
+  // A name length far beyond what is left, and beyond kMaxNameBytes.
+  RequestList one = announcing({allreduce(std::string(kMaxNameBytes, 'n'), 1)});
+  encode(one, bytes);
+  CHECK_FALSE(refused(bytes, true));
+  one.announcements[0].members[0].name += "n";
+  encode(one, bytes);
+  CHECK(refused(bytes, true));
+  // An unknown dtype, a root outside the communicator.
+  one = announcing({allreduce("x", 1)});
+  encode(one, bytes);
+  std::vector<uint8_t> bad_dtype = bytes;
+  bad_dtype[4 + 4 + 1] = 99;  // word count, announcement count, kind, then the dtype
+  CHECK(refused(bad_dtype, true));
+  one = announcing({broadcast});
+  one.announcements[0].root = 3;
+  encode(one, bytes);
+  CHECK(refused(bytes, true));
+  // A response naming a slot beyond the cache.
+  encode(response, bytes);
+  CHECK(refused(bytes, false, 4));
+}
+
+TEST_CASE("the response cache stores, finds and replaces", "[fusion_units]") {
+  ResponseCache cache(3);
+  CHECK(cache.free_slot() == 0);
+  cache.store(0, allreduce("a", 1));
+  cache.store(1, allreduce("b", 1));
+  CHECK(cache.find(allreduce("a", 1)) == 0);
+  CHECK(cache.find(allreduce("a", 2)) == -1);  // another spec
+  CHECK(cache.slot_of("a") == 0);
+  CHECK(cache.free_slot() == 2);
+  cache.store(0, allreduce("c", 1));  // evicts a
+  CHECK(cache.slot_of("a") == -1);
+  CHECK(cache.slot_of("c") == 0);
+  cache.store(2, allreduce("c", 5));  // c moves: slot 0 empties
+  CHECK(cache.slot_of("c") == 2);
+  CHECK(cache.at(0) == nullptr);
+  CHECK(cache.free_slot() == 0);
+  CHECK(cache.size() == 2);
+}
+
+TEST_CASE("the coordinator: readiness, agreement, cache slots and batches", "[fusion_units]") {
+  ResponseCache cache(4);
+  Coordinator coordinator({3, 0.0, 0.0}, cache);
+  uint64_t cycle = 0;
+  auto process = [&](std::vector<RequestList> lists, uint64_t threshold = 1 << 20,
+                     Clock::time_point now = at(0)) {
+    ResponseList response = coordinator.process(++cycle, lists, threshold, now);
+    apply(cache, response);
+    return response;
+  };
+
+  SECTION("a tensor is ready once every rank has submitted it, then cached") {
+    ResponseList response = process({announcing({allreduce("a", 10)}), {}, {}});
+    CHECK(response.batches.empty());
+    CHECK_FALSE(response.idle);
+    CHECK(coordinator.outstanding() == 1);
+    response = process({{}, announcing({allreduce("a", 10)}), announcing({allreduce("a", 10)})});
+    REQUIRE(response.batches.size() == 1);
+    CHECK_FALSE(response.batches[0].units[0].hit);
+    CHECK(response.batches[0].units[0].slot == 0);
+    CHECK(response.idle);
+    CHECK(cache.find(allreduce("a", 10)) == 0);
+    // Next time: a bit from every rank is a hit.
+    response = process({with_bits({0}), with_bits({0}), with_bits({0})});
+    REQUIRE(response.batches.size() == 1);
+    CHECK(response.batches[0].units[0].hit);
+    CHECK(response.batches[0].units[0].slot == 0);
+    // Bits from some ranks only: waits, then a hit when the last one comes.
+    response = process({with_bits({0}), {}, with_bits({0})});
+    CHECK(response.batches.empty());
+    CHECK_FALSE(response.idle);
+    response = process({with_bits({0}), with_bits({0}), with_bits({0})});
+    REQUIRE(response.batches.size() == 1);
+    CHECK(response.batches[0].units[0].hit);
+    CHECK(response.idle);
+  }
+
+  SECTION("ranks that disagree: an error naming the tensor, the ranks and both specs") {
+    ResponseList response =
+        process({announcing({allreduce("b", 10)}), announcing({allreduce("b", 10)}),
+                 announcing({allreduce("b", 9)})});
+    CHECK(response.batches.empty());
+    REQUIRE(response.errors.size() == 1);
+    CHECK(response.errors[0].key == "b");
+    CHECK(response.errors[0].status == Status::kMismatch);
+    CHECK(response.errors[0].message ==
+          "ranks disagree about tensor 'b': ranks 0, 1 submitted allreduce 'b' (count 10, "
+          "float32, sum) but rank 2 submitted allreduce 'b' (count 9, float32, sum)");
+    CHECK(coordinator.outstanding() == 0);
+  }
+
+  SECTION("a cached tensor submitted with another spec by one rank is a mismatch") {
+    process({announcing({allreduce("a", 10)}), announcing({allreduce("a", 10)}),
+             announcing({allreduce("a", 10)})});
+    ResponseList response =
+        process({with_bits({0}), with_bits({0}), announcing({allreduce("a", 11)})});
+    REQUIRE(response.errors.size() == 1);
+    CHECK(response.errors[0].message.find("rank 2 submitted allreduce 'a' (count 11") !=
+          std::string::npos);
+  }
+
+  SECTION("a tensor whose spec changes on every rank keeps its slot") {
+    process({announcing({allreduce("a", 10)}), announcing({allreduce("a", 10)}),
+             announcing({allreduce("a", 10)})});
+    ResponseList response =
+        process({announcing({allreduce("a", 20)}), announcing({allreduce("a", 20)}),
+                 announcing({allreduce("a", 20)})});
+    REQUIRE(response.batches.size() == 1);
+    CHECK(response.batches[0].units[0].slot == 0);
+    CHECK(cache.find(allreduce("a", 20)) == 0);
+  }
+
+  SECTION("eviction takes the least recently used slot nobody is waiting on") {
+    for (const char* name : {"a", "b", "c", "d"}) {
+      process({announcing({allreduce(name, 1)}), announcing({allreduce(name, 1)}),
+               announcing({allreduce(name, 1)})});
+    }
+    REQUIRE(cache.size() == 4);
+    // a (slot 0) is the oldest, but rank 1 is waiting on it: b (slot 1) goes.
+    RequestList waiting_on_a = with_bits({0});
+    waiting_on_a.announcements = {allreduce("e", 1)};
+    ResponseList response =
+        process({announcing({allreduce("e", 1)}), waiting_on_a, announcing({allreduce("e", 1)})});
+    REQUIRE(response.batches.size() == 1);
+    CHECK(response.batches[0].units[0].slot == 1);
+    CHECK(cache.slot_of("b") == -1);
+    CHECK(cache.slot_of("a") == 0);
+    // Every slot busy: the new tensor is not cached.
+    RequestList all_busy = with_bits({0, 1, 2, 3});
+    RequestList everything = all_busy;
+    everything.announcements = {allreduce("f", 1)};
+    response = process({everything, all_busy, all_busy});
+    bool found_f = false;
+    for (const Batch& batch : response.batches) {
+      for (const ResponseUnit& unit : batch.units) {
+        if (!unit.hit && unit.spec.key() == "f") {
+          found_f = true;
+          CHECK(unit.slot == -1);
+        }
+      }
+    }
+    CHECK_FALSE(found_f);  // rank 1 and 2 have not announced f: not ready, nothing to cache
+    response = process({with_bits({0, 1, 2, 3}), everything, everything});
+    for (const Batch& batch : response.batches) {
+      for (const ResponseUnit& unit : batch.units) {
+        if (!unit.hit && unit.spec.key() == "f") {
+          found_f = true;
+          CHECK(unit.slot == -1);
+        }
+      }
+    }
+    CHECK(found_f);
+  }
+
+  SECTION("a bit for an empty slot is an error") {
+    CHECK_THROWS_AS(process({with_bits({3}), {}, {}}), Error);
+  }
+}
+
+TEST_CASE("batches: same dtype, op and factors, within the threshold, looking past misfits",
+          "[fusion_units]") {
+  ResponseCache cache(0);
+  Coordinator coordinator({1, 0.0, 0.0}, cache);
+  UnitSpec maxed = allreduce("max", 10, DataType::kFloat32, ReduceOp::kMax);
+  UnitSpec doubles = allreduce("f64", 10, DataType::kFloat64);
+  UnitSpec scaled = allreduce("scaled", 10);
+  scaled.prescale = 0.5;
+  UnitSpec broadcast;
+  broadcast.kind = Kind::kBroadcast;
+  broadcast.root = 0;
+  broadcast.members.push_back({"bcast", 10});
+  UnitSpec group = allreduce("g.0", 100);
+  group.members.push_back({"g.1", 100});
+
+  ResponseList response =
+      coordinator.process(1,
+                          {announcing({allreduce("big", 60), maxed, allreduce("mid", 50), doubles,
+                                       broadcast, scaled, allreduce("small", 30)})},
+                          400, at(0));
+  std::vector<std::vector<std::string>> batches;
+  for (const Batch& batch : response.batches) {
+    std::vector<std::string> keys;
+    for (const ResponseUnit& unit : batch.units) keys.push_back(unit.spec.key());
+    batches.push_back(keys);
+  }
+  // In the order announced, each batch taking what fits after it: 60 + 50 floats exceed 400
+  // bytes, 60 + 30 do not.
+  const std::vector<std::vector<std::string>> expected = {{"big", "small"}, {"max"},   {"mid"},
+                                                          {"f64"},          {"bcast"}, {"scaled"}};
+  CHECK(batches == expected);
+  for (const Batch& batch : response.batches) CHECK(batch.fused == (batch.units.size() > 1));
+
+  SECTION("threshold 0: nothing fused, a group runs member by member") {
+    response = coordinator.process(2, {announcing({allreduce("a", 1), allreduce("b", 1), group})},
+                                   0, at(0));
+    CHECK(response.batches.size() == 3);
+    for (const Batch& batch : response.batches) CHECK_FALSE(batch.fused);
+  }
+  SECTION("a tensor of a megabyte or more runs alone, in place, whatever the threshold") {
+    response =
+        coordinator.process(2,
+                            {announcing({allreduce("small", 10), allreduce("huge", kAloneBytes / 4),
+                                         allreduce("small2", 10)})},
+                            64 << 20, at(0));
+    REQUIRE(response.batches.size() == 2);
+    CHECK(response.batches[0].units.size() == 2);
+    CHECK(response.batches[0].fused);
+    CHECK(response.batches[1].units[0].spec.key() == "huge");
+    CHECK_FALSE(response.batches[1].fused);
+  }
+  SECTION("a group larger than the threshold still runs as one fused collective") {
+    response = coordinator.process(2, {announcing({group})}, 100, at(0));
+    REQUIRE(response.batches.size() == 1);
+    CHECK(response.batches[0].fused);
+    CHECK(response.batches[0].units.size() == 1);
+  }
+}
+
+TEST_CASE("stalled tensors are aborted after KOLO_STALL_ABORT_S, naming the missing ranks",
+          "[fusion_units]") {
+  ResponseCache cache(8);
+  Coordinator coordinator({4, 0.5, 2.0}, cache);
+  ResponseList response = coordinator.process(
+      1, {announcing({allreduce("x", 1)}), announcing({allreduce("x", 1)}), {}, {}}, 1 << 20,
+      at(0));
+  CHECK(response.errors.empty());
+  response = coordinator.process(2, {{}, {}, {}, {}}, 1 << 20, at(1));  // warns (on stderr)
+  CHECK(response.errors.empty());
+  response = coordinator.process(3, {{}, {}, {}, {}}, 1 << 20, at(2.5));
+  REQUIRE(response.errors.size() == 1);
+  CHECK(response.errors[0].status == Status::kTimeout);
+  CHECK(response.errors[0].message ==
+        "tensor 'x' stalled: submitted by ranks 0, 1 but not by ranks 2, 3 within 2 s "
+        "(KOLO_STALL_ABORT_S)");
+  CHECK(response.idle);
+}
+
+TEST_CASE("rank lists are compact", "[fusion_units]") {
+  CHECK(format_ranks({2}) == "rank 2");
+  CHECK(format_ranks({0, 1, 5}) == "ranks 0, 1, 5");
+  CHECK(format_ranks({0, 1, 2, 5, 6, 7, 9}) == "ranks 0-2, 5-7, 9");
+  std::vector<int> many(64);
+  std::iota(many.begin(), many.end(), 0);
+  CHECK(format_ranks(many) == "ranks 0-63");
+}
+
+TEST_CASE("specs are checked", "[fusion_units]") {
+  CHECK(check_spec(allreduce("a", 1), 2).empty());
+  CHECK(check_spec(allreduce("", 1), 2).find("empty") != std::string::npos);
+  CHECK(check_spec(allreduce(std::string(1025, 'x'), 1), 2).find("1024") != std::string::npos);
+  UnitSpec twice = allreduce("a", 1);
+  twice.members.push_back({"a", 2});
+  CHECK(check_spec(twice, 2).find("twice") != std::string::npos);
+  UnitSpec huge = allreduce("a", ~uint64_t{0} / 2);
+  CHECK(check_spec(huge, 2).find("too large") != std::string::npos);
+  UnitSpec nan = allreduce("a", 1);
+  nan.postscale = std::nan("");
+  CHECK(check_spec(nan, 2).find("finite") != std::string::npos);
+  CHECK(describe(allreduce("conv1.weight", 9408, DataType::kFloat32, ReduceOp::kAvg)) ==
+        "allreduce 'conv1.weight' (count 9408, float32, avg)");
+}
+
+TEST_CASE("the timeline is valid JSON, one file per rank", "[fusion_units]") {
+  CHECK(Timeline::path_for_rank("/tmp/trace.json", 3) == "/tmp/trace.rank3.json");
+  CHECK(Timeline::path_for_rank("/tmp/trace", 0) == "/tmp/trace.rank0.json");
+  CHECK(Timeline::escape("a\"b\\c\n\x01") == "a\\\"b\\\\c\\n\\u0001");
+  auto path = std::filesystem::temp_directory_path() /
+              ("kolo_timeline_unit_" + std::to_string(::getpid()) + ".json");
+  {
+    Timeline timeline(path.string(), 2);
+    uint32_t row = timeline.row("weird \"name\"\\");
+    CHECK(timeline.row("weird \"name\"\\") == row);
+    for (int i = 0; i < 20000; ++i) {  // more than one batch of the writer
+      timeline.span(row, "ALLREDUCE", at(i * 1e-6), at(i * 1e-6 + 5e-7), "{\"i\":1}");
+    }
+    timeline.instant(row, "ERROR", at(1));
+  }
+  std::ifstream file(path);
+  nlohmann::json trace = nlohmann::json::parse(file);
+  REQUIRE(trace.is_array());
+  size_t spans = 0;
+  bool named = false;
+  for (const auto& event : trace) {
+    CHECK(event.at("pid") == 2);
+    if (event.at("name") == "ALLREDUCE") {
+      ++spans;
+      CHECK(event.at("dur").get<double>() == Approx(0.5).margin(0.002));
+    }
+    if (event.at("name") == "thread_name" && event.at("args").at("name") == "weird \"name\"\\") {
+      named = true;
+    }
+  }
+  CHECK(spans == 20000);
+  CHECK(named);
+  std::filesystem::remove(path);
+}
