@@ -18,6 +18,10 @@ Shape shape(uint64_t bytes, size_t element_size, int /*rank*/, int /*ranks*/) {
 }
 
 kolo_status_t run(const Operation& operation, const void* sendbuf, void* recvbuf) {
+  if (operation.stream) {  // -g: device buffers, enqueued as NCCL's calls are
+    return kolo_allreduce_on_stream(operation.comm, sendbuf, recvbuf, operation.shape.count,
+                                    operation.dtype, operation.op, operation.stream);
+  }
   return kolo_allreduce(operation.comm, sendbuf, recvbuf, operation.shape.count, operation.dtype,
                         operation.op);
 }
@@ -42,6 +46,7 @@ int main(int argc, char** argv) {
       .run = run,
       .init_input = init_input,
       .expected_output = expected_output,
+      .gpu = true,
   };
   return kolo::bench::run_benchmark(argc, argv, allreduce);
 }

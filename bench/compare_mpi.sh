@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # compare_mpi.sh — kolo's allreduce next to Open MPI's MPI_Allreduce on this machine, over shared
 # memory (btl vader) and over TCP on loopback (btl tcp), for 2 and 4 ranks, and a markdown table of
-# the out-of-place bus bandwidth of each.
+# the out-of-place bus bandwidth of each. kolo runs over its TCP transport and, where it was built
+# with UCX, over UCX (KOLO_TRANSPORT=ucx with UCX's default transports: shared memory and CMA here;
+# UCX_TLS and UCX_NET_DEVICES from the environment apply).
 #
 #   bench/compare_mpi.sh            64 KiB .. 256 MiB, every 4x
 #   bench/compare_mpi.sh --quick    64 KiB .. 16 MiB, fewer iterations (about a minute)
@@ -117,7 +119,16 @@ if ((have_mpi)) && ! mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml 
        "OMPI_MCA_btl_vader_single_copy_mechanism=none" >&2
 fi
 
+# A build without UCX refuses KOLO_TRANSPORT=ucx at once: no UCX column then.
+have_ucx=1
+if ! KOLO_TRANSPORT=ucx "$kolorun" -np 2 "$kolo_perf" -b 1M -e 1M -n 1 -w 0 -c 1 \
+    >"$LOG_DIR/ucx_probe.log" 2>&1; then
+  echo "compare_mpi.sh: kolo over UCX failed (see $LOG_DIR/ucx_probe.log): no UCX column" >&2
+  have_ucx=0
+fi
+
 configs=(kolo)
+((have_ucx)) && configs+=(kolo_ucx)
 ((have_mpi)) && configs+=(mpi_shm mpi_tcp)
 declare -A busbw
 started=$SECONDS
@@ -129,7 +140,8 @@ for ranks in $RANKS; do
     echo "compare_mpi.sh: $config with $ranks ranks ..." >&2
     # shellcheck disable=SC2086  # MPIRUN_ARGS is a list of flags
     case "$config" in
-      kolo) measure "$log" "$kolorun" -np "$ranks" "$kolo_perf" ;;
+      kolo) measure "$log" env KOLO_TRANSPORT=tcp "$kolorun" -np "$ranks" "$kolo_perf" ;;
+      kolo_ucx) measure "$log" env KOLO_TRANSPORT=ucx "$kolorun" -np "$ranks" "$kolo_perf" ;;
       mpi_shm) measure "$log" mpirun --allow-run-as-root --oversubscribe $MPIRUN_ARGS -np "$ranks" \
                  --mca pml ob1 --mca btl self,vader "$mpi_perf" ;;
       mpi_tcp) measure "$log" mpirun --allow-run-as-root --oversubscribe $MPIRUN_ARGS -np "$ranks" \
@@ -150,7 +162,7 @@ for ranks in $RANKS; do
   done
 done
 
-declare -A titles=([kolo]="kolo" [mpi_shm]="MPI shm" [mpi_tcp]="MPI tcp")
+declare -A titles=([kolo]="kolo tcp" [kolo_ucx]="kolo ucx" [mpi_shm]="MPI shm" [mpi_tcp]="MPI tcp")
 echo
 echo "allreduce busbw in GB/s (out of place, $DTYPE $OP) on $(hostname), $(nproc) cores," \
      "load $load_at_start at the start; $((SECONDS - started)) s; logs in $LOG_DIR"

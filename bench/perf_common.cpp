@@ -30,6 +30,8 @@
 #include <utility>
 #include <vector>
 
+#include "gpu_memory.hpp"
+
 namespace kolo::bench {
 namespace {
 
@@ -367,6 +369,7 @@ struct Options {
   std::vector<kolo_op_t> ops = {KOLO_SUM};
   int root = 0;
   Combine combine = Combine::kAverage;
+  bool gpu = false;  // -g: buffers in GPU memory
 };
 
 // The launchers' rank variables, read before the communicator exists so that a bad flag or
@@ -391,7 +394,8 @@ std::optional<int> parse_options(int argc, char** argv, const Collective& collec
   };
   std::string min_text = "32M", max_text = "32M", step_text = "1M";
   std::string dtype_text = "float", op_text = "sum";
-  int check = 1, average = 1, blocking = 0, threads = 1, gpus = 1;
+  int check = 1, average = 1, blocking = 0, threads = 1;
+  std::string gpus_text;
   app.add_option("-b,--minbytes", min_text, "smallest size in bytes (K, M, G suffixes)")
       ->check(size_check)
       ->capture_default_str();
@@ -440,7 +444,14 @@ std::optional<int> parse_options(int argc, char** argv, const Collective& collec
   app.add_option("-z,--blocking", blocking, "accepted for nccl-tests; kolo's collectives block")
       ->check(CLI::Range(0, 1));
   app.add_option("-t,--nthreads", threads, "threads per process (only 1)")->check(CLI::Range(1, 1));
-  app.add_option("-g,--ngpus", gpus, "devices per thread (only 1)")->check(CLI::Range(1, 1));
+  // nccl-tests' -g (GPUs per thread, here 1) puts the buffers in GPU memory, as there; "-g" alone
+  // too. Without it (or with -g 0) they are in host memory.
+  auto* gpu_option =
+      app.add_option("-g,--ngpus,--gpu", gpus_text,
+                     "1 or nothing: buffers in GPU memory (device: local rank modulo the device "
+                     "count); 0 or absent: host memory")
+          ->expected(0, 1)
+          ->check(CLI::IsMember({"", "0", "1"}));
 
   try {
     app.parse(argc, argv);
@@ -457,6 +468,7 @@ std::optional<int> parse_options(int argc, char** argv, const Collective& collec
   options.dtypes = *parse_dtypes(dtype_text);
   options.ops = collective.reduces ? *parse_ops(op_text) : std::vector<kolo_op_t>{KOLO_SUM};
   options.combine = static_cast<Combine>(average);
+  options.gpu = gpu_option->count() > 0 && gpus_text != "0";
   if (!collective.rooted) options.root = -1;
 
   std::string problem;
@@ -507,10 +519,19 @@ Buffer allocate_touched(uint64_t bytes) {
   return Buffer(memory);
 }
 
+struct DeviceDeleter {
+  void operator()(std::byte* pointer) const { gpu::release(pointer); }
+};
+using DeviceBuffer = std::unique_ptr<std::byte, DeviceDeleter>;
+
 struct Buffers {
   Buffer send;      // out of place: sendbuf
   Buffer recv;      // out of place: recvbuf; in place: the one buffer
   Buffer expected;  // the reference result
+  // With -g, what the collective sees instead of send and recv; inputs are written to the host
+  // buffers and copied over, results copied back, at the same offsets.
+  DeviceBuffer device_send;
+  DeviceBuffer device_recv;
 };
 
 Buffers allocate_buffers(const Options& options, const Collective& collective, int rank,
@@ -532,6 +553,10 @@ Buffers allocate_buffers(const Options& options, const Collective& collective, i
   buffers.send = allocate_touched(send_bytes);
   buffers.recv = allocate_touched(recv_bytes);
   if (options.check) buffers.expected = allocate_touched(expected_bytes);
+  if (options.gpu) {
+    buffers.device_send.reset(static_cast<std::byte*>(gpu::allocate(send_bytes)));
+    buffers.device_recv.reset(static_cast<std::byte*>(gpu::allocate(recv_bytes)));
+  }
   return buffers;
 }
 
@@ -567,7 +592,7 @@ void print_parameters(Printer& out, const Options& options) {
 
 // Lists every rank with its pid and host. Gathered with allreduces of zero-filled arrays in which
 // each rank fills its own slot, as the C ABI has no allgather yet.
-void print_ranks(Printer& out, kolo_comm_t comm, int rank, int ranks) {
+void print_ranks(Printer& out, kolo_comm_t comm, int rank, int ranks, bool gpu) {
   constexpr size_t kHostBytes = 64;
   int local_rank = 0;
   check(comm, kolo_comm_local_rank(comm, &local_rank));
@@ -585,8 +610,8 @@ void print_ranks(Printer& out, kolo_comm_t comm, int rank, int ranks) {
   out.line("# Using devices");
   for (int r = 0; r < ranks; ++r) {
     const std::string host_name(reinterpret_cast<const char*>(&hosts[kHostBytes * r]));
-    out.line("#  Rank {:2} Group  0 Pid {:6} on {:>10} device {:2} [host] CPU memory", r,
-             numbers[2 * r], host_name, numbers[2 * r + 1]);
+    out.line("#  Rank {:2} Group  0 Pid {:6} on {:>10} device {:2} {}", r, numbers[2 * r],
+             host_name, numbers[2 * r + 1], gpu ? "[gpu] GPU memory" : "[host] CPU memory");
   }
   out.line("#");
 }
@@ -624,10 +649,18 @@ struct Placement {
 // Seconds per call of this rank, over a batch that every rank starts together.
 double time_calls(const Collective& collective, const Operation& operation, const void* sendbuf,
                   void* recvbuf, int calls) {
+  // With -g the calls are enqueued on a stream: the batch starts on an idle stream and ends when
+  // the stream has run it, as nccl-tests times it.
+  if (operation.stream) {
+    check(operation.comm, kolo_stream_synchronize(operation.comm, operation.stream));
+  }
   check(operation.comm, kolo_barrier(operation.comm));
   const auto start = std::chrono::steady_clock::now();
   for (int call = 0; call < calls; ++call) {
     check(operation.comm, collective.run(operation, sendbuf, recvbuf));
+  }
+  if (operation.stream) {
+    check(operation.comm, kolo_stream_synchronize(operation.comm, operation.stream));
   }
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
   return elapsed.count() / calls;
@@ -654,18 +687,19 @@ void combine_across_ranks(kolo_comm_t comm, Combine combine, double* values, uin
 class Runner {
  public:
   Runner(const Collective& collective, const Options& options, kolo_comm_t comm, int rank,
-         int ranks)
+         int ranks, void* stream)
       : collective_(collective),
         options_(options),
         comm_(comm),
         rank_(rank),
         ranks_(ranks),
         out_(rank == 0),
-        buffers_(allocate_buffers(options, collective, rank, ranks)) {}
+        buffers_(allocate_buffers(options, collective, rank, ranks)),
+        stream_(stream) {}
 
   int run() {
     print_parameters(out_, options_);
-    print_ranks(out_, comm_, rank_, ranks_);
+    print_ranks(out_, comm_, rank_, ranks_, options_.gpu);
     print_column_headers(out_);
     const std::vector<uint64_t> sizes = row_sizes(options_);
     for (kolo_dtype_t dtype : options_.dtypes) {
@@ -689,35 +723,52 @@ class Runner {
                         op,
                         options_.root,
                         collective_.shape(bytes, element, rank_, ranks_)};
+    if (collective_.output_on_root_only && rank_ != options_.root) operation.shape.recv_count = 0;
+    operation.stream = stream_;
     const Shape& shape = operation.shape;
+    const uint64_t send_bytes = shape.send_count * element;
+    const uint64_t recv_bytes = shape.recv_count * element;
     std::byte* send = buffers_.send.get();
     std::byte* recv = buffers_.recv.get();
     std::byte* in_place_send = recv + shape.in_place_send_offset * element;
     std::byte* in_place_recv = recv + shape.in_place_recv_offset * element;
+    // What the collective sees: the host buffers, or with -g their device twins.
+    std::byte* run_send = stream_ ? buffers_.device_send.get() : send;
+    std::byte* run_recv = stream_ ? buffers_.device_recv.get() : recv;
+    std::byte* run_in_place_send = run_recv + shape.in_place_send_offset * element;
+    std::byte* run_in_place_recv = run_recv + shape.in_place_recv_offset * element;
     if (options_.check) collective_.expected_output(operation, buffers_.expected.get());
 
     collective_.init_input(operation, send);
+    upload(run_send, send, send_bytes);
     for (int call = 0; call < options_.warmup_iterations; ++call) {
-      check(comm_, collective_.run(operation, send, recv));
+      check(comm_, collective_.run(operation, run_send, run_recv));
     }
 
     double seconds[2] = {0, 0};
     int64_t wrong[2] = {0, 0};
-    seconds[0] = time_calls(collective_, operation, send, recv, options_.iterations);
+    seconds[0] = time_calls(collective_, operation, run_send, run_recv, options_.iterations);
     if (options_.check) {
       collective_.init_input(operation, send);
-      std::memset(recv, 0xa5, shape.recv_count * element);  // unwritten elements show as wrong
-      check(comm_, collective_.run(operation, send, recv));
+      upload(run_send, send, send_bytes);
+      // Unwritten elements show as wrong.
+      std::memset(recv, 0xa5, recv_bytes);
+      if (stream_) gpu::fill(run_recv, 0xa5, recv_bytes, stream_);
+      check(comm_, collective_.run(operation, run_send, run_recv));
+      download(recv, run_recv, recv_bytes);
       wrong[0] =
           static_cast<int64_t>(count_wrong(dtype, recv, buffers_.expected.get(), shape.recv_count));
     }
 
     collective_.init_input(operation, in_place_send);
-    seconds[1] =
-        time_calls(collective_, operation, in_place_send, in_place_recv, options_.iterations);
+    upload(run_in_place_send, in_place_send, send_bytes);
+    seconds[1] = time_calls(collective_, operation, run_in_place_send, run_in_place_recv,
+                            options_.iterations);
     if (options_.check) {
       collective_.init_input(operation, in_place_send);
-      check(comm_, collective_.run(operation, in_place_send, in_place_recv));
+      upload(run_in_place_send, in_place_send, send_bytes);
+      check(comm_, collective_.run(operation, run_in_place_send, run_in_place_recv));
+      download(in_place_recv, run_in_place_recv, recv_bytes);
       wrong[1] = static_cast<int64_t>(
           count_wrong(dtype, in_place_recv, buffers_.expected.get(), shape.recv_count));
     }
@@ -742,6 +793,17 @@ class Runner {
     out_.line("{}", line);
   }
 
+  // With -g: host to device before a call (on the stream the calls use, so in order with them),
+  // and device to host once the stream has run the call. Nothing to do with host buffers.
+  void upload(std::byte* device, const std::byte* host, uint64_t bytes) {
+    if (stream_) gpu::copy_to_device(device, host, bytes, stream_);
+  }
+  void download(std::byte* host, const std::byte* device, uint64_t bytes) {
+    if (!stream_) return;
+    check(comm_, kolo_stream_synchronize(comm_, stream_));
+    gpu::copy_to_host(host, device, bytes, stream_);
+  }
+
   const Collective& collective_;
   const Options& options_;
   kolo_comm_t comm_;
@@ -749,6 +811,7 @@ class Runner {
   int ranks_;
   Printer out_;
   Buffers buffers_;
+  void* stream_;  // with -g; nullptr otherwise
   double busbw_sum_ = 0;
   uint64_t placements_ = 0;
   uint64_t total_wrong_ = 0;
@@ -806,11 +869,30 @@ int run_benchmark(int argc, char** argv, const Collective& collective) {
     kolo_comm_destroy(comm);
     return 1;
   }
+  void* stream = nullptr;
+  if (options.gpu) {
+    std::string reason;
+    if (!collective.gpu || !gpu::available(&reason)) {
+      if (rank == 0) {
+        fmt::print(stderr, "-g: {}\n",
+                   collective.gpu ? reason
+                                  : fmt::format("{}_perf has no GPU mode", collective.name));
+      }
+      kolo_comm_destroy(comm);
+      return 1;
+    }
+    int local_rank = 0;
+    check(comm, kolo_comm_local_rank(comm, &local_rank));
+    const std::string device = gpu::select_device(local_rank);
+    if (rank == 0) fmt::print("# GPU buffers: rank 0 on {}\n", device);
+    stream = gpu::create_stream();
+  }
   int exit_code = 0;
   {
-    Runner runner(collective, options, comm, rank, ranks);
+    Runner runner(collective, options, comm, rank, ranks, stream);
     exit_code = runner.run();
   }
+  if (stream) gpu::destroy_stream(stream);
   if (const kolo_status_t status = kolo_comm_destroy(comm); status != KOLO_SUCCESS) {
     std::fprintf(stderr, "kolo error: %s: kolo_comm_destroy failed\n", kolo_status_string(status));
     return 1;

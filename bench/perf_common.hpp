@@ -44,6 +44,9 @@ struct Operation {
   kolo_op_t op = KOLO_SUM;  // KOLO_SUM for collectives that do not reduce
   int root = -1;            // -1 for collectives without a root
   Shape shape;
+  // With -g: the cudaStream_t to enqueue on (the buffers are in GPU memory, and the harness waits
+  // for the stream with kolo_stream_synchronize after each batch). nullptr: host buffers.
+  void* stream = nullptr;
 };
 
 // What a benchmark tells the harness about its collective.
@@ -61,6 +64,10 @@ struct Collective {
   void (*init_input)(const Operation& operation, void* sendbuf);
   // Writes what recvbuf must hold afterwards on this rank: shape.recv_count elements.
   void (*expected_output)(const Operation& operation, void* expected);
+  // Only the root's recvbuf holds a result (reduce): elsewhere recv_count is 0, nothing is checked.
+  bool output_on_root_only = false;
+  // Runs with -g (buffers in GPU memory): run() enqueues on operation.stream.
+  bool gpu = false;
 };
 
 // Parses the flags, runs every row and prints the table on rank 0. Returns the process exit code:

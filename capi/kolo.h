@@ -9,7 +9,8 @@
  * internally, so two threads that issue collectives on one communicator must still issue them in
  * the same order on every rank (as with MPI and NCCL). Different communicators are independent.
  *
- * Blocking: every collective below blocks the calling thread until it has finished on this rank,
+ * Blocking: every collective below blocks the calling thread until it has finished on this rank
+ * (except the stream-ordered _on_stream calls of "GPU buffers", and the named asynchronous ones),
  * and every wait inside it is bounded by the communicator's timeout (KOLO_TIMEOUT, default 300 s).
  *
  * Failures: argument errors (KOLO_ERR_INVALID_ARGUMENT) are detected before anything is sent and
@@ -59,7 +60,8 @@ typedef enum kolo_status {
   KOLO_ERR_INTERNAL = 5,         /* a bug in kolo; please report the message */
   KOLO_ERR_SYSTEM = 6,           /* an operating-system call failed (bind, connect, memory) */
   KOLO_ERR_CONFIG = 7,           /* the environment or config does not describe a usable job */
-  KOLO_ERR_UNSUPPORTED = 8       /* valid, but not available in this build or on this machine */
+  KOLO_ERR_UNSUPPORTED = 8,      /* valid, but not available in this build or on this machine */
+  KOLO_ERR_CANCELLED = 9         /* a named operation's communicator was destroyed before it ran */
 } kolo_status_t;
 
 /* A static English name for a status, such as "KOLO_ERR_PEER_LOST: a peer rank was lost".
@@ -145,6 +147,9 @@ KOLO_API kolo_status_t kolo_comm_init(const kolo_config_t *config, kolo_comm_t *
 /*
  * Closes every connection and frees the communicator. Does not wait for other ranks and never
  * blocks for longer than it takes to close sockets. A broken communicator can be destroyed too.
+ * Named operations still pending fail with KOLO_ERR_CANCELLED (their callbacks run on this
+ * thread); one whose collective is running when this is called finishes it first, and no buffer
+ * of any request is touched once this returns. Request handles stay valid until freed.
  * Passing NULL returns KOLO_ERR_INVALID_ARGUMENT. The handle is invalid afterwards.
  */
 KOLO_API kolo_status_t kolo_comm_destroy(kolo_comm_t comm);
@@ -210,6 +215,438 @@ KOLO_API kolo_status_t kolo_broadcast(kolo_comm_t comm, void *buf, uint64_t coun
  * Returns only once every rank of comm has entered the barrier. Errors as kolo_allreduce.
  */
 KOLO_API kolo_status_t kolo_barrier(kolo_comm_t comm);
+
+/*
+ * Gathers count elements from every rank's sendbuf into every rank's recvbuf, in rank order:
+ * recvbuf holds size * count elements, rank r's at element r * count. In place: sendbuf ==
+ * recvbuf + rank * count (this rank's block of recvbuf, as NCCL defines it); otherwise the buffers
+ * must not overlap. Buffers stay owned by the caller; sendbuf is only read. Blocks until done.
+ *
+ * Uses a ring (each rank sends (N-1)/N of recvbuf, pipelined), or for small buffers Bruck's
+ * algorithm (ceil(log2 N) steps); see the README for the switch point.
+ * Returns KOLO_ERR_INVALID_ARGUMENT for a NULL comm, a NULL buffer with count > 0, overlapping
+ * buffers that are not in place, a size * count too large to address, or an unknown dtype
+ * (nothing is sent); KOLO_ERR_MISMATCH if the ranks disagree on the collective, count or dtype;
+ * otherwise as kolo_allreduce.
+ */
+KOLO_API kolo_status_t kolo_allgather(kolo_comm_t comm, const void *sendbuf, void *recvbuf,
+                                      uint64_t count, kolo_dtype_t dtype);
+
+/*
+ * kolo_allgather with a count per rank (Horovod's allgather of tensors whose first dimension
+ * differs): counts is an array of size elements, the same on every rank; rank r contributes
+ * counts[r] elements (zero is allowed) from its sendbuf, and recvbuf receives every rank's
+ * elements back to back in rank order (rank r's at the sum of counts[0..r-1]). In place: sendbuf
+ * is this rank's block of recvbuf. counts is read during the call only. Blocks until done.
+ * Returns KOLO_ERR_INVALID_ARGUMENT for a NULL counts, counts whose sum is too large, or the
+ * errors of kolo_allgather; KOLO_ERR_MISMATCH if the ranks pass different counts (the
+ * descriptor of every message carries a hash of them), a different dtype or another collective.
+ */
+KOLO_API kolo_status_t kolo_allgatherv(kolo_comm_t comm, const void *sendbuf, void *recvbuf,
+                                       const uint64_t *counts, kolo_dtype_t dtype);
+
+/*
+ * Reduces every rank's sendbuf of size * count elements with op and scatters the result: rank r
+ * receives elements [r * count, (r + 1) * count) of the reduction in its recvbuf of count
+ * elements. In place: recvbuf == sendbuf + rank * count (this rank's block of sendbuf); otherwise
+ * the buffers must not overlap. Every dtype and op of kolo_allreduce, with the same arithmetic
+ * (half types accumulate in float32 and round once); bitwise the same result in every run.
+ * sendbuf is never written except, in place, this rank's block. Blocks until done.
+ *
+ * Uses a ring: each rank sends (N-1)/N of sendbuf, pipelined.
+ * Returns KOLO_ERR_INVALID_ARGUMENT for a NULL comm, a NULL buffer with count > 0, overlapping
+ * buffers that are not in place, or an unknown dtype or op (nothing is sent); KOLO_ERR_MISMATCH
+ * if the ranks disagree on the collective, count, dtype or op; otherwise as kolo_allreduce.
+ */
+KOLO_API kolo_status_t kolo_reduce_scatter(kolo_comm_t comm, const void *sendbuf, void *recvbuf,
+                                           uint64_t count, kolo_dtype_t dtype, kolo_op_t op);
+
+/*
+ * kolo_reduce_scatter with a count per rank: counts is an array of size elements, the same on
+ * every rank; sendbuf holds their sum, and rank r receives counts[r] elements (zero is allowed),
+ * those at the sum of counts[0..r-1]. In place: recvbuf is this rank's block of sendbuf. counts
+ * is read during the call only. Returns KOLO_ERR_INVALID_ARGUMENT for a NULL counts, counts whose
+ * sum is too large, or the errors of kolo_reduce_scatter; KOLO_ERR_MISMATCH if the ranks pass
+ * different counts, dtype, op or call another collective.
+ */
+KOLO_API kolo_status_t kolo_reduce_scatterv(kolo_comm_t comm, const void *sendbuf, void *recvbuf,
+                                            const uint64_t *counts, kolo_dtype_t dtype,
+                                            kolo_op_t op);
+
+/*
+ * Every rank sends a block of count elements to every rank: sendbuf and recvbuf hold size * count
+ * elements; block p of rank r's sendbuf arrives as block r of rank p's recvbuf. sendbuf may equal
+ * (or overlap) recvbuf: kolo then copies the blocks to send aside first. Blocks until done.
+ *
+ * Uses pairwise exchange over the connections between every pair of ranks: at step s rank r sends
+ * to r + s and receives from r - s; each rank sends (N-1)/N of sendbuf.
+ * Returns KOLO_ERR_INVALID_ARGUMENT for a NULL comm, a NULL buffer with count > 0, a size * count
+ * too large to address, or an unknown dtype (nothing is sent); KOLO_ERR_MISMATCH if the ranks
+ * disagree on the collective, count or dtype; otherwise as kolo_allreduce.
+ */
+KOLO_API kolo_status_t kolo_alltoall(kolo_comm_t comm, const void *sendbuf, void *recvbuf,
+                                     uint64_t count, kolo_dtype_t dtype);
+
+/*
+ * Alltoall with counts and displacements per peer, as MPI_Alltoallv defines them (in elements of
+ * dtype): sendcounts[p] elements at element sdispls[p] of sendbuf go to rank p, which receives
+ * them as recvcounts[r] elements at element rdispls[r] of its recvbuf (r: the sender). Each array
+ * has size entries; zero counts are allowed, and so are gaps between blocks. Rank p's
+ * recvcounts[r] must equal rank r's sendcounts[p]; sendcounts[rank] must equal recvcounts[rank].
+ * Send blocks may overlap one another; receive blocks must not. sendbuf may overlap recvbuf
+ * (then the send blocks are copied aside first). The arrays are read during the call only.
+ * Blocks until done.
+ *
+ * Returns KOLO_ERR_INVALID_ARGUMENT (nothing is sent) for a NULL comm or array, a negative
+ * displacement, a displacement plus count that overflows, a NULL buffer where a count is not
+ * zero, overlapping receive blocks, sendcounts[rank] != recvcounts[rank], or an unknown dtype;
+ * KOLO_ERR_MISMATCH if two ranks disagree on what one sends the other (the message names both),
+ * on the dtype or the collective: every rank returns it, since the call ends with an agreement
+ * round; otherwise as kolo_allreduce.
+ */
+KOLO_API kolo_status_t kolo_alltoallv(kolo_comm_t comm, const void *sendbuf,
+                                      const uint64_t *sendcounts, const int64_t *sdispls,
+                                      void *recvbuf, const uint64_t *recvcounts,
+                                      const int64_t *rdispls, kolo_dtype_t dtype);
+
+/*
+ * Reduces count elements of every rank's sendbuf with op into recvbuf on rank root; recvbuf is
+ * ignored (and may be NULL) on the other ranks. In place on the root: sendbuf == recvbuf;
+ * otherwise they must not overlap there. The arithmetic of kolo_allreduce. Blocks until done on
+ * this rank (a rank other than the root may return before the root has finished).
+ *
+ * Uses a pipelined chain round the ring ending at the root (each link carries the buffer once),
+ * after an agreement round so that ranks that disagree all fail.
+ * Returns KOLO_ERR_INVALID_ARGUMENT for a root outside [0, size), a NULL sendbuf (or a NULL
+ * recvbuf on the root) with count > 0, overlapping buffers on the root, an unknown dtype or op;
+ * KOLO_ERR_MISMATCH if the ranks disagree on root, count, dtype or op; otherwise as
+ * kolo_allreduce.
+ */
+KOLO_API kolo_status_t kolo_reduce(kolo_comm_t comm, const void *sendbuf, void *recvbuf,
+                                   uint64_t count, kolo_dtype_t dtype, kolo_op_t op, int root);
+
+/* ---- Point to point ------------------------------------------------------------------------ */
+
+/*
+ * Sends count elements of buf to rank peer, which must call kolo_recv(comm, ..., this rank, tag)
+ * with the same count, dtype and tag (tag >= 0). Blocks until the receiver has taken the data
+ * (a synchronous send: the receiver acknowledges), bounded by the timeout. buf is only read.
+ *
+ * Ordering, as NCCL's send/recv: the messages between two ranks are matched in the order they
+ * are called, and they share the ordered connections of the collectives, so both ranks must call
+ * their sends, receives and collectives on comm in the same order; the tag is checked, never used
+ * to pick a message. Since a send waits for its receive, two ranks that both send to each other
+ * before receiving cannot proceed: order such exchanges (the lower rank sends first, say).
+ *
+ * Returns KOLO_ERR_INVALID_ARGUMENT for a peer outside [0, size) or equal to this rank, a negative
+ * tag, a NULL buf with count > 0 or an unknown dtype (nothing is sent); KOLO_ERR_MISMATCH if the
+ * receiver expects another count, dtype or tag, or is in another call (both ranks get it, and, as
+ * after any failure, the communicator is broken on every rank); KOLO_ERR_PEER_LOST,
+ * KOLO_ERR_TIMEOUT.
+ */
+KOLO_API kolo_status_t kolo_send(kolo_comm_t comm, const void *buf, uint64_t count,
+                                 kolo_dtype_t dtype, int peer, int tag);
+
+/*
+ * Receives count elements from rank peer into buf: the next message that peer sends this rank
+ * with kolo_send, which must have the same count, dtype and tag. Blocks until the data has
+ * arrived, bounded by the timeout. buf is written during the call only. Ordering and errors as
+ * kolo_send.
+ */
+KOLO_API kolo_status_t kolo_recv(kolo_comm_t comm, void *buf, uint64_t count, kolo_dtype_t dtype,
+                                 int peer, int tag);
+
+/* ---- Sub-communicators --------------------------------------------------------------------- */
+
+/* A colour for kolo_comm_split that joins no new communicator (any negative colour does). */
+#define KOLO_COLOR_NONE (-1)
+
+/*
+ * Splits comm: the ranks that pass the same colour form a new communicator, ranked by key (ties
+ * by their rank in comm), as MPI_Comm_split and ncclCommSplit. A collective call on comm: every
+ * rank of comm must call it, in the same order as comm's other collectives. A rank that passes a
+ * negative colour (KOLO_COLOR_NONE) joins none: it gets *newcomm == NULL and KOLO_SUCCESS.
+ *
+ * On success *newcomm is a new communicator that the caller owns and must pass to
+ * kolo_comm_destroy(). It has its own connections: its operations never mix with those of comm or
+ * of other communicators, even when threads use them at the same time, and it keeps working after
+ * comm is destroyed (and comm after it is). Splitting needs the rendezvous store, which the
+ * process of rank 0 of the job serves while it holds any communicator. Blocks until every rank of
+ * comm has created its new communicator.
+ *
+ * Returns KOLO_ERR_INVALID_ARGUMENT for a NULL comm or newcomm (nothing is sent); otherwise the
+ * errors of kolo_allreduce on comm, or, when a new communicator could not be connected, that
+ * failure on every rank of comm (comm itself keeps working then). *newcomm is NULL on failure.
+ */
+KOLO_API kolo_status_t kolo_comm_split(kolo_comm_t comm, int color, int key,
+                                       kolo_comm_t *newcomm);
+
+/* ---- Named asynchronous operations: the fusion engine ------------------------------------- */
+
+/*
+ * Horovod's way of reducing gradients. Every rank submits the same tensors, each under a name
+ * (such as "layer3.conv.weight.grad"), in any order and from any thread, and gets a request
+ * handle back at once. A background thread of the communicator (started by its first named call)
+ * finds out every cycle (KOLO_CYCLE_TIME_MS) which names every rank has submitted, packs those
+ * with the same dtype, op and scale factors into a buffer of up to KOLO_FUSION_THRESHOLD bytes,
+ * and runs one collective per buffer, in the same order on every rank (a tensor of 1 MiB or more
+ * runs alone, in place: its latency is small beside its transfer, and copying would cost more
+ * than fusing saves). In a steady training loop the negotiation costs one small message per rank
+ * and cycle (the response cache, of KOLO_CACHE_CAPACITY entries); an idle communicator costs no
+ * CPU and sends nothing.
+ *
+ * Results are bitwise the same whether a tensor is fused with others or reduced alone, on every
+ * rank and in every run. (They use the ring schedule; kolo_allreduce uses another for buffers of
+ * 64 KiB or less, so its results on those may differ in the last bit.)
+ *
+ * Named operations use connections of their own: they may be used while other threads make
+ * ordered calls (kolo_allreduce, ...) on the same communicator, and never disturb them.
+ *
+ * Buffers belong to the caller, who must keep them valid, and not write sendbuf nor touch
+ * recvbuf, from submission until the request has completed (kolo_request_test reports done,
+ * kolo_request_wait returns, or the callback has been called). kolo does not touch them after
+ * that. Names are copied; they are NUL-terminated, 1 to 1024 bytes long.
+ *
+ * Names: a name identifies one tensor across ranks; every rank must submit it, with the same
+ * count, dtype, op, scale factors (or root). A name may be submitted again once its previous
+ * request has completed (every training step, typically); submitting a name that is still
+ * pending on this rank returns KOLO_ERR_INVALID_ARGUMENT.
+ *
+ * Errors of a request (kolo_request_wait's status and kolo_request_last_error's message):
+ *   KOLO_ERR_MISMATCH   ranks submitted the name with a different count, dtype, op, factors or
+ *                       root, or as members of different groups; every rank's request for that
+ *                       name fails, naming the tensor, the ranks and what each submitted. Other
+ *                       tensors, and the communicator, are not affected.
+ *   KOLO_ERR_TIMEOUT    with KOLO_STALL_ABORT_S > 0: some ranks submitted the name and others
+ *                       did not within that time; the message names the missing ranks. (Rank 0
+ *                       logs a warning naming them after KOLO_STALL_WARNING_S.)
+ *   KOLO_ERR_PEER_LOST  a rank was lost (the message names it): every pending request fails,
+ *                       and so does every later submission. Likewise any other failure of the
+ *                       communicator, including one in an ordered call.
+ *   KOLO_ERR_CANCELLED  the communicator was destroyed before the request completed.
+ */
+
+/* An opaque handle to a submitted named operation. */
+typedef struct kolo_request *kolo_request_t;
+
+/* Called once when a request completes, with its status and the user_data given at submission.
+ * It runs on the engine's thread (or, for a cancellation, on the thread destroying the
+ * communicator) before the request reports done: it must return quickly, may submit new named
+ * operations, and must neither wait for its own request nor destroy the communicator. */
+typedef void (*kolo_callback_t)(kolo_status_t status, void *user_data);
+
+/*
+ * Options of a named operation. Fill it with KOLO_ASYNC_OPTIONS_INITIALIZER and set only what
+ * you need; NULL instead of a pointer to it means all defaults. struct_size lets later versions
+ * add fields.
+ */
+typedef struct kolo_async_options {
+  size_t struct_size;        /* sizeof(kolo_async_options_t), set by the initializer */
+  double prescale;           /* 1.0: each rank's input is multiplied by it (allreduce only) */
+  double postscale;          /* 1.0: the result is multiplied by it, after KOLO_AVG's division */
+  kolo_callback_t callback;  /* NULL: none */
+  void *user_data;           /* passed to the callback */
+} kolo_async_options_t;
+
+#define KOLO_ASYNC_OPTIONS_INITIALIZER { sizeof(kolo_async_options_t), 1.0, 1.0, NULL, NULL }
+
+/*
+ * Submits the allreduce of count elements of sendbuf (as kolo_allreduce_scaled: sendbuf ==
+ * recvbuf reduces in place) under `name`, and returns at once with *request, which the caller
+ * owns and must pass to kolo_request_free. Does not block (the first call on a communicator
+ * starts its engine thread, which connects to the peers in the background).
+ *
+ * Returns KOLO_ERR_INVALID_ARGUMENT, with *request = NULL and nothing submitted, for a NULL comm,
+ * name or request, a name that is empty, longer than 1024 bytes or still pending on this rank, a
+ * NULL buffer with count > 0, partially overlapping buffers, an unknown dtype or op, non-finite
+ * factors or an options struct with a wrong struct_size; the communicator's failure status (such
+ * as KOLO_ERR_PEER_LOST) once it is broken. kolo_comm_last_error(comm) says which.
+ */
+KOLO_API kolo_status_t kolo_allreduce_async(kolo_comm_t comm, const char *name,
+                                            const void *sendbuf, void *recvbuf, uint64_t count,
+                                            kolo_dtype_t dtype, kolo_op_t op,
+                                            const kolo_async_options_t *options,
+                                            kolo_request_t *request);
+
+/*
+ * Submits the broadcast of count elements of buf from rank root under `name` (buf is read on the
+ * root and written elsewhere), and returns at once. The factors of options are ignored. Errors as
+ * kolo_allreduce_async, plus KOLO_ERR_INVALID_ARGUMENT for a root outside [0, size); a request
+ * fails with KOLO_ERR_MISMATCH when ranks name different roots.
+ */
+KOLO_API kolo_status_t kolo_broadcast_async(kolo_comm_t comm, const char *name, void *buf,
+                                            uint64_t count, kolo_dtype_t dtype, int root,
+                                            const kolo_async_options_t *options,
+                                            kolo_request_t *request);
+
+/*
+ * Submits n allreduces that are negotiated and run together, in one collective (one fused
+ * buffer, grown beyond KOLO_FUSION_THRESHOLD if the group needs it; with fusion off, one after
+ * the other in the same cycle), as one request. Member i reduces counts[i] elements of
+ * sendbufs[i] into recvbufs[i] (the same pointer reduces in place) under names[i]; all members
+ * share dtype, op and the options' factors. Every rank must submit the same group: the same
+ * names in the same order with the same counts (else KOLO_ERR_MISMATCH for the group, named by
+ * its first member). The arrays are read during the call only. 1 <= n <= 4096.
+ *
+ * Errors as kolo_allreduce_async, plus KOLO_ERR_INVALID_ARGUMENT for n out of range, NULL arrays,
+ * a name given twice, or receive buffers that overlap each other.
+ */
+KOLO_API kolo_status_t kolo_allreduce_group_async(kolo_comm_t comm, int n,
+                                                  const char *const *names,
+                                                  const void *const *sendbufs,
+                                                  void *const *recvbufs, const uint64_t *counts,
+                                                  kolo_dtype_t dtype, kolo_op_t op,
+                                                  const kolo_async_options_t *options,
+                                                  kolo_request_t *request);
+
+/*
+ * Does not block. While the request is pending: *done = 0 and KOLO_SUCCESS. Once it has
+ * completed: *done = 1 and the request's status (KOLO_SUCCESS, or its error; the message is in
+ * kolo_request_last_error). KOLO_ERR_INVALID_ARGUMENT for a NULL request or done.
+ */
+KOLO_API kolo_status_t kolo_request_test(kolo_request_t request, int *done);
+
+/*
+ * Blocks until the request has completed and returns its status; bounded by the communicator's
+ * timeout (KOLO_TIMEOUT): if it is still pending then, returns KOLO_ERR_TIMEOUT and the request
+ * stays pending (wait again, or destroy the communicator to cancel it; its buffers are still in
+ * use until then). Works after the communicator has been destroyed (KOLO_ERR_CANCELLED, unless it
+ * had completed). KOLO_ERR_INVALID_ARGUMENT for a NULL request.
+ */
+KOLO_API kolo_status_t kolo_request_wait(kolo_request_t request);
+
+/*
+ * The message of the request's error ("" on success or while pending, unless a wait timed out),
+ * naming the tensor and the ranks involved. Valid until the next kolo_request_* call on this
+ * request; NULL request: "".
+ */
+KOLO_API const char *kolo_request_last_error(kolo_request_t request);
+
+/*
+ * Frees the handle. A request still pending is not cancelled: it completes in the background (its
+ * callback still runs) and its buffers stay in use until then. Never blocks.
+ * KOLO_ERR_INVALID_ARGUMENT for NULL.
+ */
+KOLO_API kolo_status_t kolo_request_free(kolo_request_t request);
+
+/* Counters of the fusion engine of this rank, for tests, tuning and benchmarks. */
+typedef struct kolo_fusion_stats {
+  size_t struct_size;           /* set by the caller: sizeof(kolo_fusion_stats_t) */
+  uint64_t cycles;              /* negotiation cycles this rank took part in */
+  uint64_t idle_sleeps;         /* times no rank had work and the engine slept until woken */
+  uint64_t tensors_submitted;   /* named tensors submitted here (group members one each) */
+  uint64_t requests_completed;  /* requests that completed successfully */
+  uint64_t requests_failed;     /* requests that completed with an error (or were cancelled) */
+  uint64_t negotiated;          /* submissions agreed through full descriptions sent to rank 0 */
+  uint64_t cache_hits;          /* submissions agreed through the response cache's bits alone */
+  uint64_t collectives;         /* collectives the engine ran */
+  uint64_t fused_collectives;   /* of those, the ones through the fusion buffer */
+  uint64_t tensors_fused;       /* tensors that went through the fusion buffer */
+  uint64_t bytes_copied;        /* bytes copied into and out of the fusion buffer */
+  uint64_t fusion_buffer_bytes; /* the fusion buffer's size (allocated once, reused) */
+} kolo_fusion_stats_t;
+
+/*
+ * Fills *stats (up to stats->struct_size bytes, which the caller sets; fields the library does not
+ * know are zeroed). All zero before the first named operation. Never blocks.
+ * KOLO_ERR_INVALID_ARGUMENT for a NULL comm or stats or a struct_size smaller than the first two
+ * fields.
+ */
+KOLO_API kolo_status_t kolo_comm_fusion_stats(kolo_comm_t comm, kolo_fusion_stats_t *stats);
+
+/*
+ * Sets the fusion threshold (the bytes one fused collective may hold; 0: no fusion) from the next
+ * cycle on, overriding KOLO_FUSION_THRESHOLD; for benchmarks and autotuning. Rank 0 plans the
+ * fusion for every rank, so rank 0's value is the one that counts; setting the same value on
+ * every rank keeps that true if rank 0 changes. At most 4 GiB, else KOLO_ERR_INVALID_ARGUMENT.
+ * Never blocks.
+ */
+KOLO_API kolo_status_t kolo_comm_set_fusion_threshold(kolo_comm_t comm, uint64_t bytes);
+
+/* ---- GPU buffers ---------------------------------------------------------------------------- */
+
+/*
+ * Buffers in GPU memory. In a build with CUDA, kolo_allreduce, kolo_allreduce_scaled,
+ * kolo_broadcast, kolo_allgather and kolo_reduce_scatter accept device (or managed) memory as they
+ * accept host memory: each buffer is looked up with cudaPointerGetAttributes, once the process has
+ * a CUDA context (a process that never touched the GPU pays nothing: no lookup, no context). The
+ * other collectives, point to point and the named asynchronous calls take host memory only (they
+ * do not check). A call whose buffers are in device memory runs on the GPU path:
+ *   - NCCL, when kolo was built with NCCL and every rank has a GPU of its own;
+ *   - otherwise staged: device -> pinned host memory -> kolo's ring over TCP or UCX -> device, in
+ *     pieces of 8 MiB whose copies overlap the ring (several ranks may share one GPU); allgather
+ *     and reduce-scatter are staged whole.
+ * KOLO_GPU_BACKEND=auto|nccl|staged chooses (auto: NCCL where it can run); the choice is made by
+ * the first GPU collective on a communicator, the same on every rank, and kept.
+ *
+ * Rules for GPU buffers:
+ *   - every rank passes device memory to the same call (a rank with host memory where the others
+ *     have device memory gets KOLO_ERR_MISMATCH on the staged path and KOLO_ERR_TIMEOUT on NCCL's);
+ *   - both buffers of a call are on one CUDA device, and a communicator keeps the device of its
+ *     first GPU call (KOLO_ERR_INVALID_ARGUMENT otherwise, before anything is sent);
+ *   - the blocking calls above behave as if issued on the legacy default stream and waited for:
+ *     they start after the work already enqueued on it (and so on every blocking stream) and
+ *     return once the result is in recvbuf. Work on a stream created with
+ *     cudaStreamNonBlocking, or the per-thread default stream, must be synchronised first, or use
+ *     the _on_stream calls below.
+ * Arithmetic: the staged path computes as kolo does on host buffers (a buffer over 8 MiB as
+ * pieces of 8 MiB, each reduced as a host call of that size would be), bitwise the same on every
+ * rank and in every run. On the NCCL path results are NCCL's: float16 and bfloat16 sum in their
+ * own precision, KOLO_AVG of floating types is NCCL's ncclAvg (each input multiplied by 1/N), a
+ * float32 or float64 prescale with KOLO_SUM or KOLO_AVG is NCCL's pre-multiplying sum; integer
+ * KOLO_AVG sums and then divides truncating, and other scale factors are applied on the device,
+ * with the host's rules (see kolo_allreduce_scaled). NCCL does not check that the ranks' calls
+ * agree: a mismatched call ends in KOLO_ERR_TIMEOUT rather than KOLO_ERR_MISMATCH.
+ * Failures: every wait is bounded by the timeout and watches for NCCL's asynchronous errors and
+ * for peers that kolo's own connections see die; on any failure the NCCL communicator is aborted
+ * (no kernel is left waiting for a dead peer) and the kolo communicator breaks as for any other
+ * failure. NCCL's errors keep NCCL's message: ncclRemoteError is KOLO_ERR_PEER_LOST,
+ * ncclInvalidUsage KOLO_ERR_UNSUPPORTED, CUDA and system errors KOLO_ERR_SYSTEM.
+ */
+
+/*
+ * kolo_allreduce_scaled on device buffers, stream-ordered as NCCL's calls are. stream is a
+ * cudaStream_t (NULL: the legacy default stream) on the device of the buffers. The reduction
+ * starts after the work already enqueued on stream, and work enqueued on stream afterwards sees
+ * the result. On the NCCL path the call only enqueues and returns at once; on the staged path it
+ * returns once the network part is done, with the copy back to the device enqueued. Use
+ * kolo_stream_synchronize (not cudaStreamSynchronize, which would wait forever for a dead peer)
+ * to wait for it with the communicator's timeout, or an event of your own on stream.
+ * Buffers stay owned by the caller and must stay valid until the work has finished on stream.
+ * Returns KOLO_ERR_UNSUPPORTED when kolo was built without CUDA or no GPU is visible (the message
+ * gives CUDA's reason); KOLO_ERR_INVALID_ARGUMENT for buffers in host memory (count > 0) and as
+ * kolo_allreduce_scaled; an earlier asynchronous failure on comm; otherwise as kolo_allreduce.
+ */
+KOLO_API kolo_status_t kolo_allreduce_scaled_on_stream(kolo_comm_t comm, const void *sendbuf,
+                                                       void *recvbuf, uint64_t count,
+                                                       kolo_dtype_t dtype, kolo_op_t op,
+                                                       double prescale, double postscale,
+                                                       void *stream);
+
+/* kolo_allreduce_scaled_on_stream with prescale and postscale 1. */
+KOLO_API kolo_status_t kolo_allreduce_on_stream(kolo_comm_t comm, const void *sendbuf,
+                                                void *recvbuf, uint64_t count,
+                                                kolo_dtype_t dtype, kolo_op_t op, void *stream);
+
+/* kolo_broadcast of a device buffer, stream-ordered as kolo_allreduce_scaled_on_stream. */
+KOLO_API kolo_status_t kolo_broadcast_on_stream(kolo_comm_t comm, void *buf, uint64_t count,
+                                                kolo_dtype_t dtype, int root, void *stream);
+
+/*
+ * Blocks until all work enqueued on stream (a cudaStream_t; NULL: the legacy default stream) so
+ * far has finished, kolo's and anything else, watching for NCCL's asynchronous errors and for lost
+ * peers meanwhile. Bounded by the communicator's timeout: KOLO_ERR_TIMEOUT past it. A failure seen
+ * while waiting breaks the communicator as a failed collective does, after aborting its NCCL
+ * communicator so that the stream drains. KOLO_ERR_UNSUPPORTED without CUDA or a GPU.
+ */
+KOLO_API kolo_status_t kolo_stream_synchronize(kolo_comm_t comm, void *stream);
+
+/*
+ * The GPU path comm's device buffers take: "nccl" or "staged" once its first GPU collective has
+ * chosen, "none" before. *name is a static string. Waits only for a collective that another
+ * thread is running on comm. KOLO_ERR_INVALID_ARGUMENT for a NULL comm or name.
+ */
+KOLO_API kolo_status_t kolo_comm_gpu_backend(kolo_comm_t comm, const char **name);
 
 #ifdef __cplusplus
 } /* extern "C" */

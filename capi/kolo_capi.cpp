@@ -2,12 +2,19 @@
 // No exception crosses this file's functions.
 #include "kolo.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "core/communicator.hpp"
+#include "fusion/engine.hpp"
 #include "kolo/dtype.hpp"
 #include "kolo/status.hpp"
 
@@ -17,11 +24,20 @@ struct kolo_comm {
   std::string last_error;
 };
 
+// A named operation's handle: shares the request with the fusion engine, so either may let go
+// first (see fusion/request.hpp).
+struct kolo_request {
+  std::shared_ptr<kolo::fusion::Request> request;
+  std::mutex error_mutex;
+  std::string last_error;
+};
+
 namespace {
 
 thread_local std::string init_error;
 
 static_assert(static_cast<int>(kolo::Status::kUnsupported) == KOLO_ERR_UNSUPPORTED);
+static_assert(static_cast<int>(kolo::Status::kCancelled) == KOLO_ERR_CANCELLED);
 static_assert(static_cast<int>(kolo::DataType::kInt64) == KOLO_INT64);
 static_assert(static_cast<int>(kolo::ReduceOp::kProd) == KOLO_PROD);
 
@@ -89,6 +105,13 @@ kolo::Communicator& communicator_of(kolo_comm_t comm) {
     throw kolo::Error(kolo::Status::kInvalidArgument, "the communicator is NULL");
   }
   return *comm->communicator;
+}
+
+// A C array of one entry per rank; NULL stays NULL (the communicator refuses it by name).
+template <typename T>
+std::span<const T> per_rank(const T* values, const kolo::Communicator& communicator) {
+  return values ? std::span<const T>(values, static_cast<size_t>(communicator.size()))
+                : std::span<const T>();
 }
 
 template <typename Getter>
@@ -177,6 +200,327 @@ kolo_status_t kolo_broadcast(kolo_comm_t comm, void* buf, uint64_t count, kolo_d
 
 kolo_status_t kolo_barrier(kolo_comm_t comm) {
   return guarded(comm, [&] { communicator_of(comm).barrier(); });
+}
+
+kolo_status_t kolo_allgather(kolo_comm_t comm, const void* sendbuf, void* recvbuf, uint64_t count,
+                             kolo_dtype_t dtype) {
+  return guarded(comm, [&] {
+    communicator_of(comm).allgather(sendbuf, recvbuf, count, static_cast<kolo::DataType>(dtype));
+  });
+}
+
+kolo_status_t kolo_allgatherv(kolo_comm_t comm, const void* sendbuf, void* recvbuf,
+                              const uint64_t* counts, kolo_dtype_t dtype) {
+  return guarded(comm, [&] {
+    kolo::Communicator& communicator = communicator_of(comm);
+    communicator.allgatherv(sendbuf, recvbuf, per_rank(counts, communicator),
+                            static_cast<kolo::DataType>(dtype));
+  });
+}
+
+kolo_status_t kolo_reduce_scatter(kolo_comm_t comm, const void* sendbuf, void* recvbuf,
+                                  uint64_t count, kolo_dtype_t dtype, kolo_op_t op) {
+  return guarded(comm, [&] {
+    communicator_of(comm).reduce_scatter(sendbuf, recvbuf, count,
+                                         static_cast<kolo::DataType>(dtype),
+                                         static_cast<kolo::ReduceOp>(op));
+  });
+}
+
+kolo_status_t kolo_reduce_scatterv(kolo_comm_t comm, const void* sendbuf, void* recvbuf,
+                                   const uint64_t* counts, kolo_dtype_t dtype, kolo_op_t op) {
+  return guarded(comm, [&] {
+    kolo::Communicator& communicator = communicator_of(comm);
+    communicator.reduce_scatterv(sendbuf, recvbuf, per_rank(counts, communicator),
+                                 static_cast<kolo::DataType>(dtype),
+                                 static_cast<kolo::ReduceOp>(op));
+  });
+}
+
+kolo_status_t kolo_alltoall(kolo_comm_t comm, const void* sendbuf, void* recvbuf, uint64_t count,
+                            kolo_dtype_t dtype) {
+  return guarded(comm, [&] {
+    communicator_of(comm).alltoall(sendbuf, recvbuf, count, static_cast<kolo::DataType>(dtype));
+  });
+}
+
+kolo_status_t kolo_alltoallv(kolo_comm_t comm, const void* sendbuf, const uint64_t* sendcounts,
+                             const int64_t* sdispls, void* recvbuf, const uint64_t* recvcounts,
+                             const int64_t* rdispls, kolo_dtype_t dtype) {
+  return guarded(comm, [&] {
+    kolo::Communicator& communicator = communicator_of(comm);
+    communicator.alltoallv(sendbuf, per_rank(sendcounts, communicator),
+                           per_rank(sdispls, communicator), recvbuf,
+                           per_rank(recvcounts, communicator), per_rank(rdispls, communicator),
+                           static_cast<kolo::DataType>(dtype));
+  });
+}
+
+kolo_status_t kolo_reduce(kolo_comm_t comm, const void* sendbuf, void* recvbuf, uint64_t count,
+                          kolo_dtype_t dtype, kolo_op_t op, int root) {
+  return guarded(comm, [&] {
+    communicator_of(comm).reduce(sendbuf, recvbuf, count, static_cast<kolo::DataType>(dtype),
+                                 static_cast<kolo::ReduceOp>(op), root);
+  });
+}
+
+kolo_status_t kolo_send(kolo_comm_t comm, const void* buf, uint64_t count, kolo_dtype_t dtype,
+                        int peer, int tag) {
+  return guarded(comm, [&] {
+    communicator_of(comm).send(buf, count, static_cast<kolo::DataType>(dtype), peer, tag);
+  });
+}
+
+kolo_status_t kolo_recv(kolo_comm_t comm, void* buf, uint64_t count, kolo_dtype_t dtype, int peer,
+                        int tag) {
+  return guarded(comm, [&] {
+    communicator_of(comm).recv(buf, count, static_cast<kolo::DataType>(dtype), peer, tag);
+  });
+}
+
+kolo_status_t kolo_comm_split(kolo_comm_t comm, int color, int key, kolo_comm_t* newcomm) {
+  if (newcomm) *newcomm = nullptr;
+  return guarded(comm, [&] {
+    kolo::Communicator& communicator = communicator_of(comm);
+    if (!newcomm) {
+      throw kolo::Error(kolo::Status::kInvalidArgument, "kolo_comm_split: newcomm is NULL");
+    }
+    std::unique_ptr<kolo::Communicator> child = communicator.split(color, key);
+    if (child) {
+      auto handle = std::make_unique<kolo_comm>();
+      handle->communicator = std::move(child);
+      *newcomm = handle.release();
+    }
+  });
+}
+
+}  // extern "C"
+
+// ---- Named asynchronous operations (src/fusion/) ---------------------------------------------
+
+namespace {
+
+// The version-1 kolo_async_options_t, and of kolo_fusion_stats_t the fields every caller has.
+constexpr size_t kAsyncOptionsV1Size = offsetof(kolo_async_options_t, user_data) + sizeof(void*);
+constexpr size_t kFusionStatsMinimumSize = offsetof(kolo_fusion_stats_t, idle_sleeps);
+
+// Submits spec with its buffers and hands out a request handle; the C arguments common to every
+// named call are checked here.
+kolo_status_t submit_named(kolo_comm_t comm, const char* call, kolo::fusion::UnitSpec spec,
+                           std::vector<kolo::fusion::MemberBuffers> buffers,
+                           const kolo_async_options_t* options, kolo_request_t* request) {
+  if (request) *request = nullptr;
+  return guarded(comm, [&] {
+    kolo::Communicator& communicator = communicator_of(comm);
+    if (!request) {
+      throw kolo::Error(kolo::Status::kInvalidArgument, std::string(call) + ": request is NULL");
+    }
+    if (spec.members.empty()) {
+      throw kolo::Error(kolo::Status::kInvalidArgument, std::string(call) + ": name is NULL");
+    }
+    kolo_async_options_t defaults = KOLO_ASYNC_OPTIONS_INITIALIZER;
+    if (options && options->struct_size < kAsyncOptionsV1Size) {
+      throw kolo::Error(kolo::Status::kInvalidArgument,
+                        std::string(call) +
+                            ": options were not filled by KOLO_ASYNC_OPTIONS_INITIALIZER (wrong "
+                            "struct_size)");
+    }
+    const kolo_async_options_t& chosen = options ? *options : defaults;
+    if (spec.kind == kolo::fusion::Kind::kAllreduce) {
+      spec.prescale = chosen.prescale;
+      spec.postscale = chosen.postscale;
+    }
+    kolo::fusion::Request::Callback callback;
+    if (chosen.callback) {
+      callback = [function = chosen.callback, user = chosen.user_data](kolo::Status status) {
+        function(static_cast<kolo_status_t>(status), user);
+      };
+    }
+    auto handle = std::make_unique<kolo_request>();
+    handle->request =
+        communicator.fusion().submit(std::move(spec), std::move(buffers), std::move(callback));
+    *request = handle.release();
+  });
+}
+
+kolo::fusion::UnitSpec allreduce_spec(kolo_dtype_t dtype, kolo_op_t op) {
+  kolo::fusion::UnitSpec spec;
+  spec.kind = kolo::fusion::Kind::kAllreduce;
+  spec.dtype = static_cast<kolo::DataType>(dtype);
+  spec.op = static_cast<kolo::ReduceOp>(op);
+  return spec;
+}
+
+
+}  // namespace
+
+extern "C" {
+
+kolo_status_t kolo_allreduce_async(kolo_comm_t comm, const char* name, const void* sendbuf,
+                                   void* recvbuf, uint64_t count, kolo_dtype_t dtype, kolo_op_t op,
+                                   const kolo_async_options_t* options, kolo_request_t* request) {
+  kolo::fusion::UnitSpec spec = allreduce_spec(dtype, op);
+  if (name) spec.members.push_back({name, count});
+  return submit_named(comm, "kolo_allreduce_async", std::move(spec), {{sendbuf, recvbuf}},
+                      options, request);
+}
+
+kolo_status_t kolo_broadcast_async(kolo_comm_t comm, const char* name, void* buf, uint64_t count,
+                                   kolo_dtype_t dtype, int root,
+                                   const kolo_async_options_t* options, kolo_request_t* request) {
+  kolo::fusion::UnitSpec spec;
+  spec.kind = kolo::fusion::Kind::kBroadcast;
+  spec.dtype = static_cast<kolo::DataType>(dtype);
+  spec.root = root;
+  if (name) spec.members.push_back({name, count});
+  return submit_named(comm, "kolo_broadcast_async", std::move(spec), {{buf, buf}}, options,
+                      request);
+}
+
+kolo_status_t kolo_allreduce_group_async(kolo_comm_t comm, int n, const char* const* names,
+                                         const void* const* sendbufs, void* const* recvbufs,
+                                         const uint64_t* counts, kolo_dtype_t dtype, kolo_op_t op,
+                                         const kolo_async_options_t* options,
+                                         kolo_request_t* request) {
+  const char* call = "kolo_allreduce_group_async";
+  kolo::fusion::UnitSpec spec = allreduce_spec(dtype, op);
+  std::vector<kolo::fusion::MemberBuffers> buffers;
+  kolo_status_t status = guarded(comm, [&] {
+    communicator_of(comm);
+    if (n < 1 || n > static_cast<int>(kolo::fusion::kMaxGroupMembers)) {
+      throw kolo::Error(kolo::Status::kInvalidArgument,
+                        fmt::format("{}: a group has 1 to {} tensors, not {}", call,
+                                    kolo::fusion::kMaxGroupMembers, n));
+    }
+    if (!names || !sendbufs || !recvbufs || !counts) {
+      throw kolo::Error(kolo::Status::kInvalidArgument,
+                        fmt::format("{}: names, sendbufs, recvbufs and counts must not be NULL",
+                                    call));
+    }
+    for (int i = 0; i < n; ++i) {
+      if (!names[i]) {
+        throw kolo::Error(kolo::Status::kInvalidArgument,
+                          fmt::format("{}: names[{}] is NULL", call, i));
+      }
+      spec.members.push_back({names[i], counts[i]});
+      buffers.push_back({sendbufs[i], recvbufs[i]});
+    }
+  });
+  if (status != KOLO_SUCCESS) {
+    if (request) *request = nullptr;
+    return status;
+  }
+  return submit_named(comm, call, std::move(spec), std::move(buffers), options, request);
+}
+
+kolo_status_t kolo_request_test(kolo_request_t request, int* done) {
+  if (!request || !done) return KOLO_ERR_INVALID_ARGUMENT;
+  kolo::Status status = kolo::Status::kSuccess;
+  *done = request->request->test(&status) ? 1 : 0;
+  return static_cast<kolo_status_t>(status);
+}
+
+kolo_status_t kolo_request_wait(kolo_request_t request) {
+  if (!request) return KOLO_ERR_INVALID_ARGUMENT;
+  return static_cast<kolo_status_t>(request->request->wait());
+}
+
+const char* kolo_request_last_error(kolo_request_t request) {
+  if (!request) return "";
+  std::lock_guard<std::mutex> lock(request->error_mutex);
+  request->last_error = request->request->message();
+  return request->last_error.c_str();
+}
+
+kolo_status_t kolo_request_free(kolo_request_t request) {
+  if (!request) return KOLO_ERR_INVALID_ARGUMENT;
+  delete request;
+  return KOLO_SUCCESS;
+}
+
+kolo_status_t kolo_comm_fusion_stats(kolo_comm_t comm, kolo_fusion_stats_t* stats) {
+  return guarded(comm, [&] {
+    kolo::Communicator& communicator = communicator_of(comm);
+    if (!stats || stats->struct_size < kFusionStatsMinimumSize) {
+      throw kolo::Error(kolo::Status::kInvalidArgument,
+                        "kolo_comm_fusion_stats: stats is NULL or its struct_size is too small");
+    }
+    const kolo::fusion::FusionStats counters = communicator.fusion().stats();
+    kolo_fusion_stats_t filled;
+    filled.struct_size = stats->struct_size;
+    filled.cycles = counters.cycles;
+    filled.idle_sleeps = counters.idle_sleeps;
+    filled.tensors_submitted = counters.tensors_submitted;
+    filled.requests_completed = counters.requests_completed;
+    filled.requests_failed = counters.requests_failed;
+    filled.negotiated = counters.negotiated;
+    filled.cache_hits = counters.cache_hits;
+    filled.collectives = counters.collectives;
+    filled.fused_collectives = counters.fused_collectives;
+    filled.tensors_fused = counters.tensors_fused;
+    filled.bytes_copied = counters.bytes_copied;
+    filled.fusion_buffer_bytes = counters.fusion_buffer_bytes;
+    const size_t known = std::min(stats->struct_size, sizeof(filled));
+    std::memcpy(stats, &filled, known);
+    if (stats->struct_size > known) {
+      std::memset(reinterpret_cast<char*>(stats) + known, 0, stats->struct_size - known);
+    }
+  });
+}
+
+kolo_status_t kolo_comm_set_fusion_threshold(kolo_comm_t comm, uint64_t bytes) {
+  return guarded(comm, [&] {
+    kolo::Communicator& communicator = communicator_of(comm);
+    if (bytes > (uint64_t{4} << 30)) {
+      throw kolo::Error(kolo::Status::kInvalidArgument,
+                        fmt::format("kolo_comm_set_fusion_threshold: {} bytes is more than the "
+                                    "4 GiB allowed",
+                                    bytes));
+    }
+    communicator.fusion().set_fusion_threshold(bytes);
+  });
+}
+
+// ---- GPU buffers (core/communicator_gpu.cpp, src/gpu/) -----------------------------------------
+
+kolo_status_t kolo_allreduce_scaled_on_stream(kolo_comm_t comm, const void* sendbuf, void* recvbuf,
+                                              uint64_t count, kolo_dtype_t dtype, kolo_op_t op,
+                                              double prescale, double postscale, void* stream) {
+  return guarded(comm, [&] {
+    const kolo::gpu::Stream on{stream};
+    communicator_of(comm).allreduce(sendbuf, recvbuf, count, static_cast<kolo::DataType>(dtype),
+                                    static_cast<kolo::ReduceOp>(op), prescale, postscale, &on);
+  });
+}
+
+kolo_status_t kolo_allreduce_on_stream(kolo_comm_t comm, const void* sendbuf, void* recvbuf,
+                                       uint64_t count, kolo_dtype_t dtype, kolo_op_t op,
+                                       void* stream) {
+  return kolo_allreduce_scaled_on_stream(comm, sendbuf, recvbuf, count, dtype, op, 1.0, 1.0,
+                                         stream);
+}
+
+kolo_status_t kolo_broadcast_on_stream(kolo_comm_t comm, void* buf, uint64_t count,
+                                       kolo_dtype_t dtype, int root, void* stream) {
+  return guarded(comm, [&] {
+    const kolo::gpu::Stream on{stream};
+    communicator_of(comm).broadcast(buf, count, static_cast<kolo::DataType>(dtype), root, &on);
+  });
+}
+
+kolo_status_t kolo_stream_synchronize(kolo_comm_t comm, void* stream) {
+  return guarded(comm,
+                 [&] { communicator_of(comm).synchronize_stream(kolo::gpu::Stream{stream}); });
+}
+
+kolo_status_t kolo_comm_gpu_backend(kolo_comm_t comm, const char** name) {
+  return guarded(comm, [&] {
+    kolo::Communicator& communicator = communicator_of(comm);
+    if (name == nullptr) {
+      throw kolo::Error(kolo::Status::kInvalidArgument, "kolo_comm_gpu_backend: name is NULL");
+    }
+    *name = communicator.gpu_path();
+  });
 }
 
 }  // extern "C"

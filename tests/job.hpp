@@ -1,5 +1,6 @@
-// Starting N ranks of kolo_test_worker by hand (no launcher), as a user of mpirun-less start-up
-// would: each process gets KOLO_RANK, KOLO_SIZE, KOLO_ADDR and the job secret.
+// Starting N ranks of a test worker (kolo_test_worker unless named) by hand (no launcher), as a
+// user of mpirun-less start-up would: each process gets KOLO_RANK, KOLO_SIZE, KOLO_ADDR and the
+// job secret.
 #pragma once
 
 #include <map>
@@ -25,7 +26,8 @@ struct Job {
 };
 
 inline Job start_job(int size, const std::vector<std::string>& worker_args,
-                     const std::map<std::string, std::string>& extra_env = {}) {
+                     const std::map<std::string, std::string>& extra_env = {},
+                     const std::string& worker = "tests/kolo_test_worker") {
   Job job;
   job.port = free_tcp_port();
   for (int rank = 0; rank < size; ++rank) {
@@ -37,7 +39,7 @@ inline Job start_job(int size, const std::vector<std::string>& worker_args,
         {"KOLO_TIMEOUT", "60"},
     };
     for (const auto& [key, value] : extra_env) env[key] = value;
-    std::vector<std::string> argv = {built_program("tests/kolo_test_worker")};
+    std::vector<std::string> argv = {built_program(worker)};
     argv.insert(argv.end(), worker_args.begin(), worker_args.end());
     job.ranks.emplace_back(argv, env);
   }

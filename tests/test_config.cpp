@@ -302,6 +302,9 @@ TEST_CASE("accepted spellings", "[config]") {
   CHECK(resolve(kolo_job({{"KOLO_TRANSPORT", "auto"}})).transport == "auto");
   CHECK(resolve(kolo_job({{"KOLO_BIND", "Core"}})).bind == "core");
   CHECK(resolve(kolo_job({{"KOLO_BIND", "numa"}})).bind == "numa");
+  CHECK(resolve(kolo_job()).gpu_backend == "auto");
+  CHECK(resolve(kolo_job({{"KOLO_GPU_BACKEND", "NCCL"}})).gpu_backend == "nccl");
+  CHECK(resolve(kolo_job({{"KOLO_GPU_BACKEND", "staged"}})).gpu_backend == "staged");
   CHECK(resolve(kolo_job({{"KOLO_SEGMENT_BYTES", "4KiB"}})).segment_bytes == 4096);
   CHECK(resolve(kolo_job({{"KOLO_SEGMENT_BYTES", "256M"}})).segment_bytes == 256u << 20);
   CHECK(resolve(kolo_job({{"KOLO_TCP_STREAMS", "16"}})).tcp_streams == 16);
@@ -381,6 +384,7 @@ TEST_CASE("bad values name the variable and the value", "[config]") {
       {{{"KOLO_SEGMENT_BYTES", "1X"}}, "KOLO_SEGMENT_BYTES", "1X"},
       {{{"KOLO_TRANSPORT", "foo"}}, "KOLO_TRANSPORT", "foo"},
       {{{"KOLO_BIND", "socket"}}, "KOLO_BIND", "socket"},
+      {{{"KOLO_GPU_BACKEND", "mpi"}}, "KOLO_GPU_BACKEND", "mpi"},
       {{{"KOLO_RANK", "2"}}, "KOLO_RANK", "2"},  // size is 2
       {{{"KOLO_RANK", "-1"}}, "KOLO_RANK", "-1"},
       {{{"KOLO_RANK", "one"}}, "KOLO_RANK", "one"},
@@ -493,10 +497,11 @@ TEST_CASE("the table of known variables is complete and well formed", "[config]"
        {"KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_ADDR", "KOLO_SECRET",
         "KOLO_TIMEOUT", "KOLO_TCP_STREAMS", "KOLO_SOCKET_IFNAME", "KOLO_SEGMENT_BYTES",
         "KOLO_TRANSPORT", "KOLO_BIND", "KOLO_DEBUG", "KOLO_CYCLE_TIME_MS", "KOLO_CACHE_CAPACITY",
-        "KOLO_FUSION_THRESHOLD", "KOLO_STALL_WARNING_S", "KOLO_STALL_ABORT_S", "KOLO_TIMELINE"}) {
+        "KOLO_FUSION_THRESHOLD", "KOLO_STALL_WARNING_S", "KOLO_STALL_ABORT_S", "KOLO_TIMELINE",
+        "KOLO_GPU_BACKEND"}) {
     CHECK(names.count(name) == 1);
   }
-  CHECK(names.size() == 19);
+  CHECK(names.size() == 20);
 }
 
 TEST_CASE("process_environment reads the real environment", "[config]") {

@@ -18,6 +18,7 @@ enum class Status : int {
   kSystem = 6,
   kConfig = 7,
   kUnsupported = 8,
+  kCancelled = 9,
 };
 
 const char* status_name(Status status);

@@ -10,7 +10,11 @@
 #include "bootstrap/store.hpp"
 #include "core/log.hpp"
 #include "core/topology.hpp"
+#include "fusion/engine.hpp"
+#include "gpu/backend.hpp"
+#include "gpu/gpu.hpp"
 #include "net/socket.hpp"
+#include "ring/algorithms.hpp"
 #include "ring/ring.hpp"
 #include "transport/transport.hpp"
 
@@ -65,7 +69,20 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
             transport_->name());
 }
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  // The engine goes first: its thread may still use the store and server this one holds.
+  if (fusion_) fusion_->shutdown();
+}
+
+fusion::FusionEngine& Communicator::fusion() {
+  std::lock_guard<std::mutex> lock(fusion_mutex_);
+  if (!fusion_) {
+    // Its connections are told apart from this communicator's by the top bit of the context.
+    fusion_ = std::make_shared<fusion::FusionEngine>(config_, context_ ^ (uint64_t{1} << 63));
+    if (fusion_failure_) fusion_->communicator_failed(*fusion_failure_);
+  }
+  return *fusion_;
+}
 
 // Every rank publishes its host name; ranks on the same host are numbered in rank order. The
 // launcher's local rank and size win where it gave them.
@@ -89,21 +106,40 @@ void Communicator::discover_hosts() {
 }
 
 template <typename Body>
-void Communicator::run(OpDescriptor op, Body&& body) {
+void Communicator::run(OpDescriptor op, Body&& body, bool numbered) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (broken_) throw *broken_;
-  op.sequence = ++sequence_;
+  if (numbered) op.sequence = ++sequence_;
   try {
     body(op);
   } catch (const Error& error) {
     broken_.emplace(error);
     if (!transport_->failure()) transport_->abort(error);
+    tell_fusion_engine(*broken_);
     throw;
   } catch (const std::exception& error) {
     broken_.emplace(Status::kInternal, fmt::format("{} failed: {}", describe(op), error.what()));
     transport_->abort(*broken_);
+    tell_fusion_engine(*broken_);
     throw *broken_;
   }
+}
+
+void Communicator::tell_fusion_engine(const Error& error) {
+  std::lock_guard<std::mutex> lock(fusion_mutex_);
+  if (fusion_failure_) return;
+  fusion_failure_.emplace(error);
+  if (fusion_) fusion_->communicator_failed(error);
+}
+
+void Communicator::run_collective(const OpDescriptor& op,
+                                  const std::function<void(const OpDescriptor&)>& body) {
+  run(op, body);
+}
+
+void Communicator::run_point_to_point(const OpDescriptor& op,
+                                      const std::function<void(const OpDescriptor&)>& body) {
+  run(op, body, false);
 }
 
 void Communicator::validate_buffer(const void* buffer, uint64_t count, DataType dtype,
@@ -120,7 +156,8 @@ void Communicator::validate_buffer(const void* buffer, uint64_t count, DataType 
 }
 
 void Communicator::allreduce(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype,
-                             ReduceOp op, double prescale, double postscale) {
+                             ReduceOp op, double prescale, double postscale,
+                             const gpu::Stream* stream) {
   if (!is_valid(dtype)) {
     throw Error(Status::kInvalidArgument,
                 fmt::format("allreduce: unknown dtype {}", static_cast<int>(dtype)));
@@ -151,10 +188,22 @@ void Communicator::allreduce(const void* sendbuf, void* recvbuf, uint64_t count,
   descriptor.count = count;
   descriptor.prescale = prescale;
   descriptor.postscale = postscale;
-  run(descriptor, [&](const OpDescriptor& d) { ring_allreduce(*ring_, d, sendbuf, recvbuf); });
+  descriptor.algorithm = allreduce_algorithm(bytes, config_.size);
+  if (stream || gpu::is_device_memory(sendbuf) ||
+      (recvbuf != sendbuf && gpu::is_device_memory(recvbuf))) {
+    return gpu_allreduce(descriptor, sendbuf, recvbuf, stream);
+  }
+  run(descriptor, [&](const OpDescriptor& d) {
+    if (d.algorithm == Algorithm::kRecursiveDoubling) {
+      recursive_doubling_allreduce(*ring_, d, sendbuf, recvbuf);
+    } else {
+      ring_allreduce(*ring_, d, sendbuf, recvbuf);
+    }
+  });
 }
 
-void Communicator::broadcast(void* buffer, uint64_t count, DataType dtype, int root) {
+void Communicator::broadcast(void* buffer, uint64_t count, DataType dtype, int root,
+                             const gpu::Stream* stream) {
   if (!is_valid(dtype)) {
     throw Error(Status::kInvalidArgument,
                 fmt::format("broadcast: unknown dtype {}", static_cast<int>(dtype)));
@@ -170,6 +219,7 @@ void Communicator::broadcast(void* buffer, uint64_t count, DataType dtype, int r
   descriptor.dtype = dtype;
   descriptor.count = count;
   descriptor.root = root;
+  if (stream || gpu::is_device_memory(buffer)) return gpu_broadcast(descriptor, buffer, stream);
   run(descriptor, [&](const OpDescriptor& d) { ring_broadcast(*ring_, d, buffer); });
 }
 

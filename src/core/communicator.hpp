@@ -1,14 +1,19 @@
 // A communicator: a group of ranks, their connections, and the collectives they run together.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "core/config.hpp"
 #include "core/op_descriptor.hpp"
+#include "gpu/backend.hpp"  // no CUDA header: the GPU backend's interface only
 #include "kolo/dtype.hpp"
 #include "kolo/status.hpp"
 
@@ -18,6 +23,10 @@ class StoreServer;
 class StoreClient;
 class Transport;
 class Ring;
+struct Blocks;
+namespace fusion {
+class FusionEngine;
+}
 
 class Communicator {
  public:
@@ -39,26 +48,104 @@ class Communicator {
   // Collectives. Each validates its arguments first (kolo::Error(kInvalidArgument), nothing sent,
   // the communicator stays usable). Any later failure breaks the communicator: this and every
   // following call throw the same error. Calls from several threads are serialised.
+  // Buffers in device memory take the GPU path (gpu/backend.hpp); a stream makes the call
+  // stream-ordered (kolo_allreduce_on_stream), and then the buffers must be in device memory.
   void allreduce(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype, ReduceOp op,
-                 double prescale = 1.0, double postscale = 1.0);
-  void broadcast(void* buffer, uint64_t count, DataType dtype, int root);
+                 double prescale = 1.0, double postscale = 1.0,
+                 const gpu::Stream* stream = nullptr);
+  void broadcast(void* buffer, uint64_t count, DataType dtype, int root,
+                 const gpu::Stream* stream = nullptr);
   void barrier();
 
+  // The rest of the collective set (core/collectives.cpp; capi/kolo.h documents each). Counts and
+  // displacements are in elements; a span of counts holds one entry per rank.
+  void allgather(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype);
+  void allgatherv(const void* sendbuf, void* recvbuf, std::span<const uint64_t> counts,
+                  DataType dtype);
+  void reduce_scatter(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype,
+                      ReduceOp op);
+  void reduce_scatterv(const void* sendbuf, void* recvbuf, std::span<const uint64_t> counts,
+                       DataType dtype, ReduceOp op);
+  void alltoall(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype);
+  void alltoallv(const void* sendbuf, std::span<const uint64_t> send_counts,
+                 std::span<const int64_t> send_displacements, void* recvbuf,
+                 std::span<const uint64_t> recv_counts,
+                 std::span<const int64_t> recv_displacements, DataType dtype);
+  void reduce(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype, ReduceOp op,
+              int root);
+  // Point to point (core/collectives.cpp): blocking, matched in order per pair of ranks.
+  void send(const void* buffer, uint64_t count, DataType dtype, int peer, int tag);
+  void recv(void* buffer, uint64_t count, DataType dtype, int peer, int tag);
+
+  // Collective on this communicator (core/split.cpp): ranks with the same colour form a new
+  // communicator, ordered by (key, rank here). A negative colour returns nullptr. The new one has
+  // its own connections, lock and sequence numbers, and outlives this one if need be.
+  std::unique_ptr<Communicator> split(int color, int key);
+
+  // The fusion engine of this communicator, for named asynchronous operations (src/fusion/):
+  // created on first use, its thread and connections start with the first submission. It fails
+  // its requests when this communicator breaks, and is stopped first when it is destroyed.
+  fusion::FusionEngine& fusion();
+
+  // GPU buffers (core/communicator_gpu.cpp). Waits, bounded by the timeout, until the work
+  // enqueued on stream so far has finished; a failure seen meanwhile (NCCL's, a lost peer) breaks
+  // the communicator as a failed collective does.
+  void synchronize_stream(const gpu::Stream& stream);
+  // "nccl" or "staged" once the first GPU collective has chosen (gpu/backend.hpp), else "none".
+  const char* gpu_path();
+
  private:
+  // A member of a split (core/split.cpp): connects to its fellow members through the store.
+  Communicator(const Config& config, std::shared_ptr<StoreServer> server, uint64_t context,
+               int node_count);
+
+  // Runs one call under the lock, numbering it (unless told not to) and breaking the
+  // communicator if it fails.
   template <typename Body>
-  void run(OpDescriptor op, Body&& body);
+  void run(OpDescriptor op, Body&& body, bool numbered = true);
+  // run(), for the collectives defined in other files.
+  void run_collective(const OpDescriptor& op,
+                      const std::function<void(const OpDescriptor&)>& body);
+  // As run(), without taking a collective sequence number (point to point numbers its messages
+  // per pair of ranks).
+  void run_point_to_point(const OpDescriptor& op,
+                          const std::function<void(const OpDescriptor&)>& body);
   void validate_buffer(const void* buffer, uint64_t count, DataType dtype, const char* name) const;
   void discover_hosts();
+  // The communicator broke: the fusion engine fails its requests too.
+  void tell_fusion_engine(const Error& error);
+  // The GPU path of allreduce() and broadcast() (core/communicator_gpu.cpp), and the backend that
+  // the first GPU collective creates, under mutex_, on the device of its buffers.
+  void gpu_allreduce(const OpDescriptor& op, const void* sendbuf, void* recvbuf,
+                     const gpu::Stream* stream);
+  void gpu_broadcast(const OpDescriptor& op, void* buffer, const gpu::Stream* stream);
+  // allgather() and reduce_scatter() on device buffers (blocking calls; blocks of equal counts).
+  void gpu_allgather(const OpDescriptor& op, const void* sendbuf, void* recvbuf,
+                     const Blocks& blocks);
+  void gpu_reduce_scatter(const OpDescriptor& op, const void* sendbuf, void* recvbuf,
+                          const Blocks& blocks);
+  int gpu_device_of(const char* what, const void* first, const char* first_name,
+                    const void* second, const char* second_name, uint64_t count,
+                    const gpu::Stream* stream) const;
+  gpu::Backend& gpu_backend(int device);
 
   Config config_;
   int node_count_ = 1;
-  std::unique_ptr<StoreServer> server_;
+  std::shared_ptr<StoreServer> server_;  // shared with the sub-communicators of this process
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Ring> ring_;
   std::mutex mutex_;
   uint64_t sequence_ = 0;
   std::optional<Error> broken_;
+  uint64_t context_ = 1;  // tells this communicator's connections and store keys apart; 1: world
+  std::vector<uint64_t> messages_sent_;      // point to point, per peer
+  std::vector<uint64_t> messages_received_;  // point to point, per peer
+  std::mutex fusion_mutex_;                       // guards the two below
+  std::shared_ptr<fusion::FusionEngine> fusion_;  // see fusion()
+  std::optional<Error> fusion_failure_;           // why this communicator broke, for the engine
+  std::atomic<int> gpu_device_{-1};     // the CUDA device of gpu_, once it exists
+  std::unique_ptr<gpu::Backend> gpu_;  // last: destroyed first, while the transport still works
 };
 
 }  // namespace kolo

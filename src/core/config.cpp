@@ -40,6 +40,7 @@ const std::vector<EnvVarInfo> kKnownVariables = {
      "ring pipeline segment, 4K..256M (K/M/G suffixes, powers of 1024)"},
     {"KOLO_TRANSPORT", "tcp", "tcp, ucx or auto"},
     {"KOLO_BIND", "none", "CPU binding of each rank: none, core or numa"},
+    {"KOLO_GPU_BACKEND", "auto", "GPU buffers: auto, nccl or staged (through host memory)"},
     {"KOLO_DEBUG", "WARN", "log level: WARN, INFO or TRACE"},
     {"KOLO_CYCLE_TIME_MS", "5", "fusion engine cycle in milliseconds, > 0 and <= 10000"},
     {"KOLO_CACHE_CAPACITY", "1024", "negotiation cache entries, 0 (off)..1048576"},
@@ -388,6 +389,9 @@ void resolve_tuning(const ConfigOverrides& overrides, const Environment& env, Co
     config.transport = one_of(*transport, {"tcp", "ucx", "auto"});
   }
   if (auto bind = from_env(env, "KOLO_BIND")) config.bind = one_of(*bind, {"none", "core", "numa"});
+  if (auto gpu = from_env(env, "KOLO_GPU_BACKEND")) {
+    config.gpu_backend = one_of(*gpu, {"auto", "nccl", "staged"});
+  }
 }
 
 void resolve_fusion(const Environment& env, Config& config) {

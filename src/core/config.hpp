@@ -49,6 +49,7 @@ struct Config {
   uint64_t segment_bytes = 1 << 20;  // KOLO_SEGMENT_BYTES, 4 KiB .. 256 MiB
   std::string transport = "tcp";     // KOLO_TRANSPORT: tcp | ucx | auto
   std::string bind = "none";         // KOLO_BIND: none | core | numa
+  std::string gpu_backend = "auto";  // KOLO_GPU_BACKEND: auto | nccl | staged (gpu/backend.hpp)
   std::string launcher;              // who supplied the rank: config|kolo|ompi|pmi|slurm|torchrun
 
   // Settings of the fusion engine (named, asynchronous calls); read here so that every KOLO_*

@@ -26,6 +26,8 @@ const char* status_name(Status status) {
       return "KOLO_ERR_CONFIG: the environment or config does not describe a usable job";
     case Status::kUnsupported:
       return "KOLO_ERR_UNSUPPORTED: not available in this build or on this machine";
+    case Status::kCancelled:
+      return "KOLO_ERR_CANCELLED: the communicator was destroyed before the request completed";
   }
   return "unknown kolo status";
 }

@@ -73,6 +73,12 @@ class Transport {
   virtual void abort(const Error& error) noexcept = 0;
   // The error that broke the transport, if any (then every call rethrows it).
   virtual const Error* failure() const = 0;
+
+  // A file descriptor that poll() reports readable when progress() has something to do (a
+  // message or a failure arrived), so that an idle caller can sleep in poll() beside its own
+  // descriptors and call progress() when woken; -1 when the transport has none, and the caller
+  // must then call progress() every few milliseconds instead.
+  virtual int readiness_fd() const { return -1; }
 };
 
 // Connects this rank to every peer, exchanging addresses through the store. `context` tells the
