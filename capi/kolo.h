@@ -459,8 +459,9 @@ typedef struct kolo_async_options {
  * Returns KOLO_ERR_INVALID_ARGUMENT, with *request = NULL and nothing submitted, for a NULL comm,
  * name or request, a name that is empty, longer than 1024 bytes or still pending on this rank, a
  * NULL buffer with count > 0, partially overlapping buffers, an unknown dtype or op, non-finite
- * factors or an options struct with a wrong struct_size; the communicator's failure status (such
- * as KOLO_ERR_PEER_LOST) once it is broken. kolo_comm_last_error(comm) says which.
+ * factors or an options struct with a wrong struct_size; KOLO_ERR_UNSUPPORTED for a buffer in GPU
+ * memory (named operations take host memory so far); the communicator's failure status (such as
+ * KOLO_ERR_PEER_LOST) once it is broken. kolo_comm_last_error(comm) says which.
  */
 KOLO_API kolo_status_t kolo_allreduce_async(kolo_comm_t comm, const char *name,
                                             const void *sendbuf, void *recvbuf, uint64_t count,

@@ -84,6 +84,7 @@
 #include "fusion/coordinator.hpp"
 #include "fusion/fused_layout.hpp"
 #include "fusion/timeline.hpp"
+#include "gpu/gpu.hpp"
 #include "net/socket.hpp"
 #include "ring/ring.hpp"
 
@@ -128,6 +129,12 @@ void check_buffers(const UnitSpec& spec, const std::vector<MemberBuffers>& buffe
     const Member& member = spec.members[i];
     const size_t bytes = member.count * element;
     if (member.count == 0) continue;
+    if (gpu::is_device_memory(buffers[i].send) || gpu::is_device_memory(buffers[i].recv)) {
+      throw Error(Status::kUnsupported,
+                  fmt::format("{}: tensor '{}' is in GPU memory; named operations take host "
+                              "memory only so far (kolo_allreduce takes device buffers)",
+                              call, member.name));
+    }
     if (spec.kind == Kind::kAllreduce && !buffers[i].send) {
       throw Error(
           Status::kInvalidArgument,
