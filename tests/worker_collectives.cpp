@@ -679,7 +679,10 @@ int run_split(Comm& world) {
   ++checks;
 
   // Destroying one communicator leaves the others working: the quarter and the singleton go,
-  // then the world itself; the halves and the lower/upper blocks go on, and split again.
+  // then the world itself; the halves and the lower/upper blocks go on, and split again. A copy
+  // of the world (a split with one colour) keeps every process, rank 0's with the rendezvous
+  // store included, until everyone has finished splitting, and says goodbye last.
+  Comm copy = split(world, 0, g_rank, "split into a copy of the world");
   check_status(quarter.handle, kolo_comm_destroy(quarter.handle), "destroy quarter");
   check_status(alone.handle, kolo_comm_destroy(alone.handle), "destroy singleton");
   check_status(world.handle, kolo_comm_destroy(world.handle), "destroy world");
@@ -694,6 +697,8 @@ int run_split(Comm& world) {
   check_status(again.handle, kolo_comm_destroy(again.handle), "destroy reversed half");
   check_status(block.handle, kolo_comm_destroy(block.handle), "destroy lower/upper half");
   check_status(halves.handle, kolo_comm_destroy(halves.handle), "destroy odd/even half");
+  check_communicator(copy, everyone, "copy of the world, after the others were destroyed", false);
+  check_status(copy.handle, kolo_comm_destroy(copy.handle), "destroy the copy of the world");
   checks += 2;
   fmt::print("rank {}: {} split checks passed\n", g_rank, checks);
   return 0;
