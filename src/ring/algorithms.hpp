@@ -16,25 +16,28 @@
 namespace kolo {
 
 // The switch points can be moved at build time, to measure them again:
-//   meson setup build-ring -Dcpp_args=-DKOLO_RECURSIVE_DOUBLING_MAX_BYTES=0 (rings only), or a huge
-//   value for the latency-optimal schedules only; likewise KOLO_BRUCK_MAX_BYTES.
+//   meson setup build-ring -Dcpp_args=-DKOLO_RECURSIVE_DOUBLING_MAX_BYTES=0 (rings only, but for
+//   empty buffers), or a huge value for the latency-optimal schedules only; likewise
+//   KOLO_BRUCK_MAX_BYTES.
 #ifndef KOLO_RECURSIVE_DOUBLING_MAX_BYTES
-#define KOLO_RECURSIVE_DOUBLING_MAX_BYTES (64u << 10)
+#define KOLO_RECURSIVE_DOUBLING_MAX_BYTES (32u << 10)  // per rank: 64 KiB at N = 2, 160 at 5
 #endif
 #ifndef KOLO_BRUCK_MAX_BYTES
 #define KOLO_BRUCK_MAX_BYTES (128u << 10)
 #endif
 
-// Total bytes of the buffer at and below which recursive doubling runs.
-inline constexpr uint64_t kRecursiveDoublingMaxBytes = KOLO_RECURSIVE_DOUBLING_MAX_BYTES;
+// Recursive doubling runs for buffers of at most this many bytes times N: the ring's latency
+// grows with N (2(N-1) steps against log2 N), so the size where its bandwidth wins does too.
+inline constexpr uint64_t kRecursiveDoublingMaxBytesPerRank = KOLO_RECURSIVE_DOUBLING_MAX_BYTES;
 // Total bytes of the gathered buffer at and below which Bruck's allgather runs.
 inline constexpr uint64_t kBruckMaxBytes = KOLO_BRUCK_MAX_BYTES;
 
 inline Algorithm allreduce_algorithm(uint64_t bytes, int ranks) {
   // With two ranks recursive doubling is one exchange where the ring takes two steps: it wins
-  // there too, up to about the same size.
-  return ranks > 1 && bytes <= kRecursiveDoublingMaxBytes ? Algorithm::kRecursiveDoubling
-                                                          : Algorithm::kRing;
+  // there too.
+  return ranks > 1 && bytes <= kRecursiveDoublingMaxBytesPerRank * static_cast<uint64_t>(ranks)
+             ? Algorithm::kRecursiveDoubling
+             : Algorithm::kRing;
 }
 
 inline Algorithm allgather_algorithm(uint64_t total_bytes, int ranks) {
