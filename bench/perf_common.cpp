@@ -590,22 +590,18 @@ void print_parameters(Printer& out, const Options& options) {
   out.line("#");
 }
 
-// Lists every rank with its pid and host. Gathered with allreduces of zero-filled arrays in which
-// each rank fills its own slot, as the C ABI has no allgather yet.
-void print_ranks(Printer& out, kolo_comm_t comm, int rank, int ranks, bool gpu) {
+// Lists every rank with its pid and host, gathered with two allgathers.
+void print_ranks(Printer& out, kolo_comm_t comm, int ranks, bool gpu) {
   constexpr size_t kHostBytes = 64;
   int local_rank = 0;
   check(comm, kolo_comm_local_rank(comm, &local_rank));
-  std::vector<int64_t> numbers(2 * static_cast<size_t>(ranks), 0);
-  numbers[2 * rank] = static_cast<int64_t>(getpid());
-  numbers[2 * rank + 1] = local_rank;
-  check(comm,
-        kolo_allreduce(comm, numbers.data(), numbers.data(), numbers.size(), KOLO_INT64, KOLO_SUM));
-  std::vector<uint8_t> hosts(kHostBytes * static_cast<size_t>(ranks), 0);
+  const int64_t mine[2] = {static_cast<int64_t>(getpid()), local_rank};
+  std::vector<int64_t> numbers(2 * static_cast<size_t>(ranks));
+  check(comm, kolo_allgather(comm, mine, numbers.data(), 2, KOLO_INT64));
   char host[kHostBytes] = {};
   gethostname(host, kHostBytes - 1);
-  std::memcpy(&hosts[kHostBytes * rank], host, kHostBytes - 1);
-  check(comm, kolo_allreduce(comm, hosts.data(), hosts.data(), hosts.size(), KOLO_UINT8, KOLO_SUM));
+  std::vector<uint8_t> hosts(kHostBytes * static_cast<size_t>(ranks));
+  check(comm, kolo_allgather(comm, host, hosts.data(), kHostBytes, KOLO_UINT8));
 
   out.line("# Using devices");
   for (int r = 0; r < ranks; ++r) {
@@ -699,7 +695,7 @@ class Runner {
 
   int run() {
     print_parameters(out_, options_);
-    print_ranks(out_, comm_, rank_, ranks_, options_.gpu);
+    print_ranks(out_, comm_, ranks_, options_.gpu);
     print_column_headers(out_);
     const std::vector<uint64_t> sizes = row_sizes(options_);
     for (kolo_dtype_t dtype : options_.dtypes) {

@@ -36,6 +36,15 @@ extern "C" {
 #define KOLO_API
 #endif
 
+/* The enums below are int-sized in C. C++ sees them with int as their fixed underlying type, so
+ * that any int a caller passes is a value of the enum that kolo can read and refuse when it names
+ * no dtype, op or status (without it, reading 256 as a kolo_dtype_t would be undefined). */
+#ifdef __cplusplus
+#define KOLO_ENUM_INT : int
+#else
+#define KOLO_ENUM_INT
+#endif
+
 /* ---- Versions ------------------------------------------------------------------------------ */
 
 #define KOLO_VERSION_MAJOR 0
@@ -51,7 +60,7 @@ KOLO_API int kolo_version(void);
 
 /* ---- Status codes -------------------------------------------------------------------------- */
 
-typedef enum kolo_status {
+typedef enum kolo_status KOLO_ENUM_INT {
   KOLO_SUCCESS = 0,
   KOLO_ERR_INVALID_ARGUMENT = 1, /* a NULL pointer, unknown dtype/op, bad root, bad config */
   KOLO_ERR_TIMEOUT = 2,          /* a wait ran past the communicator's timeout */
@@ -70,7 +79,7 @@ KOLO_API const char *kolo_status_string(kolo_status_t status);
 
 /* ---- Data types and reduction operations --------------------------------------------------- */
 
-typedef enum kolo_dtype {
+typedef enum kolo_dtype KOLO_ENUM_INT {
   KOLO_FLOAT32 = 0,
   KOLO_FLOAT64 = 1,
   KOLO_FLOAT16 = 2,  /* IEEE 754 binary16; reductions accumulate in float32 and round once */
@@ -81,7 +90,7 @@ typedef enum kolo_dtype {
   KOLO_INT64 = 7
 } kolo_dtype_t;
 
-typedef enum kolo_op {
+typedef enum kolo_op KOLO_ENUM_INT {
   KOLO_SUM = 0,  /* integer sums wrap around (two's complement) */
   KOLO_AVG = 1,  /* sum divided by the number of ranks; integers divide and truncate */
   KOLO_MIN = 2,

@@ -100,6 +100,19 @@ kolo::ConfigOverrides overrides_from(const kolo_config_t* config) {
   return overrides;
 }
 
+// The C enums hold any int (int is their underlying type in C++) while the core's are one byte:
+// a narrowing cast would read 256 as float32. A value outside the enum becomes 255, which the
+// core refuses as an unknown dtype or op.
+kolo::DataType core_dtype(kolo_dtype_t dtype) {
+  const int value = dtype;
+  return static_cast<kolo::DataType>(value >= 0 && value < kolo::kDataTypeCount ? value : 255);
+}
+
+kolo::ReduceOp core_op(kolo_op_t op) {
+  const int value = op;
+  return static_cast<kolo::ReduceOp>(value >= 0 && value < kolo::kReduceOpCount ? value : 255);
+}
+
 kolo::Communicator& communicator_of(kolo_comm_t comm) {
   if (!comm || !comm->communicator) {
     throw kolo::Error(kolo::Status::kInvalidArgument, "the communicator is NULL");
@@ -136,7 +149,7 @@ const char* kolo_status_string(kolo_status_t status) {
 }
 
 size_t kolo_dtype_size(kolo_dtype_t dtype) {
-  return kolo::dtype_size(static_cast<kolo::DataType>(dtype));
+  return kolo::dtype_size(core_dtype(dtype));
 }
 
 kolo_status_t kolo_comm_init(const kolo_config_t* config, kolo_comm_t* comm) {
@@ -186,15 +199,15 @@ kolo_status_t kolo_allreduce_scaled(kolo_comm_t comm, const void* sendbuf, void*
                                     uint64_t count, kolo_dtype_t dtype, kolo_op_t op,
                                     double prescale, double postscale) {
   return guarded(comm, [&] {
-    communicator_of(comm).allreduce(sendbuf, recvbuf, count, static_cast<kolo::DataType>(dtype),
-                                    static_cast<kolo::ReduceOp>(op), prescale, postscale);
+    communicator_of(comm).allreduce(sendbuf, recvbuf, count, core_dtype(dtype),
+                                    core_op(op), prescale, postscale);
   });
 }
 
 kolo_status_t kolo_broadcast(kolo_comm_t comm, void* buf, uint64_t count, kolo_dtype_t dtype,
                              int root) {
   return guarded(comm, [&] {
-    communicator_of(comm).broadcast(buf, count, static_cast<kolo::DataType>(dtype), root);
+    communicator_of(comm).broadcast(buf, count, core_dtype(dtype), root);
   });
 }
 
@@ -205,7 +218,7 @@ kolo_status_t kolo_barrier(kolo_comm_t comm) {
 kolo_status_t kolo_allgather(kolo_comm_t comm, const void* sendbuf, void* recvbuf, uint64_t count,
                              kolo_dtype_t dtype) {
   return guarded(comm, [&] {
-    communicator_of(comm).allgather(sendbuf, recvbuf, count, static_cast<kolo::DataType>(dtype));
+    communicator_of(comm).allgather(sendbuf, recvbuf, count, core_dtype(dtype));
   });
 }
 
@@ -214,7 +227,7 @@ kolo_status_t kolo_allgatherv(kolo_comm_t comm, const void* sendbuf, void* recvb
   return guarded(comm, [&] {
     kolo::Communicator& communicator = communicator_of(comm);
     communicator.allgatherv(sendbuf, recvbuf, per_rank(counts, communicator),
-                            static_cast<kolo::DataType>(dtype));
+                            core_dtype(dtype));
   });
 }
 
@@ -222,8 +235,8 @@ kolo_status_t kolo_reduce_scatter(kolo_comm_t comm, const void* sendbuf, void* r
                                   uint64_t count, kolo_dtype_t dtype, kolo_op_t op) {
   return guarded(comm, [&] {
     communicator_of(comm).reduce_scatter(sendbuf, recvbuf, count,
-                                         static_cast<kolo::DataType>(dtype),
-                                         static_cast<kolo::ReduceOp>(op));
+                                         core_dtype(dtype),
+                                         core_op(op));
   });
 }
 
@@ -232,15 +245,15 @@ kolo_status_t kolo_reduce_scatterv(kolo_comm_t comm, const void* sendbuf, void* 
   return guarded(comm, [&] {
     kolo::Communicator& communicator = communicator_of(comm);
     communicator.reduce_scatterv(sendbuf, recvbuf, per_rank(counts, communicator),
-                                 static_cast<kolo::DataType>(dtype),
-                                 static_cast<kolo::ReduceOp>(op));
+                                 core_dtype(dtype),
+                                 core_op(op));
   });
 }
 
 kolo_status_t kolo_alltoall(kolo_comm_t comm, const void* sendbuf, void* recvbuf, uint64_t count,
                             kolo_dtype_t dtype) {
   return guarded(comm, [&] {
-    communicator_of(comm).alltoall(sendbuf, recvbuf, count, static_cast<kolo::DataType>(dtype));
+    communicator_of(comm).alltoall(sendbuf, recvbuf, count, core_dtype(dtype));
   });
 }
 
@@ -252,29 +265,29 @@ kolo_status_t kolo_alltoallv(kolo_comm_t comm, const void* sendbuf, const uint64
     communicator.alltoallv(sendbuf, per_rank(sendcounts, communicator),
                            per_rank(sdispls, communicator), recvbuf,
                            per_rank(recvcounts, communicator), per_rank(rdispls, communicator),
-                           static_cast<kolo::DataType>(dtype));
+                           core_dtype(dtype));
   });
 }
 
 kolo_status_t kolo_reduce(kolo_comm_t comm, const void* sendbuf, void* recvbuf, uint64_t count,
                           kolo_dtype_t dtype, kolo_op_t op, int root) {
   return guarded(comm, [&] {
-    communicator_of(comm).reduce(sendbuf, recvbuf, count, static_cast<kolo::DataType>(dtype),
-                                 static_cast<kolo::ReduceOp>(op), root);
+    communicator_of(comm).reduce(sendbuf, recvbuf, count, core_dtype(dtype),
+                                 core_op(op), root);
   });
 }
 
 kolo_status_t kolo_send(kolo_comm_t comm, const void* buf, uint64_t count, kolo_dtype_t dtype,
                         int peer, int tag) {
   return guarded(comm, [&] {
-    communicator_of(comm).send(buf, count, static_cast<kolo::DataType>(dtype), peer, tag);
+    communicator_of(comm).send(buf, count, core_dtype(dtype), peer, tag);
   });
 }
 
 kolo_status_t kolo_recv(kolo_comm_t comm, void* buf, uint64_t count, kolo_dtype_t dtype, int peer,
                         int tag) {
   return guarded(comm, [&] {
-    communicator_of(comm).recv(buf, count, static_cast<kolo::DataType>(dtype), peer, tag);
+    communicator_of(comm).recv(buf, count, core_dtype(dtype), peer, tag);
   });
 }
 
@@ -346,8 +359,8 @@ kolo_status_t submit_named(kolo_comm_t comm, const char* call, kolo::fusion::Uni
 kolo::fusion::UnitSpec allreduce_spec(kolo_dtype_t dtype, kolo_op_t op) {
   kolo::fusion::UnitSpec spec;
   spec.kind = kolo::fusion::Kind::kAllreduce;
-  spec.dtype = static_cast<kolo::DataType>(dtype);
-  spec.op = static_cast<kolo::ReduceOp>(op);
+  spec.dtype = core_dtype(dtype);
+  spec.op = core_op(op);
   return spec;
 }
 
@@ -370,7 +383,7 @@ kolo_status_t kolo_broadcast_async(kolo_comm_t comm, const char* name, void* buf
                                    const kolo_async_options_t* options, kolo_request_t* request) {
   kolo::fusion::UnitSpec spec;
   spec.kind = kolo::fusion::Kind::kBroadcast;
-  spec.dtype = static_cast<kolo::DataType>(dtype);
+  spec.dtype = core_dtype(dtype);
   spec.root = root;
   if (name) spec.members.push_back({name, count});
   return submit_named(comm, "kolo_broadcast_async", std::move(spec), {{buf, buf}}, options,
@@ -488,8 +501,8 @@ kolo_status_t kolo_allreduce_scaled_on_stream(kolo_comm_t comm, const void* send
                                               double prescale, double postscale, void* stream) {
   return guarded(comm, [&] {
     const kolo::gpu::Stream on{stream};
-    communicator_of(comm).allreduce(sendbuf, recvbuf, count, static_cast<kolo::DataType>(dtype),
-                                    static_cast<kolo::ReduceOp>(op), prescale, postscale, &on);
+    communicator_of(comm).allreduce(sendbuf, recvbuf, count, core_dtype(dtype),
+                                    core_op(op), prescale, postscale, &on);
   });
 }
 
@@ -504,7 +517,7 @@ kolo_status_t kolo_broadcast_on_stream(kolo_comm_t comm, void* buf, uint64_t cou
                                        kolo_dtype_t dtype, int root, void* stream) {
   return guarded(comm, [&] {
     const kolo::gpu::Stream on{stream};
-    communicator_of(comm).broadcast(buf, count, static_cast<kolo::DataType>(dtype), root, &on);
+    communicator_of(comm).broadcast(buf, count, core_dtype(dtype), root, &on);
   });
 }
 

@@ -33,6 +33,9 @@ int main(void) {
   CHECK(strstr(kolo_status_string(KOLO_ERR_PEER_LOST), "PEER_LOST") != NULL, "%s",
         kolo_status_string(KOLO_ERR_PEER_LOST));
   CHECK(kolo_dtype_size(KOLO_BFLOAT16) == 2, "bfloat16 size %zu", kolo_dtype_size(KOLO_BFLOAT16));
+  CHECK(kolo_dtype_size((kolo_dtype_t)256) == 0, "dtype 256 size %zu",
+        kolo_dtype_size((kolo_dtype_t)256));
+  CHECK(kolo_dtype_size((kolo_dtype_t)-1) == 0, "dtype -1 size %zu", kolo_dtype_size((kolo_dtype_t)-1));
 
   bad.magic = 0;
   status = kolo_comm_init(&bad, &comm);
