@@ -417,15 +417,21 @@ KOLO_API kolo_status_t kolo_comm_split(kolo_comm_t comm, int color, int key,
  * that. Names are copied; they are NUL-terminated, 1 to 1024 bytes long.
  *
  * Names: a name identifies one tensor across ranks; every rank must submit it, with the same
- * count, dtype, op, scale factors (or root). A name may be submitted again once its previous
- * request has completed (every training step, typically); submitting a name that is still
- * pending on this rank returns KOLO_ERR_INVALID_ARGUMENT.
+ * count, dtype, op, scale factors (or root; for an allgather only the dtype, since each rank
+ * sends a count of its own). A name may be submitted again once its previous request has
+ * completed (every training step, typically); submitting a name that is still pending on this
+ * rank, as any kind of operation, returns KOLO_ERR_INVALID_ARGUMENT.
  *
  * Errors of a request (kolo_request_wait's status and kolo_request_last_error's message):
  *   KOLO_ERR_MISMATCH   ranks submitted the name with a different count, dtype, op, factors or
- *                       root, or as members of different groups; every rank's request for that
- *                       name fails, naming the tensor, the ranks and what each submitted. Other
- *                       tensors, and the communicator, are not affected.
+ *                       root, or as members of different groups, or as different operations;
+ *                       every rank's request for that name fails, naming the tensor, the ranks
+ *                       and what each submitted. Other tensors, and the communicator, are not
+ *                       affected.
+ *   KOLO_ERR_INVALID_ARGUMENT  an allgather whose gathered result does not fit in some rank's
+ *                       recv_capacity: every rank's request for that name fails, naming the
+ *                       tensor, every rank's count, the total and the ranks whose capacity is
+ *                       too small; no buffer is written. Other tensors are not affected.
  *   KOLO_ERR_TIMEOUT    with KOLO_STALL_ABORT_S > 0: some ranks submitted the name and others
  *                       did not within that time; the message names the missing ranks. (Rank 0
  *                       logs a warning naming them after KOLO_STALL_WARNING_S.)
@@ -510,6 +516,39 @@ KOLO_API kolo_status_t kolo_allreduce_group_async(kolo_comm_t comm, int n,
                                                   kolo_request_t *request);
 
 /*
+ * Submits an allgather under `name` and returns at once, as kolo_allreduce_async. Horovod's
+ * allgather: every rank sends a count of its own (count elements of sendbuf; ranks may differ, and
+ * zero is allowed), and every rank receives all of them back to back in rank order in recvbuf,
+ * rank r's block at the sum of the counts of ranks 0..r-1. recvbuf holds recv_capacity elements;
+ * elements past the gathered total are not written. kolo_request_counts tells every rank's count
+ * once the request has completed. Ranks must agree on the dtype only. The buffers must not overlap
+ * (a named allgather does not run in place). The factors of options are ignored. Allgathers are
+ * never fused (each is one collective of its own) and never held in the response cache: every
+ * submission is negotiated in full, so counts may change from one step to the next.
+ *
+ * Errors as kolo_allreduce_async (KOLO_ERR_INVALID_ARGUMENT at once for a NULL sendbuf with
+ * count > 0, a NULL recvbuf with recv_capacity > 0, or overlapping buffers). The request fails on
+ * every rank with KOLO_ERR_INVALID_ARGUMENT when the total of all ranks' counts exceeds the
+ * recv_capacity of any rank (nothing is written on any rank), and with KOLO_ERR_MISMATCH when
+ * ranks submit the name with different dtypes or as another operation.
+ */
+KOLO_API kolo_status_t kolo_allgather_async(kolo_comm_t comm, const char *name,
+                                            const void *sendbuf, uint64_t count, void *recvbuf,
+                                            uint64_t recv_capacity, kolo_dtype_t dtype,
+                                            const kolo_async_options_t *options,
+                                            kolo_request_t *request);
+
+/*
+ * Copies the per-rank counts of a completed allgather (kolo_allgather_async): counts[r] = the
+ * elements rank r sent, for each of the communicator's size ranks, into the first size entries of
+ * counts, which has room for n. Does not block. Returns KOLO_SUCCESS; the request's own error
+ * status if it failed (counts untouched); KOLO_ERR_INVALID_ARGUMENT, counts untouched, for a NULL
+ * request or counts, a request that is not an allgather or that has not completed yet, or n
+ * smaller than the communicator's size (kolo_request_last_error then says which).
+ */
+KOLO_API kolo_status_t kolo_request_counts(kolo_request_t request, uint64_t *counts, int n);
+
+/*
  * Does not block. While the request is pending: *done = 0 and KOLO_SUCCESS. Once it has
  * completed: *done = 1 and the request's status (KOLO_SUCCESS, or its error; the message is in
  * kolo_request_last_error). KOLO_ERR_INVALID_ARGUMENT for a NULL request or done.
@@ -527,7 +566,8 @@ KOLO_API kolo_status_t kolo_request_wait(kolo_request_t request);
 
 /*
  * The message of the request's error ("" on success or while pending, unless a wait timed out),
- * naming the tensor and the ranks involved. Valid until the next kolo_request_* call on this
+ * naming the tensor and the ranks involved; or, right after kolo_request_counts refused with
+ * KOLO_ERR_INVALID_ARGUMENT, why it did. Valid until the next kolo_request_* call on this
  * request; NULL request: "".
  */
 KOLO_API const char *kolo_request_last_error(kolo_request_t request);

@@ -30,6 +30,7 @@ struct kolo_request {
   std::shared_ptr<kolo::fusion::Request> request;
   std::mutex error_mutex;
   std::string last_error;
+  std::string call_error;  // why kolo_request_counts refused, until the next call on the request
 };
 
 namespace {
@@ -356,6 +357,11 @@ kolo_status_t submit_named(kolo_comm_t comm, const char* call, kolo::fusion::Uni
   });
 }
 
+void forget_call_error(kolo_request_t request) {
+  std::lock_guard<std::mutex> lock(request->error_mutex);
+  request->call_error.clear();
+}
+
 kolo::fusion::UnitSpec allreduce_spec(kolo_dtype_t dtype, kolo_op_t op) {
   kolo::fusion::UnitSpec spec;
   spec.kind = kolo::fusion::Kind::kAllreduce;
@@ -426,8 +432,22 @@ kolo_status_t kolo_allreduce_group_async(kolo_comm_t comm, int n, const char* co
   return submit_named(comm, call, std::move(spec), std::move(buffers), options, request);
 }
 
+kolo_status_t kolo_allgather_async(kolo_comm_t comm, const char* name, const void* sendbuf,
+                                   uint64_t count, void* recvbuf, uint64_t recv_capacity,
+                                   kolo_dtype_t dtype, const kolo_async_options_t* options,
+                                   kolo_request_t* request) {
+  kolo::fusion::UnitSpec spec;
+  spec.kind = kolo::fusion::Kind::kAllgather;
+  spec.dtype = core_dtype(dtype);
+  spec.recv_capacity = recv_capacity;
+  if (name) spec.members.push_back({name, count});
+  return submit_named(comm, "kolo_allgather_async", std::move(spec), {{sendbuf, recvbuf}}, options,
+                      request);
+}
+
 kolo_status_t kolo_request_test(kolo_request_t request, int* done) {
   if (!request || !done) return KOLO_ERR_INVALID_ARGUMENT;
+  forget_call_error(request);
   kolo::Status status = kolo::Status::kSuccess;
   *done = request->request->test(&status) ? 1 : 0;
   return static_cast<kolo_status_t>(status);
@@ -435,13 +455,44 @@ kolo_status_t kolo_request_test(kolo_request_t request, int* done) {
 
 kolo_status_t kolo_request_wait(kolo_request_t request) {
   if (!request) return KOLO_ERR_INVALID_ARGUMENT;
+  forget_call_error(request);
   return static_cast<kolo_status_t>(request->request->wait());
+}
+
+kolo_status_t kolo_request_counts(kolo_request_t request, uint64_t* counts, int n) {
+  if (!request) return KOLO_ERR_INVALID_ARGUMENT;
+  auto refuse = [&](const std::string& why) {
+    std::lock_guard<std::mutex> lock(request->error_mutex);
+    request->call_error = "kolo_request_counts: " + why;
+    return KOLO_ERR_INVALID_ARGUMENT;
+  };
+  forget_call_error(request);
+  const kolo::fusion::UnitSpec& spec = request->request->spec();
+  if (!counts) return refuse("counts is NULL");
+  if (spec.kind != kolo::fusion::Kind::kAllgather) {
+    return refuse(
+        fmt::format("the request of {} is not an allgather", kolo::fusion::describe(spec)));
+  }
+  kolo::Status status = kolo::Status::kSuccess;
+  std::vector<uint64_t> gathered;
+  if (!request->request->gathered_counts(&status, &gathered)) {
+    return refuse(
+        fmt::format("{} is still pending; wait for it first", kolo::fusion::describe(spec)));
+  }
+  if (status != kolo::Status::kSuccess) return static_cast<kolo_status_t>(status);
+  if (n < 0 || static_cast<size_t>(n) < gathered.size()) {
+    return refuse(fmt::format("counts has room for {} entries but {} gathered from {} ranks", n,
+                              kolo::fusion::describe(spec), gathered.size()));
+  }
+  std::copy(gathered.begin(), gathered.end(), counts);
+  return KOLO_SUCCESS;
 }
 
 const char* kolo_request_last_error(kolo_request_t request) {
   if (!request) return "";
   std::lock_guard<std::mutex> lock(request->error_mutex);
-  request->last_error = request->request->message();
+  request->last_error =
+      request->call_error.empty() ? request->request->message() : request->call_error;
   return request->last_error.c_str();
 }
 

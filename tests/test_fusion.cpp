@@ -236,6 +236,52 @@ TEST_CASE("invalid arguments of named calls are refused", "[fusion][errors][bada
   }
 }
 
+TEST_CASE("named allgathers: a count per rank, zero too, every dtype, beside named allreduces",
+          "[fusion][allgather]") {
+  for (int n : {1, 2, 3, 4}) {
+    DYNAMIC_SECTION("N = " << n) {
+      expect_all_pass(run(n, {"allgather"}), "allgather checks passed");
+    }
+  }
+  SECTION("the timeline shows each allgather as a collective of its own") {
+    const int n = 3;
+    auto directory = scratch_directory("allgather");
+    auto results = run(n, {"allgather"}, {{"KOLO_TIMELINE", (directory / "trace.json").string()}});
+    expect_all_pass(results, "allgather checks passed");
+    for (int rank = 0; rank < n; ++rank) {
+      auto path = directory / ("trace.rank" + std::to_string(rank) + ".json");
+      INFO("timeline " << path);
+      nlohmann::json trace = read_json(path);
+      std::map<int, std::string> rows;  // tid -> tensor name
+      for (const auto& event : trace) {
+        if (event.at("name") == "thread_name") {
+          rows[event.at("tid").get<int>()] = event.at("args").at("name").get<std::string>();
+        }
+      }
+      std::set<int64_t> collectives;
+      int allgathers = 0;
+      for (const auto& event : trace) {
+        if (event.at("name") != "ALLGATHER") continue;
+        ++allgathers;
+        CHECK(rows.at(event.at("tid").get<int>()).rfind("gather.", 0) == 0);
+        collectives.insert(event.at("args").at("collective").get<int64_t>());
+      }
+      CHECK(allgathers == 4 * 12);          // 12 allgathers a step, 4 steps
+      CHECK(collectives.size() == 4 * 12);  // never two in one collective
+    }
+    std::filesystem::remove_all(directory);
+  }
+}
+
+TEST_CASE("named allgathers: too small a capacity, disagreeing ranks, bad arguments",
+          "[fusion][errors][allgather_errors]") {
+  for (int n : {1, 2, 3}) {
+    DYNAMIC_SECTION("N = " << n) {
+      expect_all_pass(run(n, {"allgather_errors"}), "allgather_errors checks passed");
+    }
+  }
+}
+
 TEST_CASE("a lost rank fails every pending request, naming it", "[fusion][errors][peerlost]") {
   for (int n : {2, 3}) {
     DYNAMIC_SECTION("N = " << n) {

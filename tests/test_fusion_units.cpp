@@ -20,6 +20,30 @@ using namespace kolo::fusion;
 
 namespace {
 
+UnitSpec gather(const std::string& name, uint64_t count, uint64_t capacity,
+                       DataType dtype = DataType::kFloat32) {
+  UnitSpec spec;
+  spec.kind = Kind::kAllgather;
+  spec.dtype = dtype;
+  spec.members.push_back({name, count});
+  spec.recv_capacity = capacity;
+  return spec;
+}
+
+bool refused_requests(const std::vector<uint8_t>& bytes, int ranks) {
+  try { decode_requests(bytes.data(), bytes.size(), ranks, 64); } catch (const Error& e) {
+    return std::string(e.what()).find("malformed") != std::string::npos;
+  }
+  return false;
+}
+bool refused_responses(const std::vector<uint8_t>& bytes, int ranks) {
+  try { decode_responses(bytes.data(), bytes.size(), ranks, 64); } catch (const Error& e) {
+    return std::string(e.what()).find("malformed") != std::string::npos;
+  }
+  return false;
+}
+
+
 UnitSpec allreduce(const std::string& name, uint64_t count, DataType dtype = DataType::kFloat32,
                    ReduceOp op = ReduceOp::kSum) {
   UnitSpec spec;
@@ -463,3 +487,116 @@ TEST_CASE("the timeline is valid JSON, one file per rank", "[fusion_units]") {
   CHECK(named);
   std::filesystem::remove(path);
 }
+
+// Named allgathers: each rank announces its own count and capacity, rank 0 answers with every
+// rank's count; such units are never cached or fused, and what a peer sends is bounded.
+TEST_CASE("allgather units: wire format, matching and the coordinator", "[fusion_units]") {
+  // Round trip of an announcement.
+  RequestList requests;
+  requests.announcements = {gather("g", 5, 100)};
+  std::vector<uint8_t> bytes;
+  encode(requests, bytes);
+  CHECK(bytes.size() == 4 + 4 + encoded_size(requests.announcements[0]));
+  RequestList back = decode_requests(bytes.data(), bytes.size(), 3, 64);
+  CHECK(back.announcements == requests.announcements);
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    CHECK(refused_requests(std::vector<uint8_t>(bytes.begin(), bytes.begin() + cut), 3));
+  }
+  // An announcement that carries gathered counts is malformed.
+  UnitSpec with_counts = gather("g", 0, 0);
+  with_counts.gather_counts = {1, 2, 3};
+  requests.announcements = {with_counts};
+  encode(requests, bytes);
+  CHECK(refused_requests(bytes, 3));
+  // Huge capacity.
+  requests.announcements = {gather("g", 5, ~uint64_t{0})};
+  encode(requests, bytes);
+  CHECK(refused_requests(bytes, 3));
+  // Two members.
+  UnitSpec two = gather("g", 5, 10);
+  two.members.push_back({"h", 1});
+  requests.announcements = {two};
+  encode(requests, bytes);
+  CHECK(refused_requests(bytes, 3));
+
+  // Responses.
+  ResponseList response;
+  Batch batch;
+  ResponseUnit unit;
+  unit.spec = with_counts;
+  batch.units.push_back(unit);
+  response.batches.push_back(batch);
+  encode(response, bytes);
+  ResponseList decoded = decode_responses(bytes.data(), bytes.size(), 3, 64);
+  CHECK(decoded.batches.at(0).units.at(0).spec == with_counts);
+  CHECK(refused_responses(bytes, 4));  // 3 counts for 4 ranks
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    CHECK(refused_responses(std::vector<uint8_t>(bytes.begin(), bytes.begin() + cut), 3));
+  }
+  // A cached or fused allgather, or one without counts, is malformed.
+  response.batches[0].units[0].slot = 3;
+  encode(response, bytes);
+  CHECK(refused_responses(bytes, 3));
+  response.batches[0].units[0].slot = -1;
+  response.batches[0].fused = true;
+  encode(response, bytes);
+  CHECK(refused_responses(bytes, 3));
+  response.batches[0].fused = false;
+  response.batches[0].units[0].spec.gather_counts.clear();
+  encode(response, bytes);
+  CHECK(refused_responses(bytes, 3));
+  // Counts whose sum overflows.
+  response.batches[0].units[0].spec.gather_counts = {~uint64_t{0} / 8, ~uint64_t{0} / 8, 1};
+  encode(response, bytes);
+  CHECK(refused_responses(bytes, 3));
+  // A gathered-count length field far beyond the ranks.
+  response.batches[0].units[0].spec.gather_counts = {1, 2, 3};
+  encode(response, bytes);
+  bytes[bytes.size() - 3 * 8 - 4] = 200;
+  CHECK(refused_responses(bytes, 3));
+
+  // Matching a scheduled spec against a submission.
+  UnitSpec scheduled = with_counts;  // counts 1, 2, 3: total 6
+  CHECK(matches_submission(gather("g", 2, 6), scheduled, 1));
+  CHECK(!matches_submission(gather("g", 2, 5), scheduled, 1));   // capacity
+  CHECK(!matches_submission(gather("g", 3, 6), scheduled, 1));   // count
+  CHECK(!matches_submission(gather("g", 2, 6, DataType::kInt32), scheduled, 1));
+  CHECK(!matches_submission(gather("g", 2, 6), scheduled, 3));   // no such rank
+
+  // Coordinator: counts gathered, never cached, capacity errors on every rank.
+  ResponseCache cache(8);
+  Coordinator coordinator(CoordinatorSettings{3, 0, 0}, cache);
+  std::vector<RequestList> lists(3);
+  for (int r = 0; r < 3; ++r) lists[r].announcements = {gather("g", uint64_t(r) * 2, 100)};
+  ResponseList out = coordinator.process(1, lists, 1 << 20, Clock::now());
+  CHECK(out.errors.empty());
+  CHECK(out.batches.size() == 1);
+  CHECK(out.batches[0].units[0].slot == -1);
+  CHECK(!out.batches[0].fused);
+  CHECK((out.batches[0].units[0].spec.gather_counts == std::vector<uint64_t>{0, 2, 4}));
+  CHECK(out.batches[0].units[0].spec.members[0].count == 0);
+  CHECK(coordinator.outstanding() == 0);
+  for (int r = 0; r < 3; ++r) lists[r].announcements = {gather("g", 10, r == 1 ? 29 : 30)};
+  out = coordinator.process(2, lists, 1 << 20, Clock::now());
+  CHECK(out.batches.empty());
+  CHECK(out.errors.size() == 1);
+  CHECK(out.errors[0].status == Status::kInvalidArgument);
+  CHECK(out.errors[0].message.find("29") != std::string::npos);
+  // Counts whose sum overflows: an error on every rank, not a crash.
+  for (int r = 0; r < 3; ++r) {
+    lists[r].announcements = {gather("big", ~uint64_t{0} / 4, ~uint64_t{0} / 4, DataType::kUInt8)};
+  }
+  out = coordinator.process(3, lists, 1 << 20, Clock::now());
+  CHECK(out.errors.size() == 1);
+  // Allgathers among allreduces: never fused with them.
+  UnitSpec reduce;
+  reduce.members.push_back({"r", 10});
+  UnitSpec reduce2 = reduce;
+  reduce2.members[0].name = "r2";
+  for (int r = 0; r < 3; ++r) lists[r].announcements = {reduce, gather("g", 1, 3), reduce2};
+  out = coordinator.process(4, lists, 1 << 20, Clock::now());
+  CHECK(out.batches.size() == 2);
+  CHECK(out.batches[0].fused);
+  CHECK(out.batches[0].units.size() == 2);
+  CHECK(out.batches[1].units[0].spec.kind == Kind::kAllgather);
+  }

@@ -22,6 +22,11 @@
 //   kolo_fusion_worker threads     ordered calls on one thread, named ones on another
 //   kolo_fusion_worker idle        no cycles and no CPU while idle; woken by a submission
 //   kolo_fusion_worker badargs     invalid arguments of every named call
+//   kolo_fusion_worker allgather   named allgathers of per-rank counts (zero too), every dtype,
+//                                  shuffled among named allreduces, counts changing every step
+//   kolo_fusion_worker allgather_errors
+//                                  too small a receive capacity, disagreeing ranks, bad arguments
+//                                  and misuse of kolo_request_counts
 //
 // Exit status 0 means every check passed ("<scenario> checks passed" is printed); a failing check
 // prints what it expected and what it got.
@@ -38,6 +43,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -1055,6 +1061,438 @@ int run_badargs(kolo_comm_t comm) {
   return 0;
 }
 
+// ---- named allgathers ---------------------------------------------------------------------------
+
+// A named allgather of this rank: every rank's count for the current step, this rank's input and
+// its receive buffer (recv_capacity elements, filled with 0xAB so that writes past the gathered
+// total show).
+struct Gather {
+  std::string name;
+  kolo_dtype_t dtype = KOLO_FLOAT32;
+  uint64_t id = 0;
+  std::vector<uint64_t> counts;  // [rank]
+  uint64_t capacity = 0;
+  std::vector<unsigned char> send, recv;
+  kolo_request_t request = nullptr;
+
+  size_t element() const { return element_size(dtype); }
+  uint64_t total() const { return std::accumulate(counts.begin(), counts.end(), uint64_t{0}); }
+  uint64_t seed(int rank, uint64_t step) const {
+    return mix(id * 1000003 + static_cast<uint64_t>(rank) * 7919 + step * 104729 + 99991);
+  }
+  void prepare(uint64_t step, std::vector<uint64_t> every_count, uint64_t recv_capacity) {
+    counts = std::move(every_count);
+    capacity = recv_capacity;
+    send.assign(std::max<size_t>(counts[g_rank] * element(), 1), 0);
+    fill_random(dtype, KOLO_SUM, send.data(), counts[g_rank], seed(g_rank, step));
+    recv.assign(std::max<size_t>(capacity * element(), 1), 0xAB);
+  }
+  // Empty buffers go in as NULL on odd ranks: allowed with a zero count or capacity.
+  kolo_status_t submit(kolo_comm_t comm) {
+    const bool nulls = g_rank % 2 == 1;
+    const void* sendbuf = nulls && counts[g_rank] == 0 ? nullptr : send.data();
+    void* recvbuf = nulls && capacity == 0 ? nullptr : recv.data();
+    return kolo_allgather_async(comm, name.c_str(), sendbuf, counts[g_rank], recvbuf, capacity,
+                                dtype, nullptr, &request);
+  }
+  // Element by element against every rank's regenerated input, in rank order; nothing written
+  // past the total; kolo_request_counts reports every rank's count.
+  void check(uint64_t step) const {
+    std::vector<uint64_t> reported(counts.size() + 2, 777);
+    kolo_status_t status =
+        kolo_request_counts(request, reported.data(), static_cast<int>(reported.size()));
+    if (status != KOLO_SUCCESS) {
+      fail(fmt::format("kolo_request_counts of {}: {}: {}", name, kolo_status_string(status),
+                       kolo_request_last_error(request)));
+    }
+    for (size_t r = 0; r < reported.size(); ++r) {
+      uint64_t want = r < counts.size() ? counts[r] : 777;  // entries past size are not written
+      if (reported[r] != want) {
+        fail(fmt::format("{} step {}: kolo_request_counts entry {} is {}, expected {}", name, step,
+                         r, reported[r], want));
+      }
+    }
+    const size_t size = element();
+    uint64_t at = 0;
+    std::vector<unsigned char> input;
+    for (int rank = 0; rank < g_size; ++rank) {
+      input.assign(std::max<size_t>(counts[rank] * size, 1), 0);
+      fill_random(dtype, KOLO_SUM, input.data(), counts[rank], seed(rank, step));
+      for (uint64_t i = 0; i < counts[rank]; ++i, ++at) {
+        if (std::memcmp(recv.data() + at * size, input.data() + i * size, size) != 0) {
+          uint64_t got = 0, want = 0;
+          std::memcpy(&got, recv.data() + at * size, size);
+          std::memcpy(&want, input.data() + i * size, size);
+          fail(
+              fmt::format("{} ({}) step {}: element {} (rank {}'s element {}) is {:#x}, expected "
+                          "{:#x}",
+                          name, dtype_text(dtype), step, at, rank, i, got, want));
+        }
+      }
+    }
+    for (size_t byte = at * size; byte < capacity * size; ++byte) {
+      if (recv[byte] != 0xAB) {
+        fail(fmt::format("{} step {}: byte {} past the gathered {} elements was written", name,
+                         step, byte, at));
+      }
+    }
+  }
+};
+
+// Every rank's count of allgather tensor `id` at `step`, the same on every rank. Patterns:
+// 0 varied, zero on one rank; 1 zero everywhere; 2 large (past Bruck's switch point, so the ring
+// runs at four ranks too); 3 tiny, zero often; 4 only one rank sends.
+std::vector<uint64_t> gather_counts(int pattern, uint64_t id, uint64_t step) {
+  std::vector<uint64_t> counts(g_size);
+  for (int rank = 0; rank < g_size; ++rank) {
+    uint64_t random = mix(id * 31 + static_cast<uint64_t>(rank) * 1009 + step * 7 + 3);
+    const bool chosen = static_cast<uint64_t>(rank) == (id + step) % g_size;
+    switch (pattern) {
+      case 0:
+        counts[rank] = chosen ? 0 : 1 + random % 3000;
+        break;
+      case 1:
+        counts[rank] = 0;
+        break;
+      case 2:
+        counts[rank] = 30000 + random % 10000;
+        break;
+      case 3:
+        counts[rank] = random % 4;
+        break;
+      default:
+        counts[rank] = chosen ? 1 + random % 500 : 0;
+    }
+  }
+  return counts;
+}
+
+int run_allgather(kolo_comm_t comm) {
+  const kolo_dtype_t dtypes[] = {KOLO_FLOAT32, KOLO_FLOAT64, KOLO_FLOAT16, KOLO_BFLOAT16,
+                                 KOLO_INT8,    KOLO_UINT8,   KOLO_INT32,   KOLO_INT64};
+  struct Planned {
+    int pattern;
+    kolo_dtype_t dtype;
+  };
+  std::vector<Planned> plan;
+  for (kolo_dtype_t dtype : dtypes) plan.push_back({0, dtype});
+  plan.push_back({1, KOLO_FLOAT32});
+  plan.push_back({2, KOLO_FLOAT32});
+  plan.push_back({3, KOLO_INT64});
+  plan.push_back({4, KOLO_UINT8});
+  std::vector<Gather> gathers(plan.size());
+  for (size_t g = 0; g < plan.size(); ++g) {
+    gathers[g].name = fmt::format("gather.{}.{}", g, dtype_text(plan[g].dtype));
+    gathers[g].dtype = plan[g].dtype;
+    gathers[g].id = g;
+  }
+  std::vector<Tensor> reduced;
+  for (uint64_t i = 0; i < 8; ++i) {
+    reduced.push_back(
+        make_tensor(fmt::format("reduce.{}", i), KOLO_FLOAT32, KOLO_SUM, 100 + 37 * i, 600 + i));
+  }
+  const uint64_t steps = 4;
+  for (uint64_t step = 0; step < steps; ++step) {
+    for (size_t g = 0; g < gathers.size(); ++g) {
+      std::vector<uint64_t> counts = gather_counts(plan[g].pattern, g, step);
+      uint64_t total = std::accumulate(counts.begin(), counts.end(), uint64_t{0});
+      const uint64_t slack[] = {0, 5, 1000};  // exactly the total, or more
+      gathers[g].prepare(step, std::move(counts), total + slack[(g + step) % 3]);
+    }
+    for (Tensor& tensor : reduced) tensor.prepare(step);
+    // Allgathers and allreduces in one order of this rank's own.
+    std::vector<size_t> order(gathers.size() + reduced.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::mt19937_64 random(mix(static_cast<uint64_t>(g_rank) * 131 + step * 17 + 1));
+    std::shuffle(order.begin(), order.end(), random);
+    for (size_t i : order) {
+      if (i < gathers.size()) {
+        check(comm, gathers[i].submit(comm), "kolo_allgather_async " + gathers[i].name);
+      } else {
+        submit(comm, reduced[i - gathers.size()]);
+      }
+    }
+    for (Gather& gather : gathers) {
+      kolo_status_t status = kolo_request_wait(gather.request);
+      if (status != KOLO_SUCCESS) {
+        fail(fmt::format("{} step {}: {}: {}", gather.name, step, kolo_status_string(status),
+                         kolo_request_last_error(gather.request)));
+      }
+    }
+    wait_all(reduced);
+    for (Gather& gather : gathers) {
+      gather.check(step);
+      kolo_request_free(gather.request);
+      gather.request = nullptr;
+    }
+    for (const Tensor& tensor : reduced) check_against_reference(tensor, step);
+  }
+  kolo_fusion_stats_t stats = stats_of(comm);
+  fmt::print("rank {}: {} collectives ({} fused), negotiated {}, cache hits {}\n", g_rank,
+             stats.collectives, stats.fused_collectives, stats.negotiated, stats.cache_hits);
+  // Allgathers are never cached: each was negotiated in full every step (gather.9, whose counts
+  // never change, too), while the allreduces hit the cache from the second step on.
+  const uint64_t negotiated = steps * gathers.size() + reduced.size();
+  const uint64_t hits = (steps - 1) * reduced.size();
+  if (stats.negotiated != negotiated || stats.cache_hits != hits) {
+    fail(fmt::format("negotiated {} and cache hits {}, expected {} and {}", stats.negotiated,
+                     stats.cache_hits, negotiated, hits));
+  }
+  if (stats.collectives < steps * gathers.size()) {
+    fail(fmt::format("{} collectives for {} allgathers, which each run alone", stats.collectives,
+                     steps * gathers.size()));
+  }
+  fmt::print("rank {}: allgather checks passed\n", g_rank);
+  return 0;
+}
+
+int run_allgather_errors(kolo_comm_t comm) {
+  const int last = g_size - 1;
+  auto expect_parts = [](const std::string& what, kolo_status_t status, kolo_status_t wanted,
+                         const std::string& message, const std::vector<std::string>& parts) {
+    fmt::print("rank {}: {}: {}: {}\n", g_rank, what, kolo_status_string(status), message);
+    if (status != wanted) {
+      fail(fmt::format("{}: expected {}, got {}: {}", what, kolo_status_string(wanted),
+                       kolo_status_string(status), message));
+    }
+    for (const std::string& part : parts) {
+      if (!contains(message, part))
+        fail(fmt::format("{}: '{}' missing from: {}", what, part, message));
+    }
+  };
+
+  // A request that stays pending while rank 0 looks at it: the others submit only after the
+  // barrier. Rank 0 may not submit the name again, as an allgather or as anything else, nor read
+  // counts that are not there yet.
+  Gather pending;
+  pending.name = "ag.pending";
+  pending.id = 1;
+  std::vector<uint64_t> pending_counts(g_size);
+  for (int rank = 0; rank < g_size; ++rank) pending_counts[rank] = 3 * rank + 1;
+  pending.prepare(0, pending_counts,
+                  std::accumulate(pending_counts.begin(), pending_counts.end(), uint64_t{0}));
+  if (g_size > 1) {
+    if (g_rank == 0) {
+      check(comm, pending.submit(comm), "kolo_allgather_async ag.pending");
+      std::vector<uint64_t> counts(g_size);
+      kolo_status_t status = kolo_request_counts(pending.request, counts.data(), g_size);
+      expect_parts("counts of a pending request", status, KOLO_ERR_INVALID_ARGUMENT,
+                   kolo_request_last_error(pending.request), {"'ag.pending'", "pending"});
+      kolo_request_t again = reinterpret_cast<kolo_request_t>(1);
+      status = kolo_allgather_async(comm, "ag.pending", pending.send.data(), 1, pending.recv.data(),
+                                    pending.capacity, KOLO_FLOAT32, nullptr, &again);
+      expect_parts("the same name again", status, KOLO_ERR_INVALID_ARGUMENT,
+                   kolo_comm_last_error(comm), {"'ag.pending'", "already pending"});
+      if (again != nullptr) fail("a refused submission left *request set");
+      std::vector<float> data(10);
+      status = kolo_allreduce_async(comm, "ag.pending", data.data(), data.data(), 10, KOLO_FLOAT32,
+                                    KOLO_SUM, nullptr, &again);
+      expect_parts("the same name as an allreduce", status, KOLO_ERR_INVALID_ARGUMENT,
+                   kolo_comm_last_error(comm), {"'ag.pending'", "already pending"});
+    }
+    check(comm, kolo_barrier(comm), "barrier");
+    if (g_rank != 0) check(comm, pending.submit(comm), "kolo_allgather_async ag.pending");
+  } else {
+    check(comm, pending.submit(comm), "kolo_allgather_async ag.pending");
+  }
+  if (kolo_request_wait(pending.request) != KOLO_SUCCESS) {
+    fail(fmt::format("ag.pending: {}", kolo_request_last_error(pending.request)));
+  }
+  pending.check(0);
+
+  // Misuse of kolo_request_counts.
+  {
+    std::vector<uint64_t> counts(g_size + 1, 0);
+    if (kolo_request_counts(nullptr, counts.data(), g_size) != KOLO_ERR_INVALID_ARGUMENT) {
+      fail("kolo_request_counts(NULL request) was accepted");
+    }
+    // (Each status is taken before the message: arguments are evaluated in no set order.)
+    kolo_status_t status = kolo_request_counts(pending.request, nullptr, g_size);
+    expect_parts("counts into NULL", status, KOLO_ERR_INVALID_ARGUMENT,
+                 kolo_request_last_error(pending.request), {"counts is NULL"});
+    status = kolo_request_counts(pending.request, counts.data(), g_size - 1);
+    expect_parts("counts with too little room", status, KOLO_ERR_INVALID_ARGUMENT,
+                 kolo_request_last_error(pending.request),
+                 {"room for", fmt::format("{} ranks", g_size)});
+    if (counts != std::vector<uint64_t>(g_size + 1, 0)) fail("a refused call wrote counts");
+    // A later call starts afresh: its message is the request's own again (none: it succeeded).
+    int done = 0;
+    if (kolo_request_test(pending.request, &done) != KOLO_SUCCESS || !done) fail("test");
+    if (std::string(kolo_request_last_error(pending.request)) != "") {
+      fail("the refusal's message outlived the next call on the request");
+    }
+    std::vector<Tensor> reduced;
+    reduced.push_back(make_tensor("ag.reduced", KOLO_FLOAT32, KOLO_SUM, 10, 7));
+    reduced[0].prepare(0);
+    submit(comm, reduced[0]);
+    if (kolo_request_wait(reduced[0].request) != KOLO_SUCCESS) fail("ag.reduced failed");
+    status = kolo_request_counts(reduced[0].request, counts.data(), g_size);
+    expect_parts("counts of an allreduce", status, KOLO_ERR_INVALID_ARGUMENT,
+                 kolo_request_last_error(reduced[0].request), {"'ag.reduced'", "not an allgather"});
+    wait_all(reduced);
+  }
+  kolo_request_free(pending.request);
+  pending.request = nullptr;
+
+  // Refused at submission, before anything is sent: each status, *request and message checked.
+  {
+    std::vector<float> data(100, 1.0f);
+    std::vector<float> out(1000, 0.0f);
+    kolo_async_options_t bad_options = KOLO_ASYNC_OPTIONS_INITIALIZER;
+    bad_options.struct_size = 3;
+    kolo_request_t request = nullptr;
+    struct Case {
+      const char* what;
+      std::function<kolo_status_t()> call;
+      std::vector<std::string> parts;  // of the message
+    };
+    auto submitted = [&](const char* name, const void* sendbuf, uint64_t count, void* recvbuf,
+                         uint64_t capacity, kolo_dtype_t dtype = KOLO_FLOAT32,
+                         const kolo_async_options_t* options = nullptr, bool with_request = true) {
+      return [=, &request] {
+        return kolo_allgather_async(comm, name, sendbuf, count, recvbuf, capacity, dtype, options,
+                                    with_request ? &request : nullptr);
+      };
+    };
+    const Case cases[] = {
+        {"NULL recvbuf",
+         submitted("bad", data.data(), 100, nullptr, 1000),
+         {"kolo_allgather_async", "'bad'", "receive buffer", "NULL", "recv_capacity is 1000"}},
+        {"NULL sendbuf",
+         submitted("bad", nullptr, 100, out.data(), 1000),
+         {"'bad'", "send buffer", "NULL but count is 100"}},
+        {"overlap",
+         submitted("bad", out.data() + 10, 100, out.data(), 1000),
+         {"'bad'", "overlap", "in place"}},
+        {"unknown dtype",
+         submitted("bad", data.data(), 100, out.data(), 1000, static_cast<kolo_dtype_t>(42)),
+         {"dtype 255"}},
+        {"huge capacity",
+         submitted("bad", data.data(), 100, out.data(), ~uint64_t{0} / 2),
+         {"recv_capacity", "too large"}},
+        {"NULL name", submitted(nullptr, data.data(), 100, out.data(), 1000), {"name is NULL"}},
+        {"empty name", submitted("", data.data(), 100, out.data(), 1000), {"empty"}},
+        {"options size",
+         submitted("bad", data.data(), 100, out.data(), 1000, KOLO_FLOAT32, &bad_options),
+         {"struct_size"}},
+        {"NULL request",
+         submitted("bad", data.data(), 100, out.data(), 1000, KOLO_FLOAT32, nullptr, false),
+         {"request is NULL"}},
+    };
+    for (const Case& c : cases) {
+      kolo_status_t status = c.call();
+      expect_parts(c.what, status, KOLO_ERR_INVALID_ARGUMENT, kolo_comm_last_error(comm), c.parts);
+      if (request != nullptr) fail(fmt::format("{}: *request was set", c.what));
+    }
+    // ag.pending and ag.reduced on every rank; nothing refused was counted.
+    if (stats_of(comm).tensors_submitted != 2) {
+      fail(fmt::format("refused submissions were counted: {} tensors submitted",
+                       stats_of(comm).tensors_submitted));
+    }
+  }
+
+  // Failures on every rank, beside tensors that succeed: a receive capacity one element short on
+  // the last rank; with two ranks or more, a dtype that differs and a name that is an allreduce
+  // on the last rank.
+  std::vector<uint64_t> small_counts(g_size);
+  for (int rank = 0; rank < g_size; ++rank) small_counts[rank] = 10 * (rank + 1);
+  const uint64_t small_total =
+      std::accumulate(small_counts.begin(), small_counts.end(), uint64_t{0});
+  Gather small;
+  small.name = "ag.small";
+  small.id = 2;
+  small.prepare(0, small_counts, g_rank == last ? small_total - 1 : small_total);
+  Gather good;
+  good.name = "ag.good";
+  good.dtype = KOLO_INT32;
+  good.id = 3;
+  good.prepare(0, gather_counts(0, 3, 0), 4000 * static_cast<uint64_t>(g_size));
+  Gather typed;
+  typed.name = "ag.dtype";
+  typed.dtype = g_size > 1 && g_rank == last ? KOLO_INT32 : KOLO_FLOAT32;
+  typed.id = 4;
+  typed.prepare(0, std::vector<uint64_t>(g_size, 5), 5 * static_cast<uint64_t>(g_size));
+  Gather kind;
+  kind.name = "ag.kind";
+  kind.id = 5;
+  kind.prepare(0, std::vector<uint64_t>(g_size, 8), 8 * static_cast<uint64_t>(g_size));
+  std::vector<unsigned char> kind_reduced(64, 0);
+  kolo_request_t kind_request = nullptr;
+  const bool disagreeing = g_size > 1;
+  check(comm, small.submit(comm), "ag.small");
+  check(comm, good.submit(comm), "ag.good");
+  if (disagreeing) {
+    check(comm, typed.submit(comm), "ag.dtype");
+    if (g_rank == last) {
+      check(comm,
+            kolo_allreduce_async(comm, "ag.kind", kind_reduced.data(), kind_reduced.data(), 8,
+                                 KOLO_FLOAT32, KOLO_SUM, nullptr, &kind_request),
+            "ag.kind as an allreduce");
+    } else {
+      check(comm, kind.submit(comm), "ag.kind");
+      kind_request = kind.request;
+    }
+  }
+  {
+    kolo_status_t status = kolo_request_wait(small.request);
+    expect_parts("a capacity one element short on the last rank", status, KOLO_ERR_INVALID_ARGUMENT,
+                 kolo_request_last_error(small.request),
+                 {"'ag.small'", "recv_capacity", fmt::format("needs {} elements", small_total),
+                  fmt::format("{} on rank {}", small_total - 1, last),
+                  fmt::format("rank {}: {}", last, small_counts[last])});
+    std::vector<uint64_t> counts(g_size, 0);
+    if (kolo_request_counts(small.request, counts.data(), g_size) != KOLO_ERR_INVALID_ARGUMENT) {
+      fail("kolo_request_counts of the failed ag.small did not return its status");
+    }
+    for (unsigned char byte : small.recv) {
+      if (byte != 0xAB) fail("ag.small wrote its receive buffer although it failed");
+    }
+    kolo_request_free(small.request);
+  }
+  if (kolo_request_wait(good.request) != KOLO_SUCCESS) {
+    fail(fmt::format("ag.good: {}", kolo_request_last_error(good.request)));
+  }
+  good.check(0);
+  kolo_request_free(good.request);
+  if (disagreeing) {
+    kolo_status_t status = kolo_request_wait(typed.request);
+    expect_parts("dtypes that differ", status, KOLO_ERR_MISMATCH,
+                 kolo_request_last_error(typed.request),
+                 {"'ag.dtype'", "disagree", fmt::format("rank {}", last),
+                  "allgather 'ag.dtype' (int32)", "allgather 'ag.dtype' (float32)"});
+    kolo_request_free(typed.request);
+    status = kolo_request_wait(kind_request);
+    expect_parts("an allgather and an allreduce of one name", status, KOLO_ERR_MISMATCH,
+                 kolo_request_last_error(kind_request),
+                 {"'ag.kind'", "disagree", fmt::format("rank {}", last), "allgather 'ag.kind'",
+                  "allreduce 'ag.kind'"});
+    kolo_request_free(kind_request);
+  }
+
+  // Nothing at all to gather, with NULL buffers everywhere; and the engine goes on.
+  kolo_request_t nothing = nullptr;
+  check(comm,
+        kolo_allgather_async(comm, "ag.nothing", nullptr, 0, nullptr, 0, KOLO_INT8, nullptr,
+                             &nothing),
+        "ag.nothing");
+  if (kolo_request_wait(nothing) != KOLO_SUCCESS) fail(kolo_request_last_error(nothing));
+  std::vector<uint64_t> counts(g_size, 9);
+  check(comm, kolo_request_counts(nothing, counts.data(), g_size), "counts of ag.nothing");
+  if (counts != std::vector<uint64_t>(g_size, 0)) fail("ag.nothing reported counts other than 0");
+  kolo_request_free(nothing);
+  Gather after;
+  after.name = "ag.small";  // the failed name may be used again
+  after.id = 6;
+  after.prepare(1, small_counts, small_total);
+  check(comm, after.submit(comm), "ag.small again");
+  if (kolo_request_wait(after.request) != KOLO_SUCCESS)
+    fail(kolo_request_last_error(after.request));
+  after.check(1);
+  kolo_request_free(after.request);
+  fmt::print("rank {}: allgather_errors checks passed\n", g_rank);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1108,6 +1546,10 @@ int main(int argc, char** argv) {
     result = run_idle(comm);
   } else if (scenario == "badargs") {
     result = run_badargs(comm);
+  } else if (scenario == "allgather") {
+    result = run_allgather(comm);
+  } else if (scenario == "allgather_errors") {
+    result = run_allgather_errors(comm);
   } else {
     fail("unknown scenario " + scenario);
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 
 #include "core/log.hpp"
 
@@ -57,8 +58,20 @@ Coordinator::Entry& Coordinator::entry_for(const std::string& key, Clock::time_p
 
 void Coordinator::record(Entry& entry, int rank, const UnitSpec& spec, Clock::time_point now) {
   if (entry.spec_of_rank[rank] >= 0) return;  // a cached unit's bit repeats every cycle
-  auto known = std::find(entry.specs.begin(), entry.specs.end(), spec);
-  if (known == entry.specs.end()) known = entry.specs.insert(entry.specs.end(), spec);
+  const UnitSpec* compared = &spec;
+  UnitSpec agreed;
+  if (spec.kind == Kind::kAllgather) {
+    agreed = agreed_part(spec);
+    compared = &agreed;
+    if (entry.gather_counts.empty()) {
+      entry.gather_counts.assign(settings_.ranks, 0);
+      entry.capacities.assign(settings_.ranks, 0);
+    }
+    entry.gather_counts[rank] = spec.members.front().count;
+    entry.capacities[rank] = spec.recv_capacity;
+  }
+  auto known = std::find(entry.specs.begin(), entry.specs.end(), *compared);
+  if (known == entry.specs.end()) known = entry.specs.insert(entry.specs.end(), *compared);
   entry.spec_of_rank[rank] = static_cast<int32_t>(known - entry.specs.begin());
   entry.arrived[rank] = now;
   ++entry.submitted;
@@ -75,6 +88,41 @@ std::string Coordinator::mismatch_message(const std::string& key, const Entry& e
     text += fmt::format("{} submitted {}", format_ranks(ranks), describe(entry.specs[i]));
   }
   return text;
+}
+
+std::string Coordinator::capacity_problem(const std::string& key, const Entry& entry) const {
+  constexpr size_t kShown = 8;
+  const DataType dtype = entry.specs.front().dtype;
+  std::string counts;
+  for (size_t rank = 0; rank < entry.gather_counts.size(); ++rank) {
+    if (rank == kShown) {
+      counts += fmt::format(", and {} more ranks", entry.gather_counts.size() - kShown);
+      break;
+    }
+    counts += fmt::format("{}rank {}: {}", rank > 0 ? ", " : "", rank, entry.gather_counts[rank]);
+  }
+  std::optional<uint64_t> total = gathered_total(entry.gather_counts, dtype);
+  if (!total) {
+    return fmt::format(
+        "allgather '{}' ({}): the counts of all ranks ({}) add up to more "
+        "elements than a buffer can hold; nothing was sent",
+        key, dtype_name(dtype), counts);
+  }
+  std::string short_ranks;
+  size_t too_small = 0;
+  for (size_t rank = 0; rank < entry.capacities.size(); ++rank) {
+    if (entry.capacities[rank] >= *total) continue;
+    if (too_small++ < kShown) {
+      short_ranks += fmt::format("{}{} on rank {}", short_ranks.empty() ? "" : ", ",
+                                 entry.capacities[rank], rank);
+    }
+  }
+  if (too_small == 0) return "";
+  if (too_small > kShown) short_ranks += fmt::format(" and {} more ranks", too_small - kShown);
+  return fmt::format(
+      "allgather '{}' ({}): the gathered result needs {} elements ({}) but "
+      "recv_capacity is {}; nothing was received on any rank",
+      key, dtype_name(dtype), *total, counts, short_ranks);
 }
 
 void Coordinator::touch(uint32_t slot, uint64_t cycle) {
@@ -254,7 +302,14 @@ ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>
       ++it;
       continue;
     }
-    if (entry.specs.size() == 1) {
+    std::string capacity_error;
+    if (entry.specs.size() == 1 && entry.specs.front().kind == Kind::kAllgather) {
+      capacity_error = capacity_problem(it->first, entry);
+      entry.specs.front().gather_counts = std::move(entry.gather_counts);
+    }
+    if (!capacity_error.empty()) {
+      response.errors.push_back({it->first, Status::kInvalidArgument, std::move(capacity_error)});
+    } else if (entry.specs.size() == 1) {
       ready_specs.push_back(std::move(entry.specs.front()));
       int32_t slot = cache_.find(ready_specs.back());
       if (slot >= 0) touch(static_cast<uint32_t>(slot), cycle);
@@ -272,7 +327,10 @@ ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>
   });
   if (cache_.capacity() > 0) {
     for (Ready& entry : ready) {
-      if (!entry.hit) entry.slot = choose_slot(*entry.spec, cycle, busy);
+      // Allgathers are never cached (coordinator.hpp says why).
+      if (!entry.hit && entry.spec->kind != Kind::kAllgather) {
+        entry.slot = choose_slot(*entry.spec, cycle, busy);
+      }
     }
   }
   response.batches = plan(ready, fusion_threshold);

@@ -10,6 +10,15 @@
 // every rank), or it is aborted as stalled (KOLO_STALL_ABORT_S). Rank 0 warns about entries older
 // than KOLO_STALL_WARNING_S, naming the ranks that have not submitted them.
 //
+// Allgathers. Each rank submits its own count and receive capacity, so the ledger compares their
+// agreed parts (kind, dtype, name; see spec.hpp) and keeps the counts and capacities per rank.
+// Once every rank agrees, the scheduled spec carries every rank's count; if the gathered total
+// exceeds any rank's capacity (or cannot be addressed at all), the tensor fails on every rank
+// with KOLO_ERR_INVALID_ARGUMENT naming the capacity, the rank and the total, and nothing is sent.
+// Allgathers are never given a cache slot: their counts may change every step (sparse gradients),
+// and a cached spec with last step's counts could only be reused after checking every rank's new
+// count, which is the full negotiation again. They always run alone, one collective each.
+//
 // Cache slots. A unit negotiated through announcements is given a slot: its old slot if its key
 // was cached with another spec, else a never-used slot, else the least recently used slot that no
 // rank is waiting on in this cycle (whose bit nobody set: evicting it cannot strand a pending
@@ -81,6 +90,8 @@ class Coordinator {
     std::vector<UnitSpec> specs;        // the distinct specs submitted
     std::vector<int32_t> spec_of_rank;  // index into specs, -1: not submitted yet
     std::vector<Clock::time_point> arrived;
+    std::vector<uint64_t> gather_counts;  // allgathers: [rank], as submitted
+    std::vector<uint64_t> capacities;     // allgathers: [rank], the recv_capacity submitted
     int submitted = 0;
     Clock::time_point first_seen;
     uint64_t order = 0;  // when the entry was created, to order entries seen in the same cycle
@@ -96,6 +107,8 @@ class Coordinator {
   Entry& entry_for(const std::string& key, Clock::time_point now);
   void record(Entry& entry, int rank, const UnitSpec& spec, Clock::time_point now);
   std::string mismatch_message(const std::string& key, const Entry& entry) const;
+  // "" when every rank's recv_capacity holds the gathered total, else the error message.
+  std::string capacity_problem(const std::string& key, const Entry& entry) const;
   void check_stalls(Clock::time_point now, ResponseList& response);
   int32_t choose_slot(const UnitSpec& spec, uint64_t cycle, const std::vector<uint32_t>& busy);
   void touch(uint32_t slot, uint64_t cycle);

@@ -49,6 +49,11 @@
 // depends on what it was batched with (kolo_allreduce uses recursive doubling for small buffers,
 // whose results may differ in the last bit).
 //
+// Allgathers (kolo_allgather_async) are negotiated like the rest, except that every rank sends
+// its own count and receive capacity, and rank 0 answers with every rank's count (coordinator.hpp).
+// They are never cached nor fused: each runs alone, as the communicator's allgatherv would, into
+// the caller's buffer, and its request hands the counts back (kolo_request_counts).
+//
 // Idle. When a response says that no rank has anything pending, every engine sleeps in poll() on
 // an eventfd (written by a submission or by shutdown) and on the transport's readiness fd. Rank 0
 // keeps receives posted for the next RequestList of every rank, the others a receive for a WAKE
@@ -71,6 +76,7 @@
 #include "fusion/engine.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -86,6 +92,7 @@
 #include "fusion/timeline.hpp"
 #include "gpu/gpu.hpp"
 #include "net/socket.hpp"
+#include "ring/algorithms.hpp"
 #include "ring/ring.hpp"
 
 namespace kolo::fusion {
@@ -101,6 +108,7 @@ constexpr int kIdlePollMsWithoutFd = 2;
 
 const char* call_name(const UnitSpec& spec) {
   if (spec.kind == Kind::kBroadcast) return "kolo_broadcast_async";
+  if (spec.kind == Kind::kAllgather) return "kolo_allgather_async";
   return spec.members.size() > 1 ? "kolo_allreduce_group_async" : "kolo_allreduce_async";
 }
 
@@ -108,6 +116,44 @@ bool partially_overlap(const void* a, const void* b, size_t bytes) {
   auto* x = static_cast<const std::byte*>(a);
   auto* y = static_cast<const std::byte*>(b);
   return x != y && bytes > 0 && x < y + bytes && y < x + bytes;
+}
+
+bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  auto* x = static_cast<const std::byte*>(a);
+  auto* y = static_cast<const std::byte*>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
+// An allgather's send buffer holds this rank's count, its receive buffer recv_capacity elements;
+// the two must be apart (where this rank's block lands is known only once every rank's count is).
+void check_allgather_buffers(const UnitSpec& spec, const MemberBuffers& buffers, int rank) {
+  const char* call = call_name(spec);
+  const Member& member = spec.members.front();
+  const size_t element = dtype_size(spec.dtype);
+  if ((member.count > 0 && gpu::is_device_memory(buffers.send)) ||
+      (spec.recv_capacity > 0 && gpu::is_device_memory(buffers.recv))) {
+    throw Error(Status::kUnsupported,
+                fmt::format("{}: tensor '{}' is in GPU memory; named operations take host "
+                            "memory only so far",
+                            call, member.name));
+  }
+  if (!buffers.send && member.count > 0) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("{}: the send buffer of tensor '{}' is NULL but count is {} (rank {})",
+                            call, member.name, member.count, rank));
+  }
+  if (!buffers.recv && spec.recv_capacity > 0) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("{}: the receive buffer of tensor '{}' is NULL but recv_capacity is "
+                            "{} (rank {})",
+                            call, member.name, spec.recv_capacity, rank));
+  }
+  if (overlap(buffers.send, member.count * element, buffers.recv, spec.recv_capacity * element)) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("{}: the send and receive buffers of tensor '{}' overlap; a named "
+                            "allgather does not run in place (rank {})",
+                            call, member.name, rank));
+  }
 }
 
 // Buffers must be there for every element and must not overlap in ways that would make the
@@ -118,6 +164,7 @@ void check_buffers(const UnitSpec& spec, const std::vector<MemberBuffers>& buffe
     throw Error(Status::kInternal, fmt::format("{}: {} buffers for {} tensors", call,
                                                buffers.size(), spec.members.size()));
   }
+  if (spec.kind == Kind::kAllgather) return check_allgather_buffers(spec, buffers.front(), rank);
   const size_t element = dtype_size(spec.dtype);
   struct Region {
     const std::byte* begin;
@@ -174,10 +221,27 @@ std::string collective_args(uint64_t sequence, size_t tensors, uint64_t bytes, c
     return fmt::format("{{\"collective\":{},\"bytes\":{},\"dtype\":\"{}\",\"root\":{}}}", sequence,
                        bytes, dtype_name(spec.dtype), spec.root);
   }
+  if (spec.kind == Kind::kAllgather) {
+    return fmt::format("{{\"collective\":{},\"bytes\":{},\"dtype\":\"{}\"}}", sequence, bytes,
+                       dtype_name(spec.dtype));
+  }
   return fmt::format(
       "{{\"collective\":{},\"tensors\":{},\"bytes\":{},\"dtype\":\"{}\",\"op\":\"{}\",\"fused\":{}}"
       "}",
       sequence, tensors, bytes, dtype_name(spec.dtype), op_name(spec.op), fused);
+}
+
+// For the message of a response that does not fit what this rank submitted: with an allgather's
+// counts, which describe() leaves out.
+std::string describe_scheduled(const UnitSpec& spec) {
+  if (spec.kind != Kind::kAllgather) return describe(spec);
+  return fmt::format("{} with counts [{}]", describe(spec), fmt::join(spec.gather_counts, ", "));
+}
+
+std::string describe_submitted(const UnitSpec& spec) {
+  if (spec.kind != Kind::kAllgather) return describe(spec);
+  return fmt::format("{} with count {} and recv_capacity {}", describe(spec),
+                     spec.members.front().count, spec.recv_capacity);
 }
 
 }  // namespace
@@ -841,13 +905,14 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
                                 scheduled.slot, rank_));
       }
       auto it = pending_.find(spec->key());
-      if (it == pending_.end() || !(it->second.request->spec() == *spec)) {
-        throw Error(Status::kInternal,
-                    fmt::format("fusion engine: rank 0 scheduled {} but rank {} has {}",
-                                describe(*spec), rank_,
-                                it == pending_.end()
-                                    ? std::string("not submitted it")
-                                    : "submitted " + describe(it->second.request->spec())));
+      if (it == pending_.end() || !matches_submission(it->second.request->spec(), *spec, rank_)) {
+        throw Error(
+            Status::kInternal,
+            fmt::format("fusion engine: rank 0 scheduled {} but rank {} has {}",
+                        describe_scheduled(*spec), rank_,
+                        it == pending_.end()
+                            ? std::string("not submitted it")
+                            : "submitted " + describe_submitted(it->second.request->spec())));
       }
       if (!scheduled_units.insert(&it->second).second) {
         throw Error(Status::kInternal,
@@ -896,9 +961,53 @@ void FusionEngine::run_batch(const Batch& batch, const std::vector<LocalUnit*>& 
                              Clock::time_point received) {
   if (batch.fused) {
     run_fused(units, received);
-  } else {
-    for (LocalUnit* unit : units) run_alone(*unit, received);
+    return;
   }
+  for (size_t i = 0; i < units.size(); ++i) {
+    // An allgather is never a cache hit (coordinator.hpp): its scheduled spec, with every rank's
+    // count, is in the response.
+    if (units[i]->request->spec().kind == Kind::kAllgather) {
+      run_allgather(*units[i], batch.units[i].spec.gather_counts, received);
+    } else {
+      run_alone(*units[i], received);
+    }
+  }
+}
+
+// Every rank's block in rank order into the caller's receive buffer, as kolo_allgatherv does (the
+// ring, or Bruck's schedule for small totals at four ranks or more: no arithmetic, so the choice
+// cannot change a result). Elements of recvbuf past the gathered total are not touched.
+void FusionEngine::run_allgather(LocalUnit& unit, const std::vector<uint64_t>& counts,
+                                 Clock::time_point received) {
+  const UnitSpec& spec = unit.request->spec();
+  const MemberBuffers& buffers = unit.request->buffers().front();
+  const Blocks blocks = Blocks::from_counts(counts);  // the total was checked by rank 0 and here
+  OpDescriptor descriptor;
+  descriptor.collective = Collective::kAllgatherv;
+  descriptor.dtype = spec.dtype;
+  descriptor.count = blocks.total;
+  descriptor.detail = hash_counts(counts);
+  descriptor.algorithm = allgather_algorithm(blocks.total * dtype_size(spec.dtype), size_);
+  descriptor.sequence = ++sequence_;
+  const Clock::time_point start = Clock::now();
+  if (descriptor.algorithm == Algorithm::kBruck) {
+    bruck_allgather(*ring_, descriptor, buffers.send, buffers.recv, blocks);
+  } else {
+    ring_allgather(*ring_, descriptor, buffers.send, buffers.recv, blocks);
+  }
+  const Clock::time_point end = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.collectives;
+  }
+  if (timeline_) {
+    uint32_t row = timeline_->row(spec.key());
+    timeline_->span(row, "QUEUE", received, start);
+    timeline_->span(row, "ALLGATHER", start, end,
+                    collective_args(descriptor.sequence, 1, blocks.total * dtype_size(spec.dtype),
+                                    spec, false));
+  }
+  finish(spec.key(), Status::kSuccess, "", counts);
 }
 
 // One collective per member, in the caller's buffers.
@@ -1026,7 +1135,8 @@ std::byte* FusionEngine::fusion_buffer(size_t bytes) {
   return fusion_buffer_.get();
 }
 
-void FusionEngine::finish(const std::string& key, Status status, const std::string& message) {
+void FusionEngine::finish(const std::string& key, Status status, const std::string& message,
+                          std::vector<uint64_t> gathered_counts) {
   auto it = pending_.find(key);
   if (it == pending_.end()) return;
   std::shared_ptr<Request> request = std::move(it->second.request);
@@ -1045,7 +1155,7 @@ void FusionEngine::finish(const std::string& key, Status status, const std::stri
         fmt::format("{{\"status\":\"{}\",\"message\":\"{}\"}}",
                     Timeline::escape(status_name(status)), Timeline::escape(message)));
   }
-  request->complete(status, message);
+  request->complete(status, message, std::move(gathered_counts));
 }
 
 void FusionEngine::fail_everything(const Error& error) {

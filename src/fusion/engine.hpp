@@ -99,7 +99,10 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
                  Clock::time_point received);
   void run_fused(const std::vector<LocalUnit*>& units, Clock::time_point received);
   void run_alone(LocalUnit& unit, Clock::time_point received);
-  void finish(const std::string& key, Status status, const std::string& message);
+  void run_allgather(LocalUnit& unit, const std::vector<uint64_t>& counts,
+                     Clock::time_point received);
+  void finish(const std::string& key, Status status, const std::string& message,
+              std::vector<uint64_t> gathered_counts = {});
   void fail_everything(const Error& error);
   void idle_wait();
   void say_bye(uint64_t cycle, int departed) noexcept;

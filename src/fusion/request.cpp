@@ -6,7 +6,7 @@
 
 namespace kolo::fusion {
 
-void Request::complete(Status status, std::string message) {
+void Request::complete(Status status, std::string message, std::vector<uint64_t> gathered_counts) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (finishing_) return;
@@ -23,6 +23,7 @@ void Request::complete(Status status, std::string message) {
     std::lock_guard<std::mutex> lock(mutex_);
     status_ = status;
     message_ = std::move(message);
+    gathered_counts_ = std::move(gathered_counts);
     done_ = true;
   }
   completed_.notify_all();
@@ -44,6 +45,14 @@ Status Request::wait() {
     return Status::kTimeout;
   }
   return status_;
+}
+
+bool Request::gathered_counts(Status* status, std::vector<uint64_t>* counts) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!done_) return false;
+  *status = status_;
+  *counts = gathered_counts_;
+  return true;
 }
 
 std::string Request::message() const {

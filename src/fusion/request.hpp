@@ -20,7 +20,7 @@
 namespace kolo::fusion {
 
 // The buffers of one member: send is read, recv written (the same pointer in place; a broadcast
-// uses recv only).
+// uses recv only; an allgather's are apart, recv holding the spec's recv_capacity elements).
 struct MemberBuffers {
   const void* send = nullptr;
   void* recv = nullptr;
@@ -42,8 +42,9 @@ class Request {
   Clock::time_point submitted() const { return submitted_; }
 
   // Finishes the request once (later calls are ignored): runs the callback, then publishes the
-  // status, so that a waiter returns only after the callback has finished.
-  void complete(Status status, std::string message);
+  // status, so that a waiter returns only after the callback has finished. A successful allgather
+  // passes every rank's count, in rank order.
+  void complete(Status status, std::string message, std::vector<uint64_t> gathered_counts = {});
 
   // Non-blocking: true and *status once complete.
   bool test(Status* status) const;
@@ -52,6 +53,9 @@ class Request {
   Status wait();
   // The error message: "" on success and while pending (unless a wait timed out).
   std::string message() const;
+  // Once complete: true and *status; *counts gets the gathered counts of a successful allgather
+  // (empty otherwise). False while pending.
+  bool gathered_counts(Status* status, std::vector<uint64_t>* counts) const;
 
  private:
   const UnitSpec spec_;
@@ -66,6 +70,7 @@ class Request {
   bool done_ = false;
   Status status_ = Status::kSuccess;
   std::string message_;
+  std::vector<uint64_t> gathered_counts_;
 };
 
 }  // namespace kolo::fusion

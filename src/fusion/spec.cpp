@@ -15,6 +15,10 @@ uint64_t UnitSpec::total_count() const {
 
 std::string describe(const UnitSpec& spec) {
   constexpr size_t kShownMembers = 4;
+  if (spec.kind == Kind::kAllgather) {
+    // Counts differ between ranks by design: they are not part of what ranks must agree on.
+    return fmt::format("allgather '{}' ({})", spec.key(), dtype_name(spec.dtype));
+  }
   std::string text = spec.kind == Kind::kBroadcast ? "broadcast " : "allreduce ";
   if (spec.members.size() > 1) text += "group ";
   for (size_t i = 0; i < spec.members.size() && i < kShownMembers; ++i) {
@@ -38,13 +42,44 @@ std::string describe(const UnitSpec& spec) {
   return text + ")";
 }
 
+UnitSpec agreed_part(const UnitSpec& spec) {
+  if (spec.kind != Kind::kAllgather) return spec;
+  UnitSpec agreed = spec;
+  for (Member& member : agreed.members) member.count = 0;
+  agreed.recv_capacity = 0;
+  agreed.gather_counts.clear();
+  return agreed;
+}
+
+std::optional<uint64_t> gathered_total(const std::vector<uint64_t>& counts, DataType dtype) {
+  const uint64_t max_count = (~uint64_t{0} >> 1) / dtype_size(dtype);
+  uint64_t total = 0;
+  for (uint64_t count : counts) {
+    if (count > max_count - total) return std::nullopt;
+    total += count;
+  }
+  return total;
+}
+
+bool matches_submission(const UnitSpec& submitted, const UnitSpec& scheduled, int rank) {
+  if (scheduled.kind != Kind::kAllgather) return submitted == scheduled;
+  if (submitted.kind != Kind::kAllgather || !(agreed_part(submitted) == agreed_part(scheduled)) ||
+      rank < 0 || static_cast<size_t>(rank) >= scheduled.gather_counts.size() ||
+      scheduled.gather_counts[rank] != submitted.members.front().count) {
+    return false;
+  }
+  std::optional<uint64_t> total = gathered_total(scheduled.gather_counts, scheduled.dtype);
+  return total && *total <= submitted.recv_capacity;
+}
+
 bool fusable(const UnitSpec& a, const UnitSpec& b) {
   return a.kind == Kind::kAllreduce && b.kind == Kind::kAllreduce && a.dtype == b.dtype &&
          a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale;
 }
 
 std::string check_spec(const UnitSpec& spec, int ranks) {
-  if (spec.kind != Kind::kAllreduce && spec.kind != Kind::kBroadcast) {
+  if (spec.kind != Kind::kAllreduce && spec.kind != Kind::kBroadcast &&
+      spec.kind != Kind::kAllgather) {
     return fmt::format("unknown operation kind {}", static_cast<int>(spec.kind));
   }
   if (!is_valid(spec.dtype)) return fmt::format("unknown dtype {}", static_cast<int>(spec.dtype));
@@ -57,11 +92,38 @@ std::string check_spec(const UnitSpec& spec, int ranks) {
     return fmt::format("root {} is not a rank of this communicator (size {})", spec.root, ranks);
   }
   if (spec.kind == Kind::kAllreduce && spec.root != -1) return "an allreduce has no root";
+  const uint64_t max_count = (~uint64_t{0} >> 1) / dtype_size(spec.dtype);
+  if (spec.kind == Kind::kAllgather) {
+    if (spec.root != -1 || spec.op != ReduceOp::kSum || spec.prescale != 1.0 ||
+        spec.postscale != 1.0) {
+      return "an allgather has no root, reduction op or scale factors";
+    }
+    if (spec.members.size() != 1) {
+      return fmt::format("an allgather has one tensor, not {}", spec.members.size());
+    }
+    if (spec.recv_capacity > max_count) {
+      return fmt::format("the recv_capacity of '{}' ({}) is too large", spec.key(),
+                         spec.recv_capacity);
+    }
+    if (!spec.gather_counts.empty()) {
+      if (spec.gather_counts.size() != static_cast<size_t>(ranks)) {
+        return fmt::format("an allgather has {} gathered counts for {} ranks",
+                           spec.gather_counts.size(), ranks);
+      }
+      if (spec.members.front().count != 0 || spec.recv_capacity != 0) {
+        return "a scheduled allgather carries a rank's own count or capacity";
+      }
+      if (!gathered_total(spec.gather_counts, spec.dtype)) {
+        return fmt::format("the gathered counts of '{}' add up to too many elements", spec.key());
+      }
+    }
+  } else if (spec.recv_capacity != 0 || !spec.gather_counts.empty()) {
+    return "only an allgather has a receive capacity and gathered counts";
+  }
   if (spec.members.empty() || spec.members.size() > kMaxGroupMembers) {
     return fmt::format("a group has 1 to {} tensors, not {}", kMaxGroupMembers,
                        spec.members.size());
   }
-  const uint64_t max_count = (~uint64_t{0} >> 1) / dtype_size(spec.dtype);
   uint64_t total = 0;
   std::unordered_set<std::string> seen;
   for (const Member& member : spec.members) {

@@ -36,6 +36,11 @@ class Writer {
       put_string(member.name);
       put<uint64_t>(member.count);
     }
+    if (spec.kind == Kind::kAllgather) {
+      put<uint64_t>(spec.recv_capacity);
+      put<uint32_t>(static_cast<uint32_t>(spec.gather_counts.size()));
+      for (uint64_t count : spec.gather_counts) put<uint64_t>(count);
+    }
   }
 
  private:
@@ -74,7 +79,9 @@ class Reader {
     at_ += length;
     return text;
   }
-  UnitSpec get_spec() {
+  // A submitted spec (an announcement) carries no gathered counts; a scheduled one (in a
+  // response) carries one per rank if it is an allgather.
+  UnitSpec get_spec(bool scheduled) {
     UnitSpec spec;
     spec.kind = static_cast<Kind>(get<uint8_t>("kind"));
     spec.dtype = static_cast<DataType>(get<uint8_t>("dtype"));
@@ -87,6 +94,16 @@ class Reader {
     for (Member& member : spec.members) {
       member.name = get_string("name length", kMaxNameBytes);
       member.count = get<uint64_t>("count");
+    }
+    if (spec.kind == Kind::kAllgather) {
+      spec.recv_capacity = get<uint64_t>("receive capacity");
+      uint32_t counts = get_count("gathered count", 8, static_cast<size_t>(ranks_));
+      spec.gather_counts.resize(counts);
+      for (uint64_t& count : spec.gather_counts) count = get<uint64_t>("gathered count");
+      if (counts != (scheduled ? static_cast<uint32_t>(ranks_) : 0u)) {
+        malformed(fmt::format("an allgather {} with {} gathered counts",
+                              scheduled ? "scheduled" : "announced", counts));
+      }
     }
     if (std::string problem = check_spec(spec, ranks_); !problem.empty()) malformed(problem);
     return spec;
@@ -117,6 +134,7 @@ class Reader {
 size_t encoded_size(const UnitSpec& spec) {
   size_t bytes = 3 + 4 + 8 + 8 + 4;
   for (const Member& member : spec.members) bytes += 4 + member.name.size() + 8;
+  if (spec.kind == Kind::kAllgather) bytes += 8 + 4 + 8 * spec.gather_counts.size();
   return bytes;
 }
 
@@ -142,7 +160,7 @@ RequestList decode_requests(const uint8_t* data, size_t size, int ranks, uint32_
   }
   uint32_t count = reader.get_count("announcement count", 27, ~uint32_t{0});
   list.announcements.reserve(count);
-  for (uint32_t i = 0; i < count; ++i) list.announcements.push_back(reader.get_spec());
+  for (uint32_t i = 0; i < count; ++i) list.announcements.push_back(reader.get_spec(false));
   reader.expect_end();
   return list;
 }
@@ -198,7 +216,10 @@ ResponseList decode_responses(const uint8_t* data, size_t size, int ranks,
       if (type != kUnitHit && type != kUnitNew) reader.malformed(fmt::format("unit type {}", type));
       unit.hit = type == kUnitHit;
       unit.slot = reader.get_slot(!unit.hit);
-      if (!unit.hit) unit.spec = reader.get_spec();
+      if (!unit.hit) unit.spec = reader.get_spec(true);
+      if (!unit.hit && unit.spec.kind == Kind::kAllgather && (unit.slot != -1 || batch.fused)) {
+        reader.malformed("an allgather that is cached or fused");  // neither ever is
+      }
     }
   }
   reader.expect_end();

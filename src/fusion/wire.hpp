@@ -8,6 +8,12 @@
 // receiver posts the payload once it has read the header). Payloads are little-endian fields
 // written and read one by one; every length and count read is bounded before anything is
 // allocated, and a malformed payload is an error naming the sender, never a crash.
+//
+// A spec is kind, dtype, op (u8 each), root (i32), prescale, postscale (f64), the member count
+// (u32) and per member its name (u32 length, bytes) and count (u64); an allgather adds its
+// recv_capacity (u64) and its gathered counts (u32 n, then n u64): none in an announcement, one
+// per rank in a response. Allgathers are never cached nor fused, so a response that says
+// otherwise is malformed.
 #pragma once
 
 #include <cstddef>
@@ -62,7 +68,7 @@ struct ResponseUnit {
 };
 
 // Units run as one collective (fused) or one after the other (not fused: a single unit, a
-// broadcast, or a group when fusion is off).
+// broadcast, an allgather, or a group when fusion is off).
 struct Batch {
   bool fused = false;
   std::vector<ResponseUnit> units;
