@@ -125,7 +125,7 @@ typedef struct kolo_config {
   double timeout_s;      /* <= 0: KOLO_TIMEOUT (default 300); bound on every wait */
   int tcp_streams;       /* 0: KOLO_TCP_STREAMS (default 1); sockets per peer for data */
   const char *socket_ifname; /* NULL: KOLO_SOCKET_IFNAME; interface to listen on */
-  uint64_t segment_bytes;    /* 0: KOLO_SEGMENT_BYTES (default 1 MiB); ring pipeline segment */
+  uint64_t segment_bytes;    /* 0: KOLO_SEGMENT_BYTES (default 1 MiB); largest ring segment */
 } kolo_config_t;
 
 #define KOLO_CONFIG_INITIALIZER                                                                 \

@@ -37,7 +37,7 @@ const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_TCP_STREAMS", "1", "TCP connections per peer for data, 1..16"},
     {"KOLO_SOCKET_IFNAME", "(any interface)", "network interface to listen on, such as eth0"},
     {"KOLO_SEGMENT_BYTES", "1M",
-     "ring pipeline segment, 4K..256M (K/M/G suffixes, powers of 1024)"},
+     "largest ring pipeline segment, 4K..256M (K/M/G suffixes, powers of 1024)"},
     {"KOLO_TRANSPORT", "tcp", "tcp, ucx or auto"},
     {"KOLO_BIND", "none", "CPU binding of each rank: none, core or numa"},
     {"KOLO_GPU_BACKEND", "auto", "GPU buffers: auto, nccl or staged (through host memory)"},

@@ -60,7 +60,8 @@ void ring_allgather(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
     return;
   }
 
-  const uint64_t segment = std::max<uint64_t>(1, ring.segment_bytes() / element);
+  const uint64_t segment =
+      std::max<uint64_t>(1, ring.segment_for(blocks.total / n * element) / element);
   auto segments = [&](int block) {
     return std::max<uint64_t>(1, (blocks.counts[block] + segment - 1) / segment);
   };

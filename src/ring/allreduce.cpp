@@ -45,12 +45,12 @@ struct Segment {
 };
 
 enum class Action : uint8_t {
-  kSendInput,     // reduce-scatter step 0: our own contribution, loaded if needed
-  kSendPartial,   // reduce-scatter: a partial we combined
-  kSendOutput,    // allgather: a finished chunk
-  kCombine,       // reduce-scatter receive: combine into our partial
-  kFinish,        // last reduce-scatter receive: finish into the output
-  kGather,        // allgather receive: straight into the output
+  kSendInput,    // reduce-scatter step 0: our own contribution, loaded if needed
+  kSendPartial,  // reduce-scatter: a partial we combined
+  kSendOutput,   // allgather: a finished chunk
+  kCombine,      // reduce-scatter receive: combine into our partial
+  kFinish,       // last reduce-scatter receive: finish into the output
+  kGather,       // allgather receive: straight into the output
 };
 
 struct Step {
@@ -101,14 +101,17 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
 
   const size_t element = dtype_size(op.dtype);
   const size_t accumulator = accumulator_size(op.dtype);
-  const uint64_t segment_elements = std::max<size_t>(1, ring.segment_bytes() / accumulator);
+  const uint64_t segment_elements =
+      std::max<size_t>(1, ring.segment_for(op.count / n * accumulator) / accumulator);
   const ChunkLayout chunks(op.count, n, segment_elements);
   const bool partials_in_output = accumulator == element;
   const bool send_input_directly = partials_in_output && op.prescale == 1.0;
-  std::byte* partials = partials_in_output
-                            ? output
-                            : ring.buffer(Ring::kPartials, std::max<uint64_t>(1, op.count) * accumulator);
-  std::byte* slots = ring.buffer(Ring::kReceiveSlots, kReceiveSlots * segment_elements * accumulator);
+  std::byte* partials =
+      partials_in_output
+          ? output
+          : ring.buffer(Ring::kPartials, std::max<uint64_t>(1, op.count) * accumulator);
+  std::byte* slots =
+      ring.buffer(Ring::kReceiveSlots, kReceiveSlots * segment_elements * accumulator);
   auto mod = [n](int value) { return ((value % n) + n) % n; };
 
   // The schedule, in the global order every rank follows.
@@ -146,7 +149,8 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
   Transfer* receive_transfers = transfers + sends.size();
   std::vector<size_t> slot_of(receives.size(), kNone);
   std::vector<size_t> free_slots;
-  for (size_t slot = 0; slot < kReceiveSlots; ++slot) free_slots.push_back(kReceiveSlots - 1 - slot);
+  for (size_t slot = 0; slot < kReceiveSlots; ++slot)
+    free_slots.push_back(kReceiveSlots - 1 - slot);
 
   size_t posted_receives = 0;
   size_t processed_receives = 0;

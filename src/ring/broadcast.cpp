@@ -20,9 +20,8 @@ void ring_broadcast(Ring& ring, const OpDescriptor& op, void* buffer) {
   if (n == 1) return;
   const int position = (ring.rank() - op.root + n) % n;
   const uint64_t bytes = op.count * dtype_size(op.dtype);
-  const uint64_t segment = std::max<uint64_t>(dtype_size(op.dtype),
-                                              ring.segment_bytes() / dtype_size(op.dtype) *
-                                                  dtype_size(op.dtype));
+  const uint64_t segment = std::max<uint64_t>(
+      dtype_size(op.dtype), ring.segment_for(bytes) / dtype_size(op.dtype) * dtype_size(op.dtype));
   const uint64_t segments = std::max<uint64_t>(1, (bytes + segment - 1) / segment);
   auto* data = static_cast<std::byte*>(buffer);
   auto piece = [&](uint64_t k, Transfer& transfer, int peer) {

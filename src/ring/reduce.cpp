@@ -52,7 +52,8 @@ void chain_reduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void*
   const bool is_root = position == n - 1;
   const size_t element = dtype_size(op.dtype);
   const size_t accumulator = accumulator_size(op.dtype);
-  const uint64_t segment = std::max<size_t>(1, ring.segment_bytes() / accumulator);
+  const uint64_t segment =
+      std::max<size_t>(1, ring.segment_for(op.count * accumulator) / accumulator);
   const uint64_t segments = std::max<uint64_t>(1, (op.count + segment - 1) / segment);
   const bool send_input_directly = accumulator == element && op.prescale == 1.0;
   std::byte* slots = ring.buffer(Ring::kReceiveSlots, kSlots * segment * accumulator);

@@ -66,7 +66,8 @@ void ring_reduce_scatter(Ring& ring, const OpDescriptor& op, const void* sendbuf
 
   const size_t element = dtype_size(op.dtype);
   const size_t accumulator = accumulator_size(op.dtype);
-  const uint64_t segment = std::max<size_t>(1, ring.segment_bytes() / accumulator);
+  const uint64_t segment =
+      std::max<size_t>(1, ring.segment_for(blocks.total / n * accumulator) / accumulator);
   const bool send_input_directly = accumulator == element && op.prescale == 1.0;
   std::byte* partials =
       ring.buffer(Ring::kPartials, std::max<uint64_t>(1, blocks.total) * accumulator);

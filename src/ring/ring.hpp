@@ -2,7 +2,9 @@
 // and the bounded wait. Nothing here knows about sockets.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -17,8 +19,12 @@ namespace kolo {
 class Ring {
  public:
   Ring(Transport& transport, int rank, int size, size_t segment_bytes, double timeout_s)
-      : transport_(transport), rank_(rank), size_(size), segment_bytes_(segment_bytes),
-        timeout_s_(timeout_s), deadline_(timeout_s) {}
+      : transport_(transport),
+        rank_(rank),
+        size_(size),
+        segment_bytes_(segment_bytes),
+        timeout_s_(timeout_s),
+        deadline_(timeout_s) {}
 
   Transport& transport() { return transport_; }
   int rank() const { return rank_; }
@@ -26,6 +32,17 @@ class Ring {
   int left() const { return (rank_ + size_ - 1) % size_; }
   int right() const { return (rank_ + 1) % size_; }
   size_t segment_bytes() const { return segment_bytes_; }
+  // The pipeline segment for a schedule that moves `chunk_bytes` per step (a ring's chunk, a
+  // chain's whole buffer): KOLO_SEGMENT_BYTES, or less where that would leave fewer than
+  // kPipelineDepth segments, but not below kMinSegmentBytes (nor above KOLO_SEGMENT_BYTES). A
+  // 4 MiB allreduce at N = 2 thus runs 256 KiB segments, eight a chunk, instead of two of 1 MiB,
+  // so that both directions stay busy (measured: README, Benchmarks, "Segments").
+  size_t segment_for(uint64_t chunk_bytes) const {
+    const uint64_t floor = std::min<uint64_t>(kMinSegmentBytes, segment_bytes_);
+    return std::clamp<uint64_t>(chunk_bytes / kPipelineDepth, floor, segment_bytes_);
+  }
+  static constexpr uint64_t kPipelineDepth = 8;
+  static constexpr uint64_t kMinSegmentBytes = 256 << 10;
 
   // Buffers that grow to the largest size asked for and are then reused, so a training loop
   // allocates (and first-touches) them once. `which` names independent buffers.
