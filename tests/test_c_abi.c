@@ -1,5 +1,5 @@
 /* The C ABI from a C11 program, compiled as C with -pedantic -Werror: start-up through the
- * environment (kolorun), rank queries, allreduce, broadcast and barrier with checked results, the
+ * environment (kolorun), rank queries, allreduce, broadcast, a named allgather and barrier with checked results, the
  * versioned config struct, and error reporting. Exits 0 only if every check passed. */
 #include <kolo.h>
 #include <math.h>
@@ -84,6 +84,34 @@ int main(void) {
   CHECK(status == KOLO_ERR_INVALID_ARGUMENT, "bad root gave %s", kolo_status_string(status));
   CHECK(strstr(kolo_comm_last_error(comm), "root") != NULL, "message: %s",
         kolo_comm_last_error(comm));
+
+  /* A named allgather from C: rank r sends r + 1 values r * 100 + i. */
+  {
+    int32_t mine[8], all[64];
+    uint64_t counts[8] = {0};
+    uint64_t at = 0;
+    int r;
+    kolo_request_t request = NULL;
+    for (i = 0; i < (size_t)rank + 1; ++i) mine[i] = rank * 100 + (int32_t)i;
+    status = kolo_allgather_async(comm, "c.gather", mine, (uint64_t)rank + 1, all, 64, KOLO_INT32,
+                                  NULL, &request);
+    CHECK(status == KOLO_SUCCESS, "allgather_async: %s", kolo_comm_last_error(comm));
+    if (status == KOLO_SUCCESS) {
+      status = kolo_request_wait(request);
+      CHECK(status == KOLO_SUCCESS, "allgather wait: %s", kolo_request_last_error(request));
+      status = kolo_request_counts(request, counts, 8);
+      CHECK(status == KOLO_SUCCESS, "request_counts: %s", kolo_request_last_error(request));
+      for (r = 0; r < size && size <= 8; ++r) {
+        CHECK(counts[r] == (uint64_t)r + 1, "count of rank %d is %llu", r,
+              (unsigned long long)counts[r]);
+        for (i = 0; i < (size_t)r + 1; ++i, ++at) {
+          CHECK(all[at] == r * 100 + (int32_t)i, "gathered element %llu is %d",
+                (unsigned long long)at, (int)all[at]);
+        }
+      }
+      CHECK(kolo_request_free(request) == KOLO_SUCCESS, "request_free");
+    }
+  }
 
   CHECK(kolo_barrier(comm) == KOLO_SUCCESS, "barrier: %s", kolo_comm_last_error(comm));
   CHECK(kolo_comm_destroy(comm) == KOLO_SUCCESS, "destroy");
