@@ -1,6 +1,7 @@
 /* The C ABI from a C11 program, compiled as C with -pedantic -Werror: start-up through the
- * environment (kolorun), rank queries, allreduce, broadcast, a named allgather and barrier with checked results, the
- * versioned config struct, and error reporting. Exits 0 only if every check passed. */
+ * environment (kolorun), rank queries, allreduce, broadcast, a named allgather and barrier with
+ * checked results, the versioned config struct, and error reporting. Exits 0 only if every check
+ * passed. */
 #include <kolo.h>
 #include <math.h>
 #include <stdio.h>
