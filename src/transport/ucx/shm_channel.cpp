@@ -20,9 +20,9 @@
 namespace kolo {
 namespace {
 
-constexpr uint32_t kHeaderMagic = 0x4d48534b;   // "KSHM": a message header in a ring
+constexpr uint32_t kHeaderMagic = 0x4d48534b;           // "KSHM": a message header in a ring
 constexpr uint64_t kSegmentMagic = 0x6b6f6c6f73686d31;  // "kolosh m1"
-constexpr uint32_t kHelloMagic = 0x4f4c4548;    // "HELO"
+constexpr uint32_t kHelloMagic = 0x4f4c4548;            // "HELO"
 constexpr size_t kAlign = 64;
 constexpr size_t kCapacity = ShmChannel::kSlotBytes * ShmChannel::kSlots;
 constexpr size_t kHeaderPage = 4096;
@@ -79,17 +79,19 @@ std::string host_identity() {
   return fmt::format("{}/{}", name, boot);
 }
 
-uint64_t round_up(uint64_t value) { return (value + kAlign - 1) & ~uint64_t{kAlign - 1}; }
+uint64_t round_up(uint64_t value) {
+  return (value + kAlign - 1) & ~uint64_t{kAlign - 1};
+}
 
 }  // namespace
 
 void check_message_descriptor(int rank, const Transfer& transfer,
                               const OpDescriptor& sent_descriptor, uint64_t sent_bytes) {
   if (!(sent_descriptor == transfer.descriptor)) {
-    throw Error(Status::kMismatch,
-                fmt::format("ranks disagree: rank {} called {} but rank {} called {}", rank,
-                            describe(transfer.descriptor), transfer.peer,
-                            describe(sent_descriptor)));
+    throw Error(
+        Status::kMismatch,
+        fmt::format("ranks disagree: rank {} called {} but rank {} called {}", rank,
+                    describe(transfer.descriptor), transfer.peer, describe(sent_descriptor)));
   }
   if (sent_bytes != transfer.bytes) {
     throw Error(Status::kMismatch,
@@ -180,7 +182,8 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled,
     if (peer == rank_) continue;
     Hello theirs;
     net::recv_all(sockets[peer].control, &theirs, sizeof(theirs), deadline);
-    if (theirs.magic != kHelloMagic) throw control_.lost(peer, "it sent a malformed start-up message");
+    if (theirs.magic != kHelloMagic)
+      throw control_.lost(peer, "it sent a malformed start-up message");
     theirs.host[sizeof(theirs.host) - 1] = '\0';
     if (!enabled || !theirs.enabled) {
       why[peer] = "KOLO_UCX_SHM=0";
@@ -195,110 +198,120 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled,
   // opens it, checks the cookie and answers. Offers go out before any answer is awaited.
   std::vector<std::string> names(size_);
   std::vector<uint64_t> cookies(size_, 0);
-  for (int peer = rank_ + 1; peer < size_; ++peer) {
-    if (!candidate[peer]) continue;
-    Offer offer;
-    std::string name = fmt::format("/kolo-{}-{:016x}", ::getpid(), random_u64());
-    int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    void* memory = MAP_FAILED;
-    int error = 0;
-    if (fd < 0) {
-      error = errno;
-    } else {
-      // posix_fallocate returns the error instead of setting errno.
-      error = ::posix_fallocate(fd, 0, kSegmentBytes);
-      if (error == 0) {
-        memory = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (memory == MAP_FAILED) error = errno;
-      }
-      ::close(fd);
-    }
-    if (memory == MAP_FAILED) {
-      if (fd >= 0) ::shm_unlink(name.c_str());
-      why[peer] = fmt::format("cannot make a shared segment of {} bytes: {}", kSegmentBytes,
-                              std::strerror(error));
-      log::warn("ucx: rank {}: {}; rank {} keeps UCX", rank_, why[peer], peer);
-    } else {
-      auto* header = new (memory) SegmentHeader{};
-      header->magic = kSegmentMagic;
-      header->cookie = cookies[peer] = random_u64();
-      header->slot_bytes = kSlotBytes;
-      header->slots = kSlots;
-      auto link = std::make_unique<Link>();
-      link->attach(memory, true);
-      links_[peer] = std::move(link);
-      names[peer] = name;
-      std::memcpy(offer.name, name.data(), name.size());
-      offer.cookie = cookies[peer];
-    }
-    net::send_all(sockets[peer].control, &offer, sizeof(offer), deadline);
-  }
-  for (int peer = 0; peer < rank_; ++peer) {
-    if (!candidate[peer]) continue;
-    Offer offer;
-    net::recv_all(sockets[peer].control, &offer, sizeof(offer), deadline);
-    offer.name[sizeof(offer.name) - 1] = '\0';
-    uint8_t answer = 0;
-    if (offer.name[0] == '\0') {
-      why[peer] = "it could not make a shared segment";
-    } else if (offer.name[0] != '/' || std::strncmp(offer.name, "/kolo-", 6) != 0) {
-      throw control_.lost(peer, "it sent a malformed start-up message");
-    } else {
-      int fd = ::shm_open(offer.name, O_RDWR | O_CLOEXEC, 0);
-      int error = fd < 0 ? errno : 0;
-      ::shm_unlink(offer.name);  // mapped or not, the name has done its work
+  try {
+    for (int peer = rank_ + 1; peer < size_; ++peer) {
+      if (!candidate[peer]) continue;
+      Offer offer;
+      std::string name = fmt::format("/kolo-{}-{:016x}", ::getpid(), random_u64());
+      int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       void* memory = MAP_FAILED;
-      struct stat status {};
-      if (fd >= 0) {
-        if (::fstat(fd, &status) != 0) {
-          error = errno;
-        } else if (static_cast<size_t>(status.st_size) != kSegmentBytes) {
-          error = EINVAL;
-        } else {
+      int error = 0;
+      if (fd < 0) {
+        error = errno;
+      } else {
+        // posix_fallocate returns the error instead of setting errno.
+        error = ::posix_fallocate(fd, 0, kSegmentBytes);
+        if (error == 0) {
           memory = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
           if (memory == MAP_FAILED) error = errno;
         }
         ::close(fd);
       }
-      if (memory != MAP_FAILED) {
-        const auto* header = static_cast<const SegmentHeader*>(memory);
-        if (header->magic != kSegmentMagic || header->cookie != offer.cookie ||
-            header->slot_bytes != kSlotBytes || header->slots != kSlots) {
-          ::munmap(memory, kSegmentBytes);
-          memory = MAP_FAILED;
-          error = EINVAL;
-        }
-      }
       if (memory == MAP_FAILED) {
-        why[peer] = fmt::format("cannot open its shared segment: {}", std::strerror(error));
+        if (fd >= 0) ::shm_unlink(name.c_str());
+        why[peer] = fmt::format("cannot make a shared segment of {} bytes: {}", kSegmentBytes,
+                                std::strerror(error));
         log::warn("ucx: rank {}: {}; rank {} keeps UCX", rank_, why[peer], peer);
       } else {
+        auto* header = new (memory) SegmentHeader{};
+        header->magic = kSegmentMagic;
+        header->cookie = cookies[peer] = random_u64();
+        header->slot_bytes = kSlotBytes;
+        header->slots = kSlots;
         auto link = std::make_unique<Link>();
-        link->attach(memory, false);
+        link->attach(memory, true);
         links_[peer] = std::move(link);
-        answer = 1;
+        names[peer] = name;
+        std::memcpy(offer.name, name.data(), name.size());
+        offer.cookie = cookies[peer];
+      }
+      net::send_all(sockets[peer].control, &offer, sizeof(offer), deadline);
+    }
+    for (int peer = 0; peer < rank_; ++peer) {
+      if (!candidate[peer]) continue;
+      Offer offer;
+      net::recv_all(sockets[peer].control, &offer, sizeof(offer), deadline);
+      offer.name[sizeof(offer.name) - 1] = '\0';
+      uint8_t answer = 0;
+      if (offer.name[0] == '\0') {
+        why[peer] = "it could not make a shared segment";
+      } else if (offer.name[0] != '/' || std::strncmp(offer.name, "/kolo-", 6) != 0) {
+        throw control_.lost(peer, "it sent a malformed start-up message");
+      } else {
+        int fd = ::shm_open(offer.name, O_RDWR | O_CLOEXEC, 0);
+        int error = fd < 0 ? errno : 0;
+        ::shm_unlink(offer.name);  // mapped or not, the name has done its work
+        void* memory = MAP_FAILED;
+        struct stat status {};
+        if (fd >= 0) {
+          if (::fstat(fd, &status) != 0) {
+            error = errno;
+          } else if (static_cast<size_t>(status.st_size) != kSegmentBytes) {
+            error = EINVAL;
+          } else {
+            memory = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (memory == MAP_FAILED) error = errno;
+          }
+          ::close(fd);
+        }
+        if (memory != MAP_FAILED) {
+          const auto* header = static_cast<const SegmentHeader*>(memory);
+          if (header->magic != kSegmentMagic || header->cookie != offer.cookie ||
+              header->slot_bytes != kSlotBytes || header->slots != kSlots) {
+            ::munmap(memory, kSegmentBytes);
+            memory = MAP_FAILED;
+            error = EINVAL;
+          }
+        }
+        if (memory == MAP_FAILED) {
+          why[peer] = fmt::format("cannot open its shared segment: {}", std::strerror(error));
+          log::warn("ucx: rank {}: {}; rank {} keeps UCX", rank_, why[peer], peer);
+        } else {
+          auto link = std::make_unique<Link>();
+          link->attach(memory, false);
+          links_[peer] = std::move(link);
+          answer = 1;
+        }
+      }
+      net::send_all(sockets[peer].control, &answer, 1, deadline);
+    }
+    for (int peer = rank_ + 1; peer < size_; ++peer) {
+      if (!candidate[peer] || names[peer].empty()) continue;
+      uint8_t answer = 0;
+      net::recv_all(sockets[peer].control, &answer, 1, deadline);
+      ::shm_unlink(names[peer].c_str());  // the peer unlinked it already when it could open it
+      if (answer != 1) {
+        links_[peer].reset();
+        why[peer] = "it could not open the shared segment";
       }
     }
-    net::send_all(sockets[peer].control, &answer, 1, deadline);
-  }
-  for (int peer = rank_ + 1; peer < size_; ++peer) {
-    if (!candidate[peer] || names[peer].empty()) continue;
-    uint8_t answer = 0;
-    net::recv_all(sockets[peer].control, &answer, 1, deadline);
-    ::shm_unlink(names[peer].c_str());  // the peer unlinked it already when it could open it
-    if (answer != 1) {
-      links_[peer].reset();
-      why[peer] = "it could not open the shared segment";
+
+  } catch (...) {
+    // A peer failed during set-up: leave nothing behind in /dev/shm.
+    for (const auto& name : names) {
+      if (!name.empty()) ::shm_unlink(name.c_str());
     }
+    throw;
   }
 
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     if (links_[peer]) {
       ++connected_count_;
-      log::info("ucx: rank {} reaches rank {} through kolo's shared-memory ring ({} slots of {} "
-                "KiB each way)",
-                rank_, peer, kSlots, kSlotBytes >> 10);
+      log::info(
+          "ucx: rank {} reaches rank {} through kolo's shared-memory ring ({} slots of {} "
+          "KiB each way)",
+          rank_, peer, kSlots, kSlotBytes >> 10);
     } else {
       log::info("ucx: rank {} reaches rank {} through UCX ({})", rank_, peer, why[peer]);
     }
@@ -339,7 +352,7 @@ bool ShmChannel::pump(bool& moved) {
 }
 
 // Writes the header of the first queued send (if not yet written) and one piece of its payload,
-// up to the next slot boundary, and publishes them. True when anything moved.
+// at most a slot long, and publishes them. True when anything moved.
 bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
   Transfer* transfer = link.send_first;
   if (!transfer) return false;
@@ -360,8 +373,8 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
     link.header_sent = true;
   }
   const uint64_t remaining = transfer->bytes - transfer->done;
-  const uint64_t to_boundary = kSlotBytes - head % kSlotBytes;
-  const uint64_t piece = std::min({remaining, space, to_boundary});
+  const uint64_t to_end = kCapacity - head % kCapacity;
+  const uint64_t piece = std::min({remaining, space, to_end, uint64_t{kSlotBytes}});
   if (piece > 0) {
     std::memcpy(link.out_data + head % kCapacity,
                 static_cast<const char*>(transfer->data) + transfer->done, piece);
@@ -387,7 +400,7 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
 }
 
 // Reads and checks the header of the next message for the first posted receive (if not yet
-// read) and copies one piece of its payload, up to the next slot boundary. True when anything
+// read) and copies one piece of its payload, at most a slot long. True when anything
 // moved.
 bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
   Transfer* transfer = link.recv_first;
@@ -415,8 +428,8 @@ bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
     link.header_checked = true;
   }
   const uint64_t remaining = transfer->bytes - transfer->done;
-  const uint64_t to_boundary = kSlotBytes - tail % kSlotBytes;
-  const uint64_t piece = std::min({remaining, available, to_boundary});
+  const uint64_t to_end = kCapacity - tail % kCapacity;
+  const uint64_t piece = std::min({remaining, available, to_end, uint64_t{kSlotBytes}});
   if (piece > 0) {
     std::memcpy(static_cast<char*>(transfer->data) + transfer->done,
                 link.in_data + tail % kCapacity, piece);

@@ -18,9 +18,11 @@
 // Messages. A ring is a byte stream: the producer owns `head`, the consumer owns `tail`, both
 // counting bytes since the start, so `head - tail` bytes are readable and the rest is free. A
 // message is a 64-byte header (magic, payload length, the OpDescriptor) and the payload, padded
-// to 64 bytes so that every header lies whole within the ring. Copies are cut at slot
-// boundaries, and each copy is published at once (a release store of head or tail), so the
-// consumer copies slot k out while the producer fills slot k+1. The k-th receive posted for a
+// to 64 bytes so that every header lies whole within the ring. A copy is at most a slot
+// long and never crosses the end of the ring, and each is published at once (a store of head or
+// tail), so the consumer copies one slot's worth out while the producer fills the next. (Cutting
+// at the slots' own boundaries instead would split every 1 MiB message, header included, into a
+// big piece and a 64-byte one.) The k-th receive posted for a
 // peer takes the k-th message in its ring: ALL messages to a peer that has a ring go through it
 // (UCX carries none of them), so the order of messages cannot be broken between two paths. The
 // receiver copies the header out of the ring and checks it before a byte of payload moves:

@@ -289,7 +289,8 @@ class UcxTransport final : public Transport {
       // Copies through shared memory restart the spin: the peer is busy on the other side of a
       // ring and will most likely free or fill a slot within microseconds.
       auto spin_from = Clock::now();
-      const auto spin_length = deadline.expired() ? Clock::duration::zero() : Clock::duration(kSpin);
+      const auto spin_length =
+          deadline.expired() ? Clock::duration::zero() : Clock::duration(kSpin);
       auto now = spin_from;
       shm_.end_sleep();
       bool moved = false;
