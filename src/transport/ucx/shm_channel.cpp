@@ -212,7 +212,8 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled,
         // posix_fallocate returns the error instead of setting errno.
         error = ::posix_fallocate(fd, 0, kSegmentBytes);
         if (error == 0) {
-          memory = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+          memory = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                          fd, 0);
           if (memory == MAP_FAILED) error = errno;
         }
         ::close(fd);
@@ -259,7 +260,8 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled,
           } else if (static_cast<size_t>(status.st_size) != kSegmentBytes) {
             error = EINVAL;
           } else {
-            memory = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            memory = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_POPULATE, fd, 0);
             if (memory == MAP_FAILED) error = errno;
           }
           ::close(fd);
