@@ -322,20 +322,33 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled,
 
 // ---- transfers ----------------------------------------------------------------------------------
 
-void ShmChannel::post_send(Transfer& transfer) {
+// A caller may post and then sleep on the transport's readiness fd at once, trusting the last
+// progress() to have asked for doorbells; that request did not cover the new transfer, so while
+// prepared to sleep the flags are raised again before the first look.
+bool ShmChannel::post_send(Transfer& transfer) {
   Link& link = *links_[transfer.peer];
   Link::push(link.send_first, link.send_last, transfer);
   ++link.pending;
+  if (sleeping_) prepare_sleep();
   bool completed = false;
-  send_piece(transfer.peer, link, completed);
+  if (send_piece(transfer.peer, link, completed) && sleeping_) {
+    end_sleep();
+    return true;
+  }
+  return false;
 }
 
-void ShmChannel::post_recv(Transfer& transfer) {
+bool ShmChannel::post_recv(Transfer& transfer) {
   Link& link = *links_[transfer.peer];
   Link::push(link.recv_first, link.recv_last, transfer);
   ++link.pending;
+  if (sleeping_) prepare_sleep();
   bool completed = false;
-  receive_piece(transfer.peer, link, completed);
+  if (receive_piece(transfer.peer, link, completed) && sleeping_) {
+    end_sleep();
+    return true;
+  }
+  return false;
 }
 
 bool ShmChannel::pump(bool& moved) {
@@ -459,17 +472,16 @@ bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
 // ---- sleeping -----------------------------------------------------------------------------------
 
 void ShmChannel::prepare_sleep() {
+  sleeping_ = true;
   for (auto& link : links_) {
     if (!link || link->pending == 0) continue;
     if (link->recv_first) {
       link->in->consumer_waiting.store(1, std::memory_order_seq_cst);
       link->consumer_flag = true;
-      sleeping_ = true;
     }
     if (link->send_first) {
       link->out->producer_waiting.store(1, std::memory_order_seq_cst);
       link->producer_flag = true;
-      sleeping_ = true;
     }
   }
 }

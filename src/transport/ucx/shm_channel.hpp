@@ -85,17 +85,20 @@ class ShmChannel {
   // Transfers posted to `peer` and not complete yet.
   size_t pending(int peer) const;
 
-  // Queue a transfer to or from a connected peer, and move what can move at once.
-  void post_send(Transfer& transfer);
-  void post_recv(Transfer& transfer);
+  // Queue a transfer to or from a connected peer, and move what can move at once. True when that
+  // moved data while prepared to sleep: the caller is awake again and must say so (its
+  // readiness fd), since no doorbell will come for what already moved.
+  bool post_send(Transfer& transfer);
+  bool post_recv(Transfer& transfer);
 
   // Copies what the rings allow, for every peer and both directions, until nothing more can move
   // or a transfer completed. Sets `moved` when a byte moved; returns true when a transfer
   // completed. Throws kolo::Error for a mismatch or a peer that corrupts its ring.
   bool pump(bool& moved);
 
-  // Before sleeping: asks the peers this rank waits on to ring the doorbell when they move. The
-  // caller must call pump() afterwards and sleep only if nothing moved.
+  // Before sleeping: asks the peers this rank waits on to ring the doorbell when they move, and
+  // keeps asking for transfers posted later, until end_sleep(). The caller must call pump()
+  // afterwards and sleep only if nothing moved.
   void prepare_sleep();
   // Awake again: no doorbells wanted.
   void end_sleep();

@@ -241,7 +241,10 @@ class UcxTransport final : public Transport {
   void post_send(Transfer& transfer) override {
     rethrow_failure();
     guarded([&] {
-      if (shm_.connected(transfer.peer)) return shm_.post_send(transfer);
+      if (shm_.connected(transfer.peer)) {
+        if (shm_.post_send(transfer)) leave_awake();
+        return;
+      }
       Peer& peer = peers_[transfer.peer];
       const uint64_t sequence = peer.sent++;
       Operation& operation = acquire(transfer, false);
@@ -264,7 +267,10 @@ class UcxTransport final : public Transport {
   void post_recv(Transfer& transfer) override {
     rethrow_failure();
     guarded([&] {
-      if (shm_.connected(transfer.peer)) return shm_.post_recv(transfer);
+      if (shm_.connected(transfer.peer)) {
+        if (shm_.post_recv(transfer)) leave_awake();
+        return;
+      }
       Peer& peer = peers_[transfer.peer];
       const uint64_t sequence = peer.received++;
       Operation& operation = acquire(transfer, true);
