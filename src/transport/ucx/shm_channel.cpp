@@ -182,8 +182,9 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled,
     if (peer == rank_) continue;
     Hello theirs;
     net::recv_all(sockets[peer].control, &theirs, sizeof(theirs), deadline);
-    if (theirs.magic != kHelloMagic)
+    if (theirs.magic != kHelloMagic) {
       throw control_.lost(peer, "it sent a malformed start-up message");
+    }
     theirs.host[sizeof(theirs.host) - 1] = '\0';
     if (!enabled || !theirs.enabled) {
       why[peer] = "KOLO_UCX_SHM=0";
@@ -297,7 +298,6 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled,
         why[peer] = "it could not open the shared segment";
       }
     }
-
   } catch (...) {
     // A peer failed during set-up: leave nothing behind in /dev/shm.
     for (const auto& name : names) {
