@@ -1,6 +1,8 @@
-// The collective suite and the fault tests over the UCX transport (KOLO_TRANSPORT=ucx), in two
-// flavours: UCX's default transports, which on one machine are shared memory and CMA, and UCX's
-// TCP on loopback (UCX_TLS=tcp, UCX_NET_DEVICES=lo), the path two hosts without RDMA would take.
+// The collective suite and the fault tests over the UCX transport (KOLO_TRANSPORT=ucx), in three
+// flavours: kolo's own shared-memory rings between ranks of one host (the default), UCX's default
+// transports with those rings off (KOLO_UCX_SHM=0), which on one machine are shared memory and
+// CMA, and UCX's TCP on loopback (UCX_TLS=tcp, UCX_NET_DEVICES=lo), the path two hosts without
+// RDMA would take.
 // The scenarios are those of the TCP tests (tests/worker.cpp); every rank checks every result
 // against its own reference. KOLO_DEBUG=INFO makes each rank log the UCX transports it uses, and
 // the tests check that each flavour really runs on the path it names.
@@ -25,22 +27,29 @@ using Environment = std::map<std::string, std::string>;
 struct Flavour {
   const char* name;
   Environment env;
-  const char* lane;  // a UCX transport this flavour must use between ranks
+  const char* path;  // a regular expression: the log line that shows this flavour's path
 };
 
 const std::vector<Flavour>& flavours() {
   static const std::vector<Flavour> all = {
       // UCX_TLS=all is UCX's default, spelled out so that a UCX_TLS in the environment of the
       // tests cannot move this flavour off shared memory.
-      {"shared memory",
+      {"kolo shared memory",
        {{"KOLO_TRANSPORT", "ucx"}, {"KOLO_DEBUG", "INFO"}, {"UCX_TLS", "all"}},
-       "/memory"},
+       "reaches rank [0-9]+ through kolo's shared-memory ring"},
+      {"UCX shared memory",
+       {{"KOLO_TRANSPORT", "ucx"},
+        {"KOLO_DEBUG", "INFO"},
+        {"KOLO_UCX_SHM", "0"},
+        {"UCX_TLS", "all"}},
+       "reaches its peers through .*/memory"},
       {"tcp",
        {{"KOLO_TRANSPORT", "ucx"},
         {"KOLO_DEBUG", "INFO"},
+        {"KOLO_UCX_SHM", "0"},
         {"UCX_TLS", "tcp"},
         {"UCX_NET_DEVICES", "lo"}},
-       "tcp/lo"},
+       "reaches its peers through .*tcp/lo"},
   };
   return all;
 }
@@ -66,8 +75,7 @@ void expect_all_pass(const std::vector<kolo::test::ProcessResult>& results, cons
     CHECK(contains(output, marker));
     CHECK(contains(output, "transport ucx"));
     if (results.size() > 1) {
-      CHECK(std::regex_search(
-          output, std::regex(std::string("reaches its peers through .*") + flavour.lane)));
+      CHECK(std::regex_search(output, std::regex(flavour.path)));
     }
     CHECK_FALSE(contains(output, "UCX  WARN"));
     CHECK_FALSE(contains(output, "UCX  ERROR"));

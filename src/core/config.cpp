@@ -39,6 +39,7 @@ const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_SEGMENT_BYTES", "1M",
      "largest ring pipeline segment, 4K..256M (K/M/G suffixes, powers of 1024)"},
     {"KOLO_TRANSPORT", "tcp", "tcp, ucx or auto"},
+    {"KOLO_UCX_SHM", "1", "UCX transport: 1 = kolo's shared-memory rings within a host, 0 = UCX"},
     {"KOLO_BIND", "none", "CPU binding of each rank: none, core or numa"},
     {"KOLO_GPU_BACKEND", "auto", "GPU buffers: auto, nccl or staged (through host memory)"},
     {"KOLO_DEBUG", "WARN", "log level: WARN, INFO or TRACE"},
@@ -388,6 +389,7 @@ void resolve_tuning(const ConfigOverrides& overrides, const Environment& env, Co
   if (auto transport = from_env(env, "KOLO_TRANSPORT")) {
     config.transport = one_of(*transport, {"tcp", "ucx", "auto"});
   }
+  if (auto shm = from_env(env, "KOLO_UCX_SHM")) config.ucx_shm = one_of(*shm, {"0", "1"}) == "1";
   if (auto bind = from_env(env, "KOLO_BIND")) config.bind = one_of(*bind, {"none", "core", "numa"});
   if (auto gpu = from_env(env, "KOLO_GPU_BACKEND")) {
     config.gpu_backend = one_of(*gpu, {"auto", "nccl", "staged"});

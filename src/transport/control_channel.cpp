@@ -18,6 +18,7 @@ namespace {
 constexpr uint32_t kControlMagic = 0x434c4f4b;  // "KOLC"
 constexpr uint32_t kControlAbort = 1;
 constexpr uint32_t kControlGoodbye = 2;
+constexpr uint32_t kControlWake = 3;
 
 }  // namespace
 
@@ -106,6 +107,7 @@ void ControlChannel::handle_frame(int peer) {
     link.said_goodbye = true;
     return;
   }
+  if (header.kind == kControlWake) return;  // its whole purpose was to end a poll()
   Status status = static_cast<Status>(header.status);
   if (header.kind != kControlAbort || status == Status::kSuccess) {
     throw lost(peer, "it sent an unknown control frame");
@@ -171,6 +173,10 @@ void ControlChannel::tell_peers(const Error& error) noexcept {
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != origin) send_frame(peer, kControlAbort, error.status(), origin, text);
   }
+}
+
+void ControlChannel::ring_doorbell(int peer) noexcept {
+  send_frame(peer, kControlWake, Status::kSuccess, rank_, "");
 }
 
 void ControlChannel::say_goodbye() noexcept {

@@ -5,6 +5,8 @@
 //   ABORT    a rank failed: its status, the rank that failed first and that rank's message. Every
 //            peer stops waiting and reports that first cause, not a consequence of it.
 //   GOODBYE  a rank destroys its communicator normally.
+//   WAKE     a doorbell, no more: a peer moved data for this rank through shared memory while this
+//            rank slept in poll() (see transport/ucx/shm_channel.hpp). serve() just consumes it.
 // The socket is always read, so a peer whose control socket closes without a goodbye was lost
 // (killed, crashed): the kernel closes a dead process's sockets, and every rank learns of it within
 // one wake-up. A host that vanishes is caught by TCP keepalive and TCP_USER_TIMEOUT within ~10 s.
@@ -58,6 +60,9 @@ class ControlChannel {
   // most). A failure that arrived in an ABORT is passed on with its origin, so that every rank
   // reports the first cause; the origin itself is not told.
   void tell_peers(const Error& error) noexcept;
+
+  // Sends WAKE to `peer`, best effort (a peer that is gone needs no waking).
+  void ring_doorbell(int peer) noexcept;
 
   // Sends GOODBYE to every peer and shuts down the writing side of every control socket.
   void say_goodbye() noexcept;

@@ -1,0 +1,509 @@
+#include "transport/ucx/shm_channel.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "core/log.hpp"
+#include "net/socket.hpp"
+#include "transport/control_channel.hpp"
+
+namespace kolo {
+namespace {
+
+constexpr uint32_t kHeaderMagic = 0x4d48534b;           // "KSHM": a message header in a ring
+constexpr uint64_t kSegmentMagic = 0x6b6f6c6f73686d31;  // "kolosh m1"
+constexpr uint32_t kHelloMagic = 0x4f4c4548;            // "HELO"
+constexpr size_t kAlign = 64;
+constexpr size_t kCapacity = ShmChannel::kSlotBytes * ShmChannel::kSlots;
+constexpr size_t kHeaderPage = 4096;
+constexpr size_t kSegmentBytes = kHeaderPage + 2 * kCapacity;
+
+struct alignas(kAlign) MessageHeader {
+  uint32_t magic = kHeaderMagic;
+  uint32_t reserved = 0;
+  uint64_t bytes = 0;
+  OpDescriptor descriptor;
+};
+static_assert(sizeof(MessageHeader) == kAlign);
+
+// One direction's counters, each on its own cache line so that producer and consumer do not
+// share one.
+struct RingCounters {
+  alignas(kAlign) std::atomic<uint64_t> head;  // bytes published by the producer
+  alignas(kAlign) std::atomic<uint64_t> tail;  // bytes consumed by the consumer
+  alignas(kAlign) std::atomic<uint32_t> consumer_waiting;
+  alignas(kAlign) std::atomic<uint32_t> producer_waiting;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters must be address-free");
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint64_t cookie;
+  uint64_t slot_bytes;
+  uint64_t slots;
+  RingCounters rings[2];  // 0: lower rank to higher, 1: higher to lower
+};
+static_assert(sizeof(SegmentHeader) <= kHeaderPage);
+
+// Set-up frames on the control socket.
+struct Hello {
+  uint32_t magic = kHelloMagic;
+  uint32_t enabled = 0;
+  char host[192] = {};  // host name and boot id
+};
+struct Offer {
+  char name[64] = {};  // empty: the lower rank could not make a segment
+  uint64_t cookie = 0;
+};
+
+uint64_t random_u64() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) ^ device();
+}
+
+std::string host_identity() {
+  char name[128] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return fmt::format("{}/{}", name, boot);
+}
+
+uint64_t round_up(uint64_t value) {
+  return (value + kAlign - 1) & ~uint64_t{kAlign - 1};
+}
+
+}  // namespace
+
+void check_message_descriptor(int rank, const Transfer& transfer,
+                              const OpDescriptor& sent_descriptor, uint64_t sent_bytes) {
+  if (!(sent_descriptor == transfer.descriptor)) {
+    throw Error(
+        Status::kMismatch,
+        fmt::format("ranks disagree: rank {} called {} but rank {} called {}", rank,
+                    describe(transfer.descriptor), transfer.peer, describe(sent_descriptor)));
+  }
+  if (sent_bytes != transfer.bytes) {
+    throw Error(Status::kMismatch,
+                fmt::format("ranks disagree in {}: rank {} sent a message of {} bytes where rank "
+                            "{} expected {} (is KOLO_SEGMENT_BYTES the same on every rank?)",
+                            describe(transfer.descriptor), transfer.peer, sent_bytes, rank,
+                            transfer.bytes));
+  }
+}
+
+// One peer's segment as this rank sees it: the ring it writes, the ring it reads, and the
+// transfers queued on each.
+struct ShmChannel::Link {
+  void* mapping = nullptr;
+  RingCounters* out = nullptr;  // this rank produces
+  RingCounters* in = nullptr;   // this rank consumes
+  char* out_data = nullptr;
+  char* in_data = nullptr;
+  uint64_t head = 0;  // out: what this rank published
+  uint64_t tail = 0;  // in: what this rank consumed
+
+  Transfer* send_first = nullptr;
+  Transfer* send_last = nullptr;
+  bool header_sent = false;  // for send_first
+  Transfer* recv_first = nullptr;
+  Transfer* recv_last = nullptr;
+  bool header_checked = false;  // for recv_first
+  size_t pending = 0;
+
+  bool consumer_flag = false;  // this rank set in->consumer_waiting
+  bool producer_flag = false;  // this rank set out->producer_waiting
+
+  ~Link() {
+    if (mapping) ::munmap(mapping, kSegmentBytes);
+  }
+
+  void attach(void* memory, bool lower) {
+    mapping = memory;
+    auto* header = static_cast<SegmentHeader*>(memory);
+    char* data = static_cast<char*>(memory) + kHeaderPage;
+    out = &header->rings[lower ? 0 : 1];
+    in = &header->rings[lower ? 1 : 0];
+    out_data = data + (lower ? 0 : kCapacity);
+    in_data = data + (lower ? kCapacity : 0);
+  }
+
+  static void push(Transfer*& first, Transfer*& last, Transfer& transfer) {
+    transfer.next = nullptr;
+    if (last) {
+      last->next = &transfer;
+    } else {
+      first = &transfer;
+    }
+    last = &transfer;
+  }
+
+  static void pop(Transfer*& first, Transfer*& last) {
+    first = first->next;
+    if (!first) last = nullptr;
+  }
+};
+
+ShmChannel::ShmChannel(int rank, int size, ControlChannel& control)
+    : rank_(rank), size_(size), control_(control), links_(size) {}
+
+ShmChannel::~ShmChannel() = default;
+
+size_t ShmChannel::pending(int peer) const {
+  return links_[peer] ? links_[peer]->pending : 0;
+}
+
+// ---- set-up -------------------------------------------------------------------------------------
+
+void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled,
+                         const Deadline& deadline) {
+  // 1. Every rank tells every peer its host and whether it wants rings; small frames, so sending
+  // to all before receiving from any cannot block.
+  Hello mine;
+  mine.enabled = enabled ? 1 : 0;
+  const std::string host = host_identity();
+  std::memcpy(mine.host, host.data(), std::min(host.size(), sizeof(mine.host) - 1));
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) net::send_all(sockets[peer].control, &mine, sizeof(mine), deadline);
+  }
+  std::vector<std::string> why(size_);
+  std::vector<bool> candidate(size_, false);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Hello theirs;
+    net::recv_all(sockets[peer].control, &theirs, sizeof(theirs), deadline);
+    if (theirs.magic != kHelloMagic) {
+      throw control_.lost(peer, "it sent a malformed start-up message");
+    }
+    theirs.host[sizeof(theirs.host) - 1] = '\0';
+    if (!enabled || !theirs.enabled) {
+      why[peer] = "KOLO_UCX_SHM=0";
+    } else if (host != theirs.host) {
+      why[peer] = "another host";
+    } else {
+      candidate[peer] = true;
+    }
+  }
+
+  // 2. The lower rank of each same-host pair makes the segment and offers it; the higher one
+  // opens it, checks the cookie and answers. Offers go out before any answer is awaited.
+  std::vector<std::string> names(size_);
+  std::vector<uint64_t> cookies(size_, 0);
+  try {
+    for (int peer = rank_ + 1; peer < size_; ++peer) {
+      if (!candidate[peer]) continue;
+      Offer offer;
+      std::string name = fmt::format("/kolo-{}-{:016x}", ::getpid(), random_u64());
+      int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      void* memory = MAP_FAILED;
+      int error = 0;
+      if (fd < 0) {
+        error = errno;
+      } else {
+        // posix_fallocate returns the error instead of setting errno.
+        error = ::posix_fallocate(fd, 0, kSegmentBytes);
+        if (error == 0) {
+          memory = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                          fd, 0);
+          if (memory == MAP_FAILED) error = errno;
+        }
+        ::close(fd);
+      }
+      if (memory == MAP_FAILED) {
+        if (fd >= 0) ::shm_unlink(name.c_str());
+        why[peer] = fmt::format("cannot make a shared segment of {} bytes: {}", kSegmentBytes,
+                                std::strerror(error));
+        log::warn("ucx: rank {}: {}; rank {} keeps UCX", rank_, why[peer], peer);
+      } else {
+        auto* header = new (memory) SegmentHeader{};
+        header->magic = kSegmentMagic;
+        header->cookie = cookies[peer] = random_u64();
+        header->slot_bytes = kSlotBytes;
+        header->slots = kSlots;
+        auto link = std::make_unique<Link>();
+        link->attach(memory, true);
+        links_[peer] = std::move(link);
+        names[peer] = name;
+        std::memcpy(offer.name, name.data(), name.size());
+        offer.cookie = cookies[peer];
+      }
+      net::send_all(sockets[peer].control, &offer, sizeof(offer), deadline);
+    }
+    for (int peer = 0; peer < rank_; ++peer) {
+      if (!candidate[peer]) continue;
+      Offer offer;
+      net::recv_all(sockets[peer].control, &offer, sizeof(offer), deadline);
+      offer.name[sizeof(offer.name) - 1] = '\0';
+      uint8_t answer = 0;
+      if (offer.name[0] == '\0') {
+        why[peer] = "it could not make a shared segment";
+      } else if (offer.name[0] != '/' || std::strncmp(offer.name, "/kolo-", 6) != 0) {
+        throw control_.lost(peer, "it sent a malformed start-up message");
+      } else {
+        int fd = ::shm_open(offer.name, O_RDWR | O_CLOEXEC, 0);
+        int error = fd < 0 ? errno : 0;
+        ::shm_unlink(offer.name);  // mapped or not, the name has done its work
+        void* memory = MAP_FAILED;
+        struct stat status {};
+        if (fd >= 0) {
+          if (::fstat(fd, &status) != 0) {
+            error = errno;
+          } else if (static_cast<size_t>(status.st_size) != kSegmentBytes) {
+            error = EINVAL;
+          } else {
+            memory = ::mmap(nullptr, kSegmentBytes, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_POPULATE, fd, 0);
+            if (memory == MAP_FAILED) error = errno;
+          }
+          ::close(fd);
+        }
+        if (memory != MAP_FAILED) {
+          const auto* header = static_cast<const SegmentHeader*>(memory);
+          if (header->magic != kSegmentMagic || header->cookie != offer.cookie ||
+              header->slot_bytes != kSlotBytes || header->slots != kSlots) {
+            ::munmap(memory, kSegmentBytes);
+            memory = MAP_FAILED;
+            error = EINVAL;
+          }
+        }
+        if (memory == MAP_FAILED) {
+          why[peer] = fmt::format("cannot open its shared segment: {}", std::strerror(error));
+          log::warn("ucx: rank {}: {}; rank {} keeps UCX", rank_, why[peer], peer);
+        } else {
+          auto link = std::make_unique<Link>();
+          link->attach(memory, false);
+          links_[peer] = std::move(link);
+          answer = 1;
+        }
+      }
+      net::send_all(sockets[peer].control, &answer, 1, deadline);
+    }
+    for (int peer = rank_ + 1; peer < size_; ++peer) {
+      if (!candidate[peer] || names[peer].empty()) continue;
+      uint8_t answer = 0;
+      net::recv_all(sockets[peer].control, &answer, 1, deadline);
+      ::shm_unlink(names[peer].c_str());  // the peer unlinked it already when it could open it
+      if (answer != 1) {
+        links_[peer].reset();
+        why[peer] = "it could not open the shared segment";
+      }
+    }
+  } catch (...) {
+    // A peer failed during set-up: leave nothing behind in /dev/shm.
+    for (const auto& name : names) {
+      if (!name.empty()) ::shm_unlink(name.c_str());
+    }
+    throw;
+  }
+
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    if (links_[peer]) {
+      ++connected_count_;
+      log::info(
+          "ucx: rank {} reaches rank {} through kolo's shared-memory ring ({} slots of {} "
+          "KiB each way)",
+          rank_, peer, kSlots, kSlotBytes >> 10);
+    } else {
+      log::info("ucx: rank {} reaches rank {} through UCX ({})", rank_, peer, why[peer]);
+    }
+  }
+}
+
+// ---- transfers ----------------------------------------------------------------------------------
+
+// A caller may post and then sleep on the transport's readiness fd at once, trusting the last
+// progress() to have asked for doorbells; that request did not cover the new transfer, so while
+// prepared to sleep the flags are raised again before the first look.
+bool ShmChannel::post_send(Transfer& transfer) {
+  Link& link = *links_[transfer.peer];
+  Link::push(link.send_first, link.send_last, transfer);
+  ++link.pending;
+  if (sleeping_) prepare_sleep();
+  bool completed = false;
+  if (send_piece(transfer.peer, link, completed) && sleeping_) {
+    end_sleep();
+    return true;
+  }
+  return false;
+}
+
+bool ShmChannel::post_recv(Transfer& transfer) {
+  Link& link = *links_[transfer.peer];
+  Link::push(link.recv_first, link.recv_last, transfer);
+  ++link.pending;
+  if (sleeping_) prepare_sleep();
+  bool completed = false;
+  if (receive_piece(transfer.peer, link, completed) && sleeping_) {
+    end_sleep();
+    return true;
+  }
+  return false;
+}
+
+bool ShmChannel::pump(bool& moved) {
+  bool completed = false;
+  for (;;) {
+    bool any = false;
+    for (int peer = 0; peer < size_; ++peer) {
+      Link* link = links_[peer].get();
+      if (!link || link->pending == 0) continue;
+      if (link->send_first) any = send_piece(peer, *link, completed) || any;
+      if (link->recv_first) any = receive_piece(peer, *link, completed) || any;
+    }
+    if (any) moved = true;
+    if (!any || completed) return completed;
+  }
+}
+
+// Writes the header of the first queued send (if not yet written) and one piece of its payload,
+// at most a slot long, and publishes them. True when anything moved.
+bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
+  Transfer* transfer = link.send_first;
+  if (!transfer) return false;
+  const uint64_t tail = link.out->tail.load(std::memory_order_seq_cst);
+  if (tail > link.head || link.head - tail > kCapacity) {
+    throw control_.lost(peer, "its shared-memory ring is corrupt (a read counter out of range)");
+  }
+  uint64_t space = kCapacity - (link.head - tail);
+  uint64_t head = link.head;
+  if (!link.header_sent) {
+    if (space < sizeof(MessageHeader)) return false;
+    MessageHeader header;
+    header.bytes = transfer->bytes;
+    header.descriptor = transfer->descriptor;
+    std::memcpy(link.out_data + head % kCapacity, &header, sizeof(header));
+    head += sizeof(header);
+    space -= sizeof(header);
+    link.header_sent = true;
+  }
+  const uint64_t remaining = transfer->bytes - transfer->done;
+  const uint64_t to_end = kCapacity - head % kCapacity;
+  const uint64_t piece = std::min({remaining, space, to_end, uint64_t{kSlotBytes}});
+  if (piece > 0) {
+    std::memcpy(link.out_data + head % kCapacity,
+                static_cast<const char*>(transfer->data) + transfer->done, piece);
+    head += piece;
+    transfer->done += piece;
+  }
+  if (head == link.head) return false;
+  if (transfer->done == transfer->bytes) {
+    head = round_up(head);
+    Link::pop(link.send_first, link.send_last);
+    link.header_sent = false;
+    --link.pending;
+    transfer->complete = true;
+    completed = true;
+  }
+  link.head = head;
+  link.out->head.store(head, std::memory_order_seq_cst);
+  if (link.out->consumer_waiting.load(std::memory_order_seq_cst) != 0 &&
+      link.out->consumer_waiting.exchange(0, std::memory_order_seq_cst) != 0) {
+    control_.ring_doorbell(peer);
+  }
+  return true;
+}
+
+// Reads and checks the header of the next message for the first posted receive (if not yet
+// read) and copies one piece of its payload, at most a slot long. True when anything
+// moved.
+bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
+  Transfer* transfer = link.recv_first;
+  if (!transfer) return false;
+  const uint64_t head = link.in->head.load(std::memory_order_seq_cst);
+  if (head < link.tail || head - link.tail > kCapacity) {
+    throw control_.lost(peer, "its shared-memory ring is corrupt (a write counter out of range)");
+  }
+  uint64_t available = head - link.tail;
+  uint64_t tail = link.tail;
+  if (!link.header_checked) {
+    if (available < sizeof(MessageHeader)) return false;
+    MessageHeader header;  // copied out first: the peer cannot change it after the check
+    std::memcpy(&header, link.in_data + tail % kCapacity, sizeof(header));
+    if (header.magic != kHeaderMagic) {
+      log::warn("ucx: rank {} wrote a malformed message header (magic {:#x}) into its ring", peer,
+                header.magic);
+      throw Error(Status::kPeerLost,
+                  fmt::format("rank {} sent a malformed message (magic {:#x}) to rank {}", peer,
+                              header.magic, rank_));
+    }
+    check_message_descriptor(rank_, *transfer, header.descriptor, header.bytes);
+    tail += sizeof(header);
+    available -= sizeof(header);
+    link.header_checked = true;
+  }
+  const uint64_t remaining = transfer->bytes - transfer->done;
+  const uint64_t to_end = kCapacity - tail % kCapacity;
+  const uint64_t piece = std::min({remaining, available, to_end, uint64_t{kSlotBytes}});
+  if (piece > 0) {
+    std::memcpy(static_cast<char*>(transfer->data) + transfer->done,
+                link.in_data + tail % kCapacity, piece);
+    tail += piece;
+    transfer->done += piece;
+  }
+  if (tail == link.tail) return false;
+  if (transfer->done == transfer->bytes) {
+    tail = round_up(tail);
+    Link::pop(link.recv_first, link.recv_last);
+    link.header_checked = false;
+    --link.pending;
+    transfer->complete = true;
+    completed = true;
+  }
+  link.tail = tail;
+  link.in->tail.store(tail, std::memory_order_seq_cst);
+  if (link.in->producer_waiting.load(std::memory_order_seq_cst) != 0 &&
+      link.in->producer_waiting.exchange(0, std::memory_order_seq_cst) != 0) {
+    control_.ring_doorbell(peer);
+  }
+  return true;
+}
+
+// ---- sleeping -----------------------------------------------------------------------------------
+
+void ShmChannel::prepare_sleep() {
+  sleeping_ = true;
+  for (auto& link : links_) {
+    if (!link || link->pending == 0) continue;
+    if (link->recv_first) {
+      link->in->consumer_waiting.store(1, std::memory_order_seq_cst);
+      link->consumer_flag = true;
+    }
+    if (link->send_first) {
+      link->out->producer_waiting.store(1, std::memory_order_seq_cst);
+      link->producer_flag = true;
+    }
+  }
+}
+
+void ShmChannel::end_sleep() {
+  if (!sleeping_) return;
+  sleeping_ = false;
+  for (auto& link : links_) {
+    if (!link) continue;
+    if (link->consumer_flag) link->in->consumer_waiting.store(0, std::memory_order_relaxed);
+    if (link->producer_flag) link->out->producer_waiting.store(0, std::memory_order_relaxed);
+    link->consumer_flag = link->producer_flag = false;
+  }
+}
+
+void ShmChannel::forget() {
+  for (auto& link : links_) {
+    if (!link) continue;
+    link->send_first = link->send_last = nullptr;
+    link->recv_first = link->recv_last = nullptr;
+    link->pending = 0;
+  }
+}
+
+}  // namespace kolo

@@ -1,0 +1,123 @@
+// kolo's own shared-memory data path between two ranks of one host, beside UCX.
+//
+// Why. Within a host UCX moves large messages with one CMA copy (process_vm_readv), about 5 GB/s
+// each way here when two processes exchange buffers, with much of the time spent pinning pages
+// and walking page tables on every call. Two plain memcpy()s through a ring of 1 MiB slots that
+// stays mapped for the life of the communicator ran 6.1–6.5 GB/s each way (bench/intra_host_copy),
+// and a ring allreduce at N = 2 spends most of its time in these copies.
+//
+// The segment. Each pair of ranks on one host shares one segment, created by the lower rank
+// (shm_open with a random name, mode 0600, O_EXCL, the memory reserved with posix_fallocate so
+// that a full /dev/shm fails at set-up instead of with SIGBUS later). Its name and a random
+// cookie travel over the pair's control socket, which has already proved the job secret; the
+// higher rank opens it, checks the cookie, and both unlink the name at once, so nothing is left
+// in /dev/shm and nothing else can open it. The segment holds two single-producer single-consumer
+// rings, one per direction, each of kSlots slots of kSlotBytes (8 × 1 MiB): a header page with
+// the two rings' counters, each on its own cache line, then the two data areas.
+//
+// Messages. A ring is a byte stream: the producer owns `head`, the consumer owns `tail`, both
+// counting bytes since the start, so `head - tail` bytes are readable and the rest is free. A
+// message is a 64-byte header (magic, payload length, the OpDescriptor) and the payload, padded
+// to 64 bytes so that every header lies whole within the ring. A copy is at most a slot
+// long and never crosses the end of the ring, and each is published at once (a store of head or
+// tail), so the consumer copies one slot's worth out while the producer fills the next. (Cutting
+// at the slots' own boundaries instead would split every 1 MiB message, header included, into a
+// big piece and a 64-byte one.) The k-th receive posted for a
+// peer takes the k-th message in its ring: ALL messages to a peer that has a ring go through it
+// (UCX carries none of them), so the order of messages cannot be broken between two paths. The
+// receiver copies the header out of the ring and checks it before a byte of payload moves:
+// another descriptor or another length is KOLO_ERR_MISMATCH with the same words as the UCX path,
+// and nothing is ever written past the posted buffer. Counters that make no sense (a reader ahead
+// of the writer, more than the ring holds in flight) are a lost peer, never a wild copy.
+//
+// Waking. No thread of its own: pump() copies what the rings allow, in both directions, for every
+// peer, and the UCX transport calls it from progress(). Before a rank sleeps in poll() it sets a
+// flag in the ring it waits on ("consumer waiting" when it has receives posted, "producer
+// waiting" when it has sends queued) and then looks at the rings once more; a peer that moves the
+// counter and finds the flag set clears it and rings a doorbell: a WAKE frame on the pair's
+// control socket, which is in the sleeper's poll set already. The flag and the counter are
+// sequentially consistent on both sides (Dekker), so either the sleeper sees the new counter or
+// the peer sees the flag: no wake-up is lost, and one flag yields one doorbell at most.
+//
+// Faults. A dead peer's counters simply stop; nothing here waits on them (pump() returns when
+// nothing can move), the sleeper wakes on the control channel, which reports the lost rank. The
+// segment stays mapped until this rank's transport is destroyed, so a peer still writing into a
+// ring after this rank failed writes into live memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/deadline.hpp"
+#include "transport/mesh.hpp"
+#include "transport/transport.hpp"
+
+namespace kolo {
+
+class ControlChannel;
+
+// The receiver's checks of an incoming message header, shared by the UCX and shared-memory paths
+// so that both report a disagreement in the same words. Throws kolo::Error(kMismatch).
+void check_message_descriptor(int rank, const Transfer& transfer,
+                              const OpDescriptor& sent_descriptor, uint64_t sent_bytes);
+
+class ShmChannel {
+ public:
+  static constexpr size_t kSlotBytes = size_t{1} << 20;
+  static constexpr size_t kSlots = 8;
+
+  ShmChannel(int rank, int size, ControlChannel& control);
+  ~ShmChannel();
+  ShmChannel(const ShmChannel&) = delete;
+  ShmChannel& operator=(const ShmChannel&) = delete;
+
+  // Set-up, over each pair's authenticated control socket before it is attached to the control
+  // channel: which peers share this host (host name and boot id), and for those a segment. Where
+  // `enabled` is false on either side, the peer is on another host or the segment cannot be made,
+  // the pair keeps UCX. Logs the path of every peer at INFO. Throws only when a socket fails.
+  void connect(const std::vector<PeerSockets>& sockets, bool enabled, const Deadline& deadline);
+
+  bool connected(int peer) const { return links_[peer] != nullptr; }
+  bool any() const { return connected_count_ > 0; }
+  // Transfers posted to `peer` and not complete yet.
+  size_t pending(int peer) const;
+
+  // Queue a transfer to or from a connected peer, and move what can move at once. True when that
+  // moved data while prepared to sleep: the caller is awake again and must say so (its
+  // readiness fd), since no doorbell will come for what already moved.
+  bool post_send(Transfer& transfer);
+  bool post_recv(Transfer& transfer);
+
+  // Copies what the rings allow, for every peer and both directions, until nothing more can move
+  // or a transfer completed. Sets `moved` when a byte moved; returns true when a transfer
+  // completed. Throws kolo::Error for a mismatch or a peer that corrupts its ring.
+  bool pump(bool& moved);
+
+  // Before sleeping: asks the peers this rank waits on to ring the doorbell when they move, and
+  // keeps asking for transfers posted later, until end_sleep(). The caller must call pump()
+  // afterwards and sleep only if nothing moved.
+  void prepare_sleep();
+  // Awake again: no doorbells wanted.
+  void end_sleep();
+
+  // After a failure: forget every posted transfer; nothing is copied any more.
+  void forget();
+
+ private:
+  struct Link;
+
+  bool send_piece(int peer, Link& link, bool& completed);
+  bool receive_piece(int peer, Link& link, bool& completed);
+
+  int rank_;
+  int size_;
+  ControlChannel& control_;
+  std::vector<std::unique_ptr<Link>> links_;
+  int connected_count_ = 0;
+  bool sleeping_ = false;
+};
+
+}  // namespace kolo
