@@ -16,8 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "faults.hpp"
 #include "job.hpp"
 
+using kolo::test::contains;
 using kolo::test::start_job;
 
 namespace {
@@ -59,10 +61,6 @@ Environment with(Environment env, const Environment& more) {
   return env;
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 // Every rank passed, printed `marker`, used the flavour's path when it has peers, and UCX printed
 // nothing (a clean run has no "UCX  WARN" or "UCX  ERROR" lines).
 void expect_all_pass(const std::vector<kolo::test::ProcessResult>& results, const char* marker,
@@ -80,22 +78,6 @@ void expect_all_pass(const std::vector<kolo::test::ProcessResult>& results, cons
     CHECK_FALSE(contains(output, "UCX  WARN"));
     CHECK_FALSE(contains(output, "UCX  ERROR"));
   }
-}
-
-void wait_until_looping(kolo::test::Job& job) {
-  for (int attempt = 0; attempt < 600; ++attempt) {
-    bool all = true;
-    for (auto& rank : job.ranks) all = all && contains(rank.output_so_far(), "looping");
-    if (all) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  FAIL("the ranks did not start looping within 30 s");
-}
-
-double seconds_to_failure(const std::string& output) {
-  std::smatch match;
-  REQUIRE(std::regex_search(output, match, std::regex(R"(after ([0-9.]+) s since last success)")));
-  return std::stod(match[1]);
 }
 
 }  // namespace
@@ -155,26 +137,7 @@ TEST_CASE("ucx: a rank killed with SIGKILL becomes KOLO_ERR_PEER_LOST on every s
     for (Case c : {Case{4, 2}, Case{3, 0}, Case{2, 1}}) {
       DYNAMIC_SECTION(flavour.name << ", N = " << c.size << ", rank " << c.victim << " killed") {
         auto job = start_job(c.size, {"loop", "120"}, flavour.env);
-        wait_until_looping(job);
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-        auto killed_at = std::chrono::steady_clock::now();
-        job.ranks[c.victim].kill(SIGKILL);
-        for (int rank = 0; rank < c.size; ++rank) {
-          auto result = job.ranks[rank].wait(30);
-          if (rank == c.victim) {
-            CHECK(result.signal == SIGKILL);
-            continue;
-          }
-          double elapsed =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-          INFO("rank " << rank << " output:\n" << result.output);
-          CHECK_FALSE(result.timed_out);
-          CHECK(result.exit_code == 3);
-          CHECK(contains(result.output, "KOLO_ERR_PEER_LOST"));
-          CHECK(contains(result.output, "rank " + std::to_string(c.victim)));
-          CHECK(elapsed < 10.0);
-          CHECK(seconds_to_failure(result.output) < 10.0);
-        }
+        kolo::test::kill_and_expect_peer_lost(job, c.victim);
       }
     }
   }
