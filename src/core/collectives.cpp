@@ -155,11 +155,7 @@ void Communicator::allgather(const void* sendbuf, void* recvbuf, uint64_t count,
     return gpu_allgather(descriptor, sendbuf, recvbuf, blocks);  // core/communicator_gpu.cpp
   }
   run_collective(descriptor, [&](const OpDescriptor& d) {
-    if (d.algorithm == Algorithm::kBruck) {
-      bruck_allgather(*ring_, d, sendbuf, recvbuf, blocks);
-    } else {
-      ring_allgather(*ring_, d, sendbuf, recvbuf, blocks);
-    }
+    allgather_blocks(*ring_, d, sendbuf, recvbuf, blocks);
   });
 }
 
@@ -174,11 +170,7 @@ void Communicator::allgatherv(const void* sendbuf, void* recvbuf, std::span<cons
   descriptor.detail = hash_counts(counts);
   descriptor.algorithm = allgather_algorithm(blocks.total * dtype_size(dtype), size());
   run_collective(descriptor, [&](const OpDescriptor& d) {
-    if (d.algorithm == Algorithm::kBruck) {
-      bruck_allgather(*ring_, d, sendbuf, recvbuf, blocks);
-    } else {
-      ring_allgather(*ring_, d, sendbuf, recvbuf, blocks);
-    }
+    allgather_blocks(*ring_, d, sendbuf, recvbuf, blocks);
   });
 }
 

@@ -106,11 +106,7 @@ void Communicator::gpu_allgather(const OpDescriptor& op, const void* sendbuf, vo
     if (d.count == 0) return;
     // The staged path runs the host allgather on the whole staged buffers, out of place.
     auto host = [&](const void* send, void* recv) {
-      if (d.algorithm == Algorithm::kBruck) {
-        bruck_allgather(*ring_, d, send, recv, blocks);
-      } else {
-        ring_allgather(*ring_, d, send, recv, blocks);
-      }
+      allgather_blocks(*ring_, d, send, recv, blocks);
     };
     gpu_backend(device).allgather(d, sendbuf, recvbuf, nullptr, host);
   });

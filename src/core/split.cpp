@@ -89,11 +89,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   descriptor.algorithm = allgather_algorithm(sizeof(MemberInfo) * n, n);
   run_collective(descriptor, [&](const OpDescriptor& exchange) {
     const Blocks blocks = Blocks::equal(sizeof(MemberInfo), n);
-    if (exchange.algorithm == Algorithm::kBruck) {
-      bruck_allgather(*ring_, exchange, &mine, everyone.data(), blocks);
-    } else {
-      ring_allgather(*ring_, exchange, &mine, everyone.data(), blocks);
-    }
+    allgather_blocks(*ring_, exchange, &mine, everyone.data(), blocks);
 
     if (mine.color >= 0) {
       std::vector<int> members;

@@ -990,11 +990,7 @@ void FusionEngine::run_allgather(LocalUnit& unit, const std::vector<uint64_t>& c
   descriptor.algorithm = allgather_algorithm(blocks.total * dtype_size(spec.dtype), size_);
   descriptor.sequence = ++sequence_;
   const Clock::time_point start = Clock::now();
-  if (descriptor.algorithm == Algorithm::kBruck) {
-    bruck_allgather(*ring_, descriptor, buffers.send, buffers.recv, blocks);
-  } else {
-    ring_allgather(*ring_, descriptor, buffers.send, buffers.recv, blocks);
-  }
+  allgather_blocks(*ring_, descriptor, buffers.send, buffers.recv, blocks);
   const Clock::time_point end = Clock::now();
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);

@@ -85,6 +85,9 @@ void ring_allgather(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
                     const Blocks& blocks);
 void bruck_allgather(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf,
                      const Blocks& blocks);
+// Whichever of the two op.algorithm names (allgather_algorithm() in ring/algorithms.hpp).
+void allgather_blocks(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf,
+                      const Blocks& blocks);
 // sendbuf holds blocks.total elements; this rank's block of the reduction goes to recvbuf.
 void ring_reduce_scatter(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf,
                          const Blocks& blocks);
