@@ -19,8 +19,9 @@
 // message. All receives and sends are posted in one global order, (phase, step, segment), the same
 // on every rank, and a send is posted as soon as the receive it depends on has been processed:
 // while segment k of one step is on the wire, segment k-1 is being reduced. Reduce-scatter
-// receives land in a few reusable slots; everything else moves between the caller's buffers with
-// no copy. Because every rank posts receive j before it can wait for send j, and send j depends
+// receives land in a few reusable slots, or, where the transport holds the payload in shared
+// memory, are reduced straight out of it (IncomingReduction, Transfer::sink), one copy fewer;
+// everything else moves between the caller's buffers with no copy of ours. Because every rank posts receive j before it can wait for send j, and send j depends
 // only on receives before j, the pipeline cannot deadlock.
 //
 // Where partial results live. A partial is kept in the accumulator type (float32 for the half
@@ -147,6 +148,7 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
   Transfer* transfers = ring.transfers(sends.size() + receives.size());
   Transfer* send_transfers = transfers;
   Transfer* receive_transfers = transfers + sends.size();
+  std::vector<IncomingReduction> reductions(receives.size());
   std::vector<size_t> slot_of(receives.size(), kNone);
   std::vector<size_t> free_slots;
   for (size_t slot = 0; slot < kReceiveSlots; ++slot)
@@ -173,6 +175,14 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
         slot_of[posted_receives] = slot;
         transfer.reset(ring.left(), op, slots + slot * segment_elements * accumulator,
                        step.segment.length * accumulator);
+        IncomingReduction& reduction = reductions[posted_receives];
+        const uint64_t begin = step.segment.begin;
+        reduction.spec = &spec;
+        reduction.finish = step.action == Action::kFinish;
+        reduction.result =
+            reduction.finish ? output + begin * element : partials + begin * accumulator;
+        reduction.own = input + begin * element;
+        reduction.attach(transfer);
       }
       ring.transport().post_recv(transfer);
       ++posted_receives;
@@ -180,18 +190,10 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
     }
 
     while (processed_receives < posted_receives && receive_transfers[processed_receives].complete) {
-      const Step& step = receives[processed_receives];
-      const Transfer& transfer = receive_transfers[processed_receives];
-      const uint64_t begin = step.segment.begin;
-      const uint64_t length = step.segment.length;
-      if (step.action == Action::kCombine) {
-        reduce_combine(partials + begin * accumulator, transfer.data, input + begin * element,
-                       length, spec);
-      } else if (step.action == Action::kFinish) {
-        reduce_finish(output + begin * element, transfer.data, input + begin * element, length,
-                      spec);
+      if (slot_of[processed_receives] != kNone) {
+        reductions[processed_receives].complete(receive_transfers[processed_receives]);
+        free_slots.push_back(slot_of[processed_receives]);
       }
-      if (slot_of[processed_receives] != kNone) free_slots.push_back(slot_of[processed_receives]);
       ++processed_receives;
       moved = true;
     }

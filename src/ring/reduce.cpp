@@ -15,7 +15,8 @@
 // reduce-scatter followed by a gather to the root (2(N-1)/N · S/B) for N > 2, and equal at N = 2.
 // The chain is what NCCL's ring reduce does too.
 //
-// Memory. A received segment is combined in place in its receive slot and sent on from there; the
+// Memory. A received segment is combined in its receive slot (straight out of the transport's
+// shared memory where it holds the payload there) and sent on from there; the
 // slot is reused once that send has completed (a handful of slots in all: the chain needs no
 // buffer of the message's size, and recvbuf is only used on the root). The chain has no cycle, so
 // waiting for slots cannot deadlock: the root frees its slots as it finishes, which lets its left
@@ -66,6 +67,7 @@ void chain_reduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void*
   Transfer* transfers = ring.transfers(2 * segments);
   Transfer* receives = transfers;
   Transfer* sends = transfers + segments;
+  std::vector<IncomingReduction> reductions(segments);
   std::vector<size_t> receive_slot(segments, kNone);
   std::vector<size_t> send_slot(segments, kNone);
   std::vector<size_t> free_slots;
@@ -103,6 +105,14 @@ void chain_reduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void*
         receive_slot[k] = free_slots.back();
         free_slots.pop_back();
         receives[k].reset(ring.left(), op, slot_data(receive_slot[k]), length_of(k) * accumulator);
+        // The root finishes into the output; every other rank combines in the slot and sends
+        // the partial on from there.
+        IncomingReduction& reduction = reductions[k];
+        reduction.spec = &spec;
+        reduction.finish = is_root;
+        reduction.result = is_root ? output + begin_of(k) * element : slot_data(receive_slot[k]);
+        reduction.own = input + begin_of(k) * element;
+        reduction.attach(receives[k]);
         ring.transport().post_recv(receives[k]);
         ++posted_receives;
         moved = true;
@@ -110,12 +120,10 @@ void chain_reduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void*
       while (processed_receives < posted_receives && receives[processed_receives].complete) {
         const uint64_t k = processed_receives;
         std::byte* partial = slot_data(receive_slot[k]);
-        const std::byte* own = input + begin_of(k) * element;
+        reductions[k].complete(receives[k]);
         if (is_root) {
-          reduce_finish(output + begin_of(k) * element, partial, own, length_of(k), spec);
           free_slots.push_back(receive_slot[k]);
         } else {
-          reduce_combine(partial, partial, own, length_of(k), spec);
           send_slot[k] = receive_slot[k];  // sent on from the same slot, freed when sent
           sends[k].reset(ring.right(), op, partial, length_of(k) * accumulator);
           ring.transport().post_send(sends[k]);

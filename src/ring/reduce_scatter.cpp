@@ -18,7 +18,8 @@
 //
 // Pipelining, memory and arithmetic as in allreduce.cpp: segments of KOLO_SEGMENT_BYTES, all
 // messages in one global order, a send posted as soon as the receive it depends on has been
-// combined; receives land in a few reusable slots, partials are kept in the accumulator type
+// combined; receives land in a few reusable slots (or are reduced straight out of a transport's
+// shared memory), partials are kept in the accumulator type
 // (float32 for the half types) in a reusable shadow of the input (the input is never written), and
 // the first send goes straight from sendbuf unless it needs converting or prescaling. In place
 // (recvbuf is this rank's block of sendbuf) the finish reads the own contribution of each element
@@ -101,6 +102,7 @@ void ring_reduce_scatter(Ring& ring, const OpDescriptor& op, const void* sendbuf
   Transfer* transfers = ring.transfers(sends.size() + receives.size());
   Transfer* send_transfers = transfers;
   Transfer* receive_transfers = transfers + sends.size();
+  std::vector<IncomingReduction> reductions(receives.size());
   std::vector<size_t> slot_of(receives.size(), kNone);
   std::vector<size_t> free_slots;
   for (size_t slot = 0; slot < kReceiveSlots; ++slot)
@@ -119,23 +121,23 @@ void ring_reduce_scatter(Ring& ring, const OpDescriptor& op, const void* sendbuf
       free_slots.pop_back();
       slot_of[posted_receives] = slot;
       Transfer& transfer = receive_transfers[posted_receives];
+      const Step& step = receives[posted_receives];
       transfer.reset(ring.left(), op, slots + slot * segment * accumulator,
-                     receives[posted_receives].length * accumulator);
+                     step.length * accumulator);
+      IncomingReduction& reduction = reductions[posted_receives];
+      reduction.spec = &spec;
+      reduction.finish = step.action == Action::kFinish;
+      reduction.result = reduction.finish ? output + (step.begin - blocks.offsets[r]) * element
+                                          : partials + step.begin * accumulator;
+      reduction.own = input + step.begin * element;
+      reduction.attach(transfer);
       ring.transport().post_recv(transfer);
       ++posted_receives;
       moved = true;
     }
 
     while (processed_receives < posted_receives && receive_transfers[processed_receives].complete) {
-      const Step& step = receives[processed_receives];
-      const void* incoming = receive_transfers[processed_receives].data;
-      const std::byte* own = input + step.begin * element;
-      if (step.action == Action::kCombine) {
-        reduce_combine(partials + step.begin * accumulator, incoming, own, step.length, spec);
-      } else {
-        reduce_finish(output + (step.begin - blocks.offsets[r]) * element, incoming, own,
-                      step.length, spec);
-      }
+      reductions[processed_receives].complete(receive_transfers[processed_receives]);
       free_slots.push_back(slot_of[processed_receives]);
       ++processed_receives;
       moved = true;

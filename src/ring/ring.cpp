@@ -13,6 +13,26 @@ std::byte* Ring::buffer(Buffer which, size_t bytes) {
   return buffers_[which].get();
 }
 
+void IncomingReduction::attach(Transfer& transfer) {
+  transfer.sink = [](void* context, size_t offset, const void* piece, size_t length) {
+    static_cast<const IncomingReduction*>(context)->apply(offset, piece, length);
+  };
+  transfer.sink_context = this;
+  transfer.sink_grain = accumulator_size(spec->dtype);
+}
+
+void IncomingReduction::apply(size_t offset, const void* incoming, size_t bytes) const {
+  const size_t accumulator = accumulator_size(spec->dtype);
+  const size_t element = dtype_size(spec->dtype);
+  const size_t first = offset / accumulator;
+  const size_t count = bytes / accumulator;
+  if (finish) {
+    reduce_finish(result + first * element, incoming, own + first * element, count, *spec);
+  } else {
+    reduce_combine(result + first * accumulator, incoming, own + first * element, count, *spec);
+  }
+}
+
 Transfer* Ring::transfers(size_t count) {
   if (transfers_.size() < count) transfers_.resize(count);
   for (size_t i = 0; i < count; ++i) transfers_[i] = Transfer{};

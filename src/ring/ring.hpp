@@ -16,6 +16,27 @@
 
 namespace kolo {
 
+// What a reducing schedule does with a received segment of partials: combine it with this rank's
+// own elements into a partial (accumulator type), or finish the reduction into the output
+// (element type). Attached to the receive as its sink, so that where the transport holds the
+// payload in shared memory it is reduced from there, piece by piece, without first being copied
+// into the receive slot; elsewhere complete() reduces it from the slot. The object must stay where
+// it is until the receive completes.
+struct IncomingReduction {
+  const ReduceSpec* spec = nullptr;
+  bool finish = false;
+  std::byte* result = nullptr;     // the partial or the output, at the segment's first element
+  const std::byte* own = nullptr;  // this rank's elements, at the segment's first element
+
+  void attach(Transfer& transfer);
+  // After the receive completed: the reduction the transport did not do already.
+  void complete(const Transfer& transfer) const {
+    if (!transfer.sunk) apply(0, transfer.data, transfer.bytes);
+  }
+  // Reduces `bytes` of incoming partials found `offset` bytes into the segment.
+  void apply(size_t offset, const void* incoming, size_t bytes) const;
+};
+
 class Ring {
  public:
   Ring(Transport& transport, int rank, int size, size_t segment_bytes, double timeout_s)

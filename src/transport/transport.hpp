@@ -38,8 +38,20 @@ struct Transfer {
   void* data = nullptr;
   size_t bytes = 0;
 
+  // Receives only, optional: a consumer of the payload where the transport holds it. A
+  // transport whose payload lies in memory this process can read (kolo's shared-memory rings)
+  // calls sink(sink_context, offset, piece, length) for consecutive pieces of the message, in
+  // order, each starting at a multiple of sink_grain bytes, instead of copying them into `data`,
+  // and sets `sunk`. A reducing collective thus reduces straight out of the ring, one copy fewer.
+  // Other transports ignore the sink and fill `data`.
+  using Sink = void (*)(void* context, size_t offset, const void* piece, size_t length);
+  Sink sink = nullptr;
+  void* sink_context = nullptr;
+  size_t sink_grain = 1;
+
   // Transport state.
   bool complete = false;
+  bool sunk = false;
   size_t done = 0;
   Transfer* next = nullptr;
 
@@ -48,7 +60,11 @@ struct Transfer {
     descriptor = op;
     data = buffer;
     bytes = length;
+    sink = nullptr;
+    sink_context = nullptr;
+    sink_grain = 1;
     complete = false;
+    sunk = false;
     done = 0;
     next = nullptr;
   }

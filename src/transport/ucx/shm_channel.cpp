@@ -444,10 +444,18 @@ bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
   }
   const uint64_t remaining = transfer->bytes - transfer->done;
   const uint64_t to_end = kCapacity - tail % kCapacity;
-  const uint64_t piece = std::min({remaining, available, to_end, uint64_t{kSlotBytes}});
+  uint64_t piece = std::min({remaining, available, to_end, uint64_t{kSlotBytes}});
+  if (transfer->sink && piece < remaining) {
+    piece -= piece % transfer->sink_grain;  // whole elements only; the rest comes with the next
+  }
   if (piece > 0) {
-    std::memcpy(static_cast<char*>(transfer->data) + transfer->done,
-                link.in_data + tail % kCapacity, piece);
+    const char* from = link.in_data + tail % kCapacity;
+    if (transfer->sink) {
+      transfer->sink(transfer->sink_context, transfer->done, from, piece);
+      transfer->sunk = true;
+    } else {
+      std::memcpy(static_cast<char*>(transfer->data) + transfer->done, from, piece);
+    }
     tail += piece;
     transfer->done += piece;
   }
