@@ -13,6 +13,11 @@
 #   bench/compare_mpi.sh            64 KiB .. 256 MiB, every 4x
 #   bench/compare_mpi.sh --quick    64 KiB .. 16 MiB, fewer iterations (about a minute)
 #
+# On a shared machine one run says little: ROUNDS=8 runs every configuration eight times,
+# interleaved (round 1 of each, then round 2 ...), and each cell is the median of its rounds.
+# With PLOT=file.svg and gnuplot installed (Debian: gnuplot-nox) the table is also drawn, one
+# panel per rank count; the numbers behind it are in LOG_DIR/busbw.tsv either way.
+#
 # Settings come from the environment:
 #   BUILD=./build            the meson build directory (kolorun, allreduce_perf, mpi_allreduce_perf)
 #   RANKS="2 4"              rank counts to run
@@ -21,6 +26,8 @@
 #   SMALL_ITERS=20 SMALL_WARMUP=5 LARGE_ITERS=5 LARGE_WARMUP=2
 #   CHECK=1                  check every result (0: skip the checks, faster)
 #   DTYPE=float OP=sum
+#   ROUNDS=1                 interleaved rounds; cells are medians
+#   PLOT=                    an SVG file to draw the table into (needs gnuplot)
 #   LOG_DIR=<new temporary>  where the full nccl-tests-style output of every run is kept
 #   MPIRUN_ARGS="--bind-to none"   extra mpirun flags (kolorun pins nothing either)
 #
@@ -46,6 +53,8 @@ CHECK=${CHECK:-1}
 DTYPE=${DTYPE:-float}
 OP=${OP:-sum}
 MPIRUN_ARGS=${MPIRUN_ARGS:---bind-to none}
+ROUNDS=${ROUNDS:-1}
+PLOT=${PLOT:-}
 if [[ $quick == 1 ]]; then
   MAX_BYTES=${MAX_BYTES:-16M}
   SMALL_ITERS=${SMALL_ITERS:-10} SMALL_WARMUP=${SMALL_WARMUP:-2}
@@ -135,14 +144,15 @@ fi
 configs=(kolo)
 ((have_ucx)) && configs+=(kolo_ucx)
 ((have_mpi)) && configs+=(mpi_shm mpi_shm_kept mpi_tcp)
-declare -A busbw
+declare -A busbw  # every round's figures of a cell, space-separated
 started=$SECONDS
 # Other work on the machine skews every column; the table says how busy it was.
 load_at_start=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
+for ((round = 1; round <= ROUNDS; round++)); do
 for ranks in $RANKS; do
   for config in "${configs[@]}"; do
-    log=$LOG_DIR/${config}_np${ranks}.log
-    echo "compare_mpi.sh: $config with $ranks ranks ..." >&2
+    log=$LOG_DIR/${config}_np${ranks}_round${round}.log
+    echo "compare_mpi.sh: round $round of $ROUNDS: $config with $ranks ranks ..." >&2
     # shellcheck disable=SC2086  # MPIRUN_ARGS is a list of flags
     case "$config" in
       kolo) measure "$log" env KOLO_TRANSPORT=tcp "$kolorun" -np "$ranks" "$kolo_perf" ;;
@@ -161,7 +171,7 @@ for ranks in $RANKS; do
     # is the size, 8 the out-of-place busbw, 9 its #wrong.
     while read -r size value wrong; do
       [[ $wrong =~ ^[0-9]+$ && $wrong != 0 ]] && value="$value!"
-      busbw[$config,$ranks,$size]=$value
+      busbw[$config,$ranks,$size]+="$value "
     done < <(awk '{ sub(/^\[[0-9]+\] /, "") }
                   !/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ { print $1, $8, $9 }' "$log")
     if ((status != 0)); then
@@ -170,32 +180,81 @@ for ranks in $RANKS; do
     fi
   done
 done
+done
+
+# The median of a cell's rounds; "fail" when a round is missing, a "!" when any round had a wrong
+# element.
+median() {
+  local values=$1 mark=""
+  [[ $values == *!* ]] && mark="!"
+  values=${values//!/}
+  local count
+  count=$(wc -w <<<"$values")
+  ((count == ROUNDS)) || { echo fail; return; }
+  printf '%s\n' $values | sort -g | awk -v mark="$mark" '{ v[NR] = $1 }
+    END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f%s\n", m, mark }'
+}
 
 declare -A titles=([kolo]="kolo tcp" [kolo_ucx]="kolo ucx" [mpi_shm]="MPI shm"
                    [mpi_shm_kept]="MPI shm kept" [mpi_tcp]="MPI tcp")
+what="allreduce busbw in GB/s (out of place, $DTYPE $OP"
+((ROUNDS > 1)) && what+=", median of $ROUNDS interleaved rounds"
+what+=") on $(hostname), $(nproc) cores, load $load_at_start at the start and"
+what+=" $(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?') at the end; $((SECONDS - started)) s"
 echo
-echo "allreduce busbw in GB/s (out of place, $DTYPE $OP) on $(hostname), $(nproc) cores," \
-     "load $load_at_start at the start; $((SECONDS - started)) s; logs in $LOG_DIR"
+echo "$what; logs in $LOG_DIR"
 echo
-header="| size |" rule="|-----:|"
+header="| size |" rule="|-----:|" tsv_header="bytes"
 for ranks in $RANKS; do
   for config in "${configs[@]}"; do
     header+=" ${titles[$config]} N=$ranks |"
     rule+="------:|"
+    tsv_header+=$'\t'"${titles[$config]} N=$ranks"
   done
 done
 echo "$header"
 echo "$rule"
+tsv=$LOG_DIR/busbw.tsv
+echo "$tsv_header" >"$tsv"
 wrong=0
 for size in "${sizes[@]}"; do
-  line="| $(human "$size") |"
+  line="| $(human "$size") |" row=$size
   for ranks in $RANKS; do
     for config in "${configs[@]}"; do
-      value=${busbw[$config,$ranks,$size]:-fail}
+      value=$(median "${busbw[$config,$ranks,$size]:-}")
       [[ $value == *! || $value == fail ]] && wrong=1
       line+=" $value |"
+      row+=$'\t'"${value%!}"
     done
   done
   echo "$line"
+  echo "$row" >>"$tsv"
 done
+
+# The plot: busbw against size, one panel per rank count, one line per configuration.
+if [[ -n $PLOT ]]; then
+  if ! command -v gnuplot >/dev/null; then
+    echo "compare_mpi.sh: no gnuplot (apt-get install gnuplot-nox): no plot" >&2
+  else
+    panels=$(wc -w <<<"$RANKS") columns=${#configs[@]} panel=0
+    {
+      echo "set terminal svg size $((480 * panels)),400 dynamic font 'sans,11'"
+      echo "set output '$PLOT'"
+      echo "set datafile separator tab; set datafile missing 'fail'"
+      echo "set logscale x 2; set format x '%.0b%B'; set xlabel 'bytes'"
+      echo "set ylabel 'busbw (GB/s)'; set yrange [0:*]; set key top left; set grid"
+      echo "set multiplot layout 1,$panels title \"${what//\"/}\" font 'sans,10'"
+      for ranks in $RANKS; do
+        plots=()
+        for ((c = 0; c < columns; c++)); do
+          plots+=("'$tsv' using 1:$((2 + panel * columns + c)) with linespoints title columnhead")
+        done
+        echo "set title 'N = $ranks'"
+        (IFS=,; echo "plot ${plots[*]}")
+        panel=$((panel + 1))
+      done
+      echo "unset multiplot"
+    } | gnuplot || echo "compare_mpi.sh: gnuplot failed: no plot" >&2
+  fi
+fi
 exit $wrong
