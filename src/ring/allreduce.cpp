@@ -21,8 +21,9 @@
 // while segment k of one step is on the wire, segment k-1 is being reduced. Reduce-scatter
 // receives land in a few reusable slots, or, where the transport holds the payload in shared
 // memory, are reduced straight out of it (IncomingReduction, Transfer::sink), one copy fewer;
-// everything else moves between the caller's buffers with no copy of ours. Because every rank posts receive j before it can wait for send j, and send j depends
-// only on receives before j, the pipeline cannot deadlock.
+// everything else moves between the caller's buffers with no copy of ours. Because every rank
+// posts receive j before it can wait for send j, and send j depends only on receives before j,
+// the pipeline cannot deadlock.
 //
 // Where partial results live. A partial is kept in the accumulator type (float32 for the half
 // types, so they round once, at the end). When that is the element type, the partial of chunk c is

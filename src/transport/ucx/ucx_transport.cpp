@@ -34,11 +34,11 @@
 // payload longer than expected is cut short by UCX (truncated), never written past the buffer.
 //
 // Peers on this host. Unless KOLO_UCX_SHM=0, every message to a peer on the same host goes
-// through kolo's own rings in shared memory instead (shm_channel.hpp: two memcpy()s through 1 MiB
-// slots, faster here than UCX's per-message CMA read), set up over the authenticated control
-// socket right after the keys; such a peer gets no UCX message at all, so ordering between the
-// two paths never arises. progress() pumps the rings beside the worker, and before it sleeps asks
-// the peers it waits on for a doorbell (a WAKE frame on the control channel).
+// through kolo's own rings in shared memory instead (shm_channel.hpp: two memcpy()s through
+// 256 KiB slots, faster here than UCX's per-message CMA read), set up over the authenticated
+// control socket right after the keys; such a peer gets no UCX message at all, so ordering
+// between the two paths never arises. progress() pumps the rings beside the worker, and before
+// it sleeps asks the peers it waits on for a doorbell (a WAKE frame on the control channel).
 //
 // Progress. UCX calls back on completion from inside ucp_worker_progress; the callbacks only mark
 // the operation and queue it, and the checks (which may throw) run after progress returns.
@@ -125,13 +125,13 @@ uint64_t message_tag(bool payload, int source, uint64_t sequence, uint64_t pair_
 //
 // While kolo's shared-memory rings are busy the wait is longer: the spin lasts kBusySpin after
 // the last byte moved through them. A peer in the middle of a pipeline fills or frees the next
-// piece within a few hundred microseconds (a 1 MiB copy), and sleeping there costs a wake-up on
-// each side, late on a virtual machine, after which the peer's next wait outlasts a short spin
-// too. Measured at N = 2, 16 MiB, 8 interleaved runs: busbw median 4.42 GB/s against 2.96 with
-// the 50 us spin, and 80-110 voluntary context switches per benchmark run against 200-1100. A
-// rank that waits for a peer that has not reached the collective moved nothing lately, and
-// sleeps after kSpin as before. Not when ranks outnumber the CPUs: there a spinning rank holds a
-// CPU that a peer needs.
+// piece within a copy's time (tens to hundreds of microseconds), and sleeping there costs a
+// wake-up on each side, late on a virtual machine, after which the peer's next wait outlasts a
+// short spin too. Measured at N = 2, 16 MiB, 8 interleaved runs (with 1 MiB slots): busbw
+// median 4.42 GB/s against 2.96 with the 50 us spin, and 80-110 voluntary context switches per
+// benchmark run against 200-1100. A rank that waits for a peer that has not reached the
+// collective moved nothing lately, and sleeps after kSpin as before. Not when ranks outnumber
+// the CPUs: there a spinning rank holds a CPU that a peer needs.
 constexpr auto kPureSpin = std::chrono::microseconds(5);
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kBusySpin = std::chrono::milliseconds(1);
