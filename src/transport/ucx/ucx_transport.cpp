@@ -123,18 +123,14 @@ uint64_t message_tag(bool payload, int source, uint64_t sequence, uint64_t pair_
 // wake-up is missed by nothing, but the sleep is bounded anyway so that a peer's goodbye is
 // re-examined.
 //
-// While kolo's shared-memory rings are busy the wait is longer: the spin lasts kBusySpin after
-// the last byte moved through them. A peer in the middle of a pipeline fills or frees the next
-// piece within a copy's time (tens to hundreds of microseconds), and sleeping there costs a
-// wake-up on each side, late on a virtual machine, after which the peer's next wait outlasts a
-// short spin too. Measured at N = 2, 16 MiB, 8 interleaved runs (with 1 MiB slots): busbw
-// median 4.42 GB/s against 2.96 with the 50 us spin, and 80-110 voluntary context switches per
-// benchmark run against 200-1100. A rank that waits for a peer that has not reached the
-// collective moved nothing lately, and sleeps after kSpin as before. Not when ranks outnumber
-// the CPUs: there a spinning rank holds a CPU that a peer needs.
+// With kolo's shared-memory rings, the next piece of a pipeline comes within a 256 KiB copy
+// (tens of microseconds), so the same spin covers it. A 1 ms spin after each copy helped with
+// 1 MiB slots (16 MiB, N = 2: 4.42 against 2.96 GB/s) but not with 256 KiB ones: equal medians
+// at quiet times, and in this virtual machine's slow spells (seconds in which both ranks keep
+// their CPUs busy and move a third of the usual bytes) 12 of 24 benchmark rows were slow with
+// it against 3 of 24 without, in the same interleaved rounds.
 constexpr auto kPureSpin = std::chrono::microseconds(5);
 constexpr auto kSpin = std::chrono::microseconds(50);
-constexpr auto kBusySpin = std::chrono::milliseconds(1);
 constexpr int kMaxSleepMs = 100;
 constexpr auto kControlCheckInterval = std::chrono::milliseconds(1);
 // A peer that said goodbye flushed everything it sent first; what it sent arrives within this.
@@ -221,9 +217,7 @@ class UcxTransport final : public Transport {
  public:
   UcxTransport(const Config& config, StoreClient& store, int rank, int size, uint64_t context)
       : rank_(rank), size_(size), peers_(size), control_(rank, size), shm_(rank, size, control_) {
-    const bool crowded = config.local_size > usable_cpus();
-    pure_spin_ = crowded ? Clock::duration::zero() : kPureSpin;
-    busy_spin_ = crowded ? Clock::duration(kSpin) : Clock::duration(kBusySpin);
+    pure_spin_ = config.local_size > usable_cpus() ? Clock::duration::zero() : kPureSpin;
     if (size > kMaxRanks) {
       throw Error(
           Status::kUnsupported,
@@ -305,12 +299,11 @@ class UcxTransport final : public Transport {
     guarded([&] {
       // Spin, then spin yielding the CPU: most waits in a pipeline end within microseconds. An
       // expired deadline (a caller that sleeps on readiness_fd() itself) gets one pass.
-      // Copies through shared memory restart the spin, a long one (kBusySpin): the peer is busy
-      // on the other side of a ring and will free or fill a slot soon.
+      // Copies through shared memory restart the spin: the peer is busy on the other side of a
+      // ring and will most likely free or fill a slot within microseconds.
       auto spin_from = Clock::now();
-      const bool may_spin = !deadline.expired();
-      auto spin_until = spin_from;
-      if (may_spin) spin_until = std::max(spin_from + kSpin, last_copy_ + busy_spin_);
+      const auto spin_length =
+          deadline.expired() ? Clock::duration::zero() : Clock::duration(kSpin);
       auto now = spin_from;
       shm_.end_sleep();
       bool moved = false;
@@ -319,15 +312,11 @@ class UcxTransport final : public Transport {
         bool completed = process_completions();
         bool copied = false;
         if (shm_.any() && shm_.pump(copied)) completed = true;
-        now = Clock::now();
-        if (copied) last_copy_ = now;
         if (completed) return leave_awake();
-        if (copied && may_spin) {
-          spin_from = now;
-          spin_until = now + busy_spin_;  // busy_spin_ >= kSpin
-        }
+        now = Clock::now();
+        if (copied && spin_length != Clock::duration::zero()) spin_from = now;
         if (now >= spin_from + pure_spin_) ::sched_yield();
-      } while (now < spin_until);
+      } while (now < spin_from + spin_length);
       serve_control();
 
       // Sleep until UCX or the control channel has something, or the deadline.
@@ -904,8 +893,6 @@ class UcxTransport final : public Transport {
   net::Socket readiness_;
   bool awake_set_ = false;
   Clock::duration pure_spin_;
-  Clock::duration busy_spin_;
-  Clock::time_point last_copy_{};  // when bytes last moved through the shared-memory rings
   std::vector<std::unique_ptr<Operation>> operations_;
   Operation* free_ = nullptr;
   Operation* completed_head_ = nullptr;
