@@ -303,6 +303,9 @@ TEST_CASE("accepted spellings", "[config]") {
   CHECK(resolve(kolo_job()).ucx_shm);
   CHECK_FALSE(resolve(kolo_job({{"KOLO_UCX_SHM", "0"}})).ucx_shm);
   CHECK(resolve(kolo_job({{"KOLO_UCX_SHM", " 1 "}})).ucx_shm);
+  CHECK(resolve(kolo_job({})).ucx_shm_copy == "auto");
+  CHECK(resolve(kolo_job({{"KOLO_UCX_SHM_COPY", "stream"}})).ucx_shm_copy == "stream");
+  CHECK(resolve(kolo_job({{"KOLO_UCX_SHM_COPY", "plain"}})).ucx_shm_copy == "plain");
   CHECK(resolve(kolo_job({{"KOLO_BIND", "Core"}})).bind == "core");
   CHECK(resolve(kolo_job({{"KOLO_BIND", "numa"}})).bind == "numa");
   CHECK(resolve(kolo_job()).gpu_backend == "auto");
@@ -387,6 +390,7 @@ TEST_CASE("bad values name the variable and the value", "[config]") {
       {{{"KOLO_SEGMENT_BYTES", "1X"}}, "KOLO_SEGMENT_BYTES", "1X"},
       {{{"KOLO_TRANSPORT", "foo"}}, "KOLO_TRANSPORT", "foo"},
       {{{"KOLO_UCX_SHM", "yes"}}, "KOLO_UCX_SHM", "yes"},
+      {{{"KOLO_UCX_SHM_COPY", "nt"}}, "KOLO_UCX_SHM_COPY", "nt"},
       {{{"KOLO_BIND", "socket"}}, "KOLO_BIND", "socket"},
       {{{"KOLO_GPU_BACKEND", "mpi"}}, "KOLO_GPU_BACKEND", "mpi"},
       {{{"KOLO_RANK", "2"}}, "KOLO_RANK", "2"},  // size is 2
@@ -502,10 +506,10 @@ TEST_CASE("the table of known variables is complete and well formed", "[config]"
         "KOLO_TIMEOUT", "KOLO_TCP_STREAMS", "KOLO_SOCKET_IFNAME", "KOLO_SEGMENT_BYTES",
         "KOLO_TRANSPORT", "KOLO_BIND", "KOLO_DEBUG", "KOLO_CYCLE_TIME_MS", "KOLO_CACHE_CAPACITY",
         "KOLO_FUSION_THRESHOLD", "KOLO_STALL_WARNING_S", "KOLO_STALL_ABORT_S", "KOLO_TIMELINE",
-        "KOLO_GPU_BACKEND", "KOLO_UCX_SHM"}) {
+        "KOLO_GPU_BACKEND", "KOLO_UCX_SHM", "KOLO_UCX_SHM_COPY"}) {
     CHECK(names.count(name) == 1);
   }
-  CHECK(names.size() == 21);
+  CHECK(names.size() == 22);
 }
 
 TEST_CASE("process_environment reads the real environment", "[config]") {

@@ -39,6 +39,14 @@ const std::vector<Flavour>& flavours() {
       {"kolo shared memory",
        {{"KOLO_TRANSPORT", "ucx"}, {"KOLO_DEBUG", "INFO"}, {"UCX_TLS", "all"}},
        "reaches rank [0-9]+ through kolo's shared-memory ring"},
+      // Whether the rings stream their copies depends on where the scheduler puts the ranks;
+      // this flavour streams every piece, so that path is always tested.
+      {"kolo shared memory, streamed copies",
+       {{"KOLO_TRANSPORT", "ucx"},
+        {"KOLO_DEBUG", "INFO"},
+        {"KOLO_UCX_SHM_COPY", "stream"},
+        {"UCX_TLS", "all"}},
+       "through kolo's shared-memory ring .*streamed copies"},
       {"UCX shared memory",
        {{"KOLO_TRANSPORT", "ucx"},
         {"KOLO_DEBUG", "INFO"},

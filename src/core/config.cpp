@@ -40,6 +40,9 @@ const std::vector<EnvVarInfo> kKnownVariables = {
      "largest ring pipeline segment, 4K..256M (K/M/G suffixes, powers of 1024)"},
     {"KOLO_TRANSPORT", "tcp", "tcp, ucx or auto"},
     {"KOLO_UCX_SHM", "1", "UCX transport: 1 = kolo's shared-memory rings within a host, 0 = UCX"},
+    {"KOLO_UCX_SHM_COPY", "auto",
+     "copies into the rings: auto, plain or stream (non-temporal stores, for cores without a "
+     "shared cache)"},
     {"KOLO_BIND", "none", "CPU binding of each rank: none, core or numa"},
     {"KOLO_GPU_BACKEND", "auto", "GPU buffers: auto, nccl or staged (through host memory)"},
     {"KOLO_DEBUG", "WARN", "log level: WARN, INFO or TRACE"},
@@ -390,6 +393,9 @@ void resolve_tuning(const ConfigOverrides& overrides, const Environment& env, Co
     config.transport = one_of(*transport, {"tcp", "ucx", "auto"});
   }
   if (auto shm = from_env(env, "KOLO_UCX_SHM")) config.ucx_shm = one_of(*shm, {"0", "1"}) == "1";
+  if (auto copy = from_env(env, "KOLO_UCX_SHM_COPY")) {
+    config.ucx_shm_copy = one_of(*copy, {"auto", "plain", "stream"});
+  }
   if (auto bind = from_env(env, "KOLO_BIND")) config.bind = one_of(*bind, {"none", "core", "numa"});
   if (auto gpu = from_env(env, "KOLO_GPU_BACKEND")) {
     config.gpu_backend = one_of(*gpu, {"auto", "nccl", "staged"});

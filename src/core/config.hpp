@@ -49,6 +49,7 @@ struct Config {
   uint64_t segment_bytes = 1 << 20;  // KOLO_SEGMENT_BYTES, 4 KiB .. 256 MiB
   std::string transport = "tcp";     // KOLO_TRANSPORT: tcp | ucx | auto
   bool ucx_shm = true;               // KOLO_UCX_SHM: kolo's shared-memory rings within a host
+  std::string ucx_shm_copy = "auto";  // KOLO_UCX_SHM_COPY: auto, plain or stream
   std::string bind = "none";         // KOLO_BIND: none | core | numa
   std::string gpu_backend = "auto";  // KOLO_GPU_BACKEND: auto | nccl | staged (gpu/backend.hpp)
   std::string launcher;              // who supplied the rank: config|kolo|ompi|pmi|slurm|torchrun

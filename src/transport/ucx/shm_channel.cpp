@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -16,6 +17,10 @@
 #include "core/log.hpp"
 #include "net/socket.hpp"
 #include "transport/control_channel.hpp"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace kolo {
 namespace {
@@ -79,6 +84,47 @@ std::string host_identity() {
   return fmt::format("{}/{}", name, boot);
 }
 
+// Copies a piece into a ring, with plain stores while the consumer's core shares a cache with
+// this one, and from kStreamBytes on with non-temporal stores while it does not. Measured at
+// N = 2, runs alternated with bench/cache_pingpong: when a cache line took 74-95 ns to go to the
+// other CPU and back, plain copies gave busbw 6.3-7.9 GB/s at 16-256 MiB and streamed ones 4.6-5.6
+// (the consumer then reads from memory instead of a shared cache); when it took 340-376 ns (a
+// virtual machine's two CPUs on core complexes with an L3 each, for minutes at a time) plain
+// copies gave 1.8-2.1 GB/s, every line fetched out of the other complex's cache, and streamed
+// ones 6.7-9. Which case holds is read off the ring itself (Link::far, below). The fence orders
+// the streamed stores before the store of `head` that publishes them.
+constexpr size_t kStreamBytes = size_t{16} << 10;
+// A load of the consumer's counter that finds a new value fetches its cache line from the
+// consumer's core, in about half a cache_pingpong round trip (40-50 ns within a core complex,
+// 170-190 across) plus the clock's own cost; a slower one is a vote for far.
+constexpr double kFarNanoseconds = 120.0;
+
+void copy_into_ring(char* ring, const char* from, size_t bytes, bool stream) {
+#if defined(__SSE2__)
+  if (stream && bytes >= kStreamBytes && reinterpret_cast<uintptr_t>(ring) % 16 == 0) {
+    size_t done = 0;
+    for (; done + 64 <= bytes; done += 64) {
+      const auto* source = reinterpret_cast<const __m128i*>(from + done);
+      auto* target = reinterpret_cast<__m128i*>(ring + done);
+      __m128i a = _mm_loadu_si128(source);
+      __m128i b = _mm_loadu_si128(source + 1);
+      __m128i c = _mm_loadu_si128(source + 2);
+      __m128i d = _mm_loadu_si128(source + 3);
+      _mm_stream_si128(target, a);
+      _mm_stream_si128(target + 1, b);
+      _mm_stream_si128(target + 2, c);
+      _mm_stream_si128(target + 3, d);
+    }
+    std::memcpy(ring + done, from + done, bytes - done);
+    _mm_sfence();
+    return;
+  }
+#else
+  (void)stream;
+#endif
+  std::memcpy(ring, from, bytes);
+}
+
 uint64_t round_up(uint64_t value) {
   return (value + kAlign - 1) & ~uint64_t{kAlign - 1};
 }
@@ -112,6 +158,15 @@ struct ShmChannel::Link {
   char* in_data = nullptr;
   uint64_t head = 0;  // out: what this rank published
   uint64_t tail = 0;  // in: what this rank consumed
+  // Whether the consumer's core is far (shares no cache with this one), by a vote of the last
+  // loads of out->tail that found a new value, each of which fetched the counter's cache line
+  // from the consumer's core: +1 when that took longer than kFarNanoseconds, -1 otherwise, kept
+  // within +-32 so that a change of placement shows within a few dozen pieces and one slow load
+  // (an interrupt) changes nothing.
+  uint64_t seen_tail = 0;
+  int far_votes = 0;
+  bool far() const { return far_votes > 0; }
+  void vote_far(bool slow) { far_votes = std::clamp(far_votes + (slow ? 1 : -1), -32, 32); }
 
   Transfer* send_first = nullptr;
   Transfer* send_last = nullptr;
@@ -165,8 +220,9 @@ size_t ShmChannel::pending(int peer) const {
 
 // ---- set-up -------------------------------------------------------------------------------------
 
-void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled,
+void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled, Copy copy,
                          const Deadline& deadline) {
+  copy_ = copy;
   // 1. Every rank tells every peer its host and whether it wants rings; small frames, so sending
   // to all before receiving from any cannot block.
   Hello mine;
@@ -312,8 +368,9 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled,
       ++connected_count_;
       log::info(
           "ucx: rank {} reaches rank {} through kolo's shared-memory ring ({} slots of {} "
-          "KiB each way)",
-          rank_, peer, kSlots, kSlotBytes >> 10);
+          "KiB each way, {} copies)",
+          rank_, peer, kSlots, kSlotBytes >> 10,
+          copy_ == Copy::kPlain ? "plain" : copy_ == Copy::kStream ? "streamed" : "adaptive");
     } else {
       log::info("ucx: rank {} reaches rank {} through UCX ({})", rank_, peer, why[peer]);
     }
@@ -371,7 +428,15 @@ bool ShmChannel::pump(bool& moved) {
 bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
   Transfer* transfer = link.send_first;
   if (!transfer) return false;
+  const bool sample = copy_ == Copy::kAuto;
+  const auto before =
+      sample ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   const uint64_t tail = link.out->tail.load(std::memory_order_seq_cst);
+  if (sample && tail != link.seen_tail) {
+    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - before;
+    link.vote_far(took.count() > kFarNanoseconds);
+    link.seen_tail = tail;
+  }
   if (tail > link.head || link.head - tail > kCapacity) {
     throw control_.lost(peer, "its shared-memory ring is corrupt (a read counter out of range)");
   }
@@ -391,8 +456,9 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
   const uint64_t to_end = kCapacity - head % kCapacity;
   const uint64_t piece = std::min({remaining, space, to_end, uint64_t{kSlotBytes}});
   if (piece > 0) {
-    std::memcpy(link.out_data + head % kCapacity,
-                static_cast<const char*>(transfer->data) + transfer->done, piece);
+    copy_into_ring(link.out_data + head % kCapacity,
+                   static_cast<const char*>(transfer->data) + transfer->done, piece,
+                   copy_ == Copy::kStream || (copy_ == Copy::kAuto && link.far()));
     head += piece;
     transfer->done += piece;
   }

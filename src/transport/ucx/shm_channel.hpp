@@ -78,6 +78,13 @@ class ShmChannel {
   static constexpr size_t kSlotBytes = size_t{256} << 10;
   static constexpr size_t kSlots = 8;
 
+  // How pieces are copied into a ring (KOLO_UCX_SHM_COPY): plain stores, non-temporal stores, or
+  // whichever suits where the consumer's core is (see copy_into_ring in shm_channel.cpp).
+  enum class Copy { kAuto, kPlain, kStream };
+  static Copy copy_mode(const std::string& name) {
+    return name == "plain" ? Copy::kPlain : name == "stream" ? Copy::kStream : Copy::kAuto;
+  }
+
   ShmChannel(int rank, int size, ControlChannel& control);
   ~ShmChannel();
   ShmChannel(const ShmChannel&) = delete;
@@ -87,7 +94,8 @@ class ShmChannel {
   // channel: which peers share this host (host name and boot id), and for those a segment. Where
   // `enabled` is false on either side, the peer is on another host or the segment cannot be made,
   // the pair keeps UCX. Logs the path of every peer at INFO. Throws only when a socket fails.
-  void connect(const std::vector<PeerSockets>& sockets, bool enabled, const Deadline& deadline);
+  void connect(const std::vector<PeerSockets>& sockets, bool enabled, Copy copy,
+               const Deadline& deadline);
 
   bool connected(int peer) const { return links_[peer] != nullptr; }
   bool any() const { return connected_count_ > 0; }
@@ -127,6 +135,7 @@ class ShmChannel {
   std::vector<std::unique_ptr<Link>> links_;
   int connected_count_ = 0;
   bool sleeping_ = false;
+  Copy copy_ = Copy::kAuto;
 };
 
 }  // namespace kolo

@@ -403,7 +403,7 @@ class UcxTransport final : public Transport {
         connect_mesh(config, store, rank_, size_, context, "ucx-control", 0);
     exchange_keys(sockets, deadline);
     // 2b. Rings in shared memory for the peers on this host (shm_channel.hpp).
-    shm_.connect(sockets, config.ucx_shm, deadline);
+    shm_.connect(sockets, config.ucx_shm, ShmChannel::copy_mode(config.ucx_shm_copy), deadline);
     const auto control_ready = Clock::now();
 
     // 3. The worker, its address in the store, an endpoint to every rank. A rank that cannot
