@@ -31,7 +31,10 @@
 // long and never crosses the end of the ring, and each is published at once (a store of head or
 // tail), so the consumer copies one slot's worth out while the producer fills the next. (Cutting
 // at the slots' own boundaries instead would split every slot-sized message, header included,
-// into a big piece and a 64-byte one.) The k-th receive posted for a
+// into a big piece and a 64-byte one.) The producer copies with plain stores, or with
+// non-temporal ones while the consumer's core shares no cache with its own (copy_into_ring in
+// shm_channel.cpp, KOLO_UCX_SHM_COPY); a receive that carries a sink (Transfer::sink) gets the
+// payload handed to it where it lies instead of copied out. The k-th receive posted for a
 // peer takes the k-th message in its ring: ALL messages to a peer that has a ring go through it
 // (UCX carries none of them), so the order of messages cannot be broken between two paths. The
 // receiver copies the header out of the ring and checks it before a byte of payload moves:
