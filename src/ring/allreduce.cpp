@@ -176,14 +176,12 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
         slot_of[posted_receives] = slot;
         transfer.reset(ring.left(), op, slots + slot * segment_elements * accumulator,
                        step.segment.length * accumulator);
-        IncomingReduction& reduction = reductions[posted_receives];
         const uint64_t begin = step.segment.begin;
-        reduction.spec = &spec;
-        reduction.finish = step.action == Action::kFinish;
-        reduction.result =
-            reduction.finish ? output + begin * element : partials + begin * accumulator;
-        reduction.own = input + begin * element;
-        reduction.attach(transfer);
+        const bool finish = step.action == Action::kFinish;
+        reductions[posted_receives] = {
+            &spec, finish, finish ? output + begin * element : partials + begin * accumulator,
+            input + begin * element};
+        reductions[posted_receives].attach(transfer);
       }
       ring.transport().post_recv(transfer);
       ++posted_receives;

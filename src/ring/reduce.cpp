@@ -107,12 +107,10 @@ void chain_reduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void*
         receives[k].reset(ring.left(), op, slot_data(receive_slot[k]), length_of(k) * accumulator);
         // The root finishes into the output; every other rank combines in the slot and sends
         // the partial on from there.
-        IncomingReduction& reduction = reductions[k];
-        reduction.spec = &spec;
-        reduction.finish = is_root;
-        reduction.result = is_root ? output + begin_of(k) * element : slot_data(receive_slot[k]);
-        reduction.own = input + begin_of(k) * element;
-        reduction.attach(receives[k]);
+        reductions[k] = {&spec, is_root,
+                         is_root ? output + begin_of(k) * element : slot_data(receive_slot[k]),
+                         input + begin_of(k) * element};
+        reductions[k].attach(receives[k]);
         ring.transport().post_recv(receives[k]);
         ++posted_receives;
         moved = true;

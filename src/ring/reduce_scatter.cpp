@@ -124,13 +124,12 @@ void ring_reduce_scatter(Ring& ring, const OpDescriptor& op, const void* sendbuf
       const Step& step = receives[posted_receives];
       transfer.reset(ring.left(), op, slots + slot * segment * accumulator,
                      step.length * accumulator);
-      IncomingReduction& reduction = reductions[posted_receives];
-      reduction.spec = &spec;
-      reduction.finish = step.action == Action::kFinish;
-      reduction.result = reduction.finish ? output + (step.begin - blocks.offsets[r]) * element
-                                          : partials + step.begin * accumulator;
-      reduction.own = input + step.begin * element;
-      reduction.attach(transfer);
+      const bool finish = step.action == Action::kFinish;
+      reductions[posted_receives] = {&spec, finish,
+                                     finish ? output + (step.begin - blocks.offsets[r]) * element
+                                            : partials + step.begin * accumulator,
+                                     input + step.begin * element};
+      reductions[posted_receives].attach(transfer);
       ring.transport().post_recv(transfer);
       ++posted_receives;
       moved = true;
