@@ -1,9 +1,23 @@
 #!/bin/sh
 # Installs, from Debian's archive, whatever kolo needs to build, test and benchmark that this
 # machine lacks. Safe to run again: it asks apt only for missing packages.
+# `sh scripts/install-deps.sh --list` prints the packages, one a line, and installs nothing
+# (tests/check_install_deps.py compares it with what the Meson files require).
 set -eu
-packages="meson ninja-build g++ pkg-config python3 libfmt-dev libcli11-dev libsodium-dev \
-libhwloc-dev libucx-dev catch2 openmpi-bin libopenmpi-dev iproute2 procps"
+# Build: compilers, Meson, and the libraries that meson.build requires.
+packages="meson ninja-build g++ pkg-config libfmt-dev libcli11-dev libsodium-dev libhwloc-dev \
+libucx-dev"
+# Tests: Catch2, the timeline parser, CMake for the find_package(kolo) consumer, the tools that
+# multi-process tests call, and Python with numpy, torch and pytest for the Python package.
+packages="$packages catch2 nlohmann-json3-dev cmake iproute2 procps python3 python3-numpy \
+python3-torch python3-pytest python3-sklearn"
+# Benchmarks: Open MPI beside kolo in bench/compare_mpi.sh.
+packages="$packages openmpi-bin libopenmpi-dev"
+
+if [ "${1:-}" = "--list" ]; then
+  printf '%s\n' $packages
+  exit 0
+fi
 missing=""
 for package in $packages; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
