@@ -215,8 +215,47 @@ TEST_CASE("interface_address finds loopback and lists interfaces when the name i
   Error error = expect_error([] { net::interface_address("nosuchif0"); });
   CHECK(error.status() == Status::kConfig);
   CHECK_THAT(error.what(), Contains("KOLO_SOCKET_IFNAME=nosuchif0"));
-  CHECK_THAT(error.what(), Contains("lo (127.0.0.1)"));
+  CHECK_THAT(error.what(), Contains("lo (127.0.0.1"));
   CHECK_FALSE(net::host_name().empty());
+}
+
+TEST_CASE("KOLO_SOCKET_IFNAME takes NCCL's grammar: prefixes, =exact, ^exclusions", "[net]") {
+  CHECK(net::interface_address("lo") == "127.0.0.1");   // a prefix that is a whole name
+  CHECK(net::interface_address("l") == "127.0.0.1");    // a prefix
+  CHECK(net::interface_address("=lo") == "127.0.0.1");  // exact
+  CHECK(net::interface_address("nosuch,lo") == "127.0.0.1");  // the first listed that exists
+  Error exact = expect_error([] { net::interface_address("=l"); });
+  CHECK(exact.status() == Status::kConfig);
+  CHECK_THAT(exact.what(), Contains("KOLO_SOCKET_IFNAME==l"));
+  // Excluding loopback never yields it while another interface is up.
+  std::string other = net::interface_address("^lo");
+  CHECK((!net::is_loopback_address(other) || net::interface_address("=lo") == other));
+  Error empty = expect_error([] { net::interface_address("^"); });
+  CHECK_THAT(empty.what(), Contains("names no interface"));
+}
+
+TEST_CASE("route_source_address resolves names and literals and names what failed", "[net]") {
+  CHECK(net::route_source_address({"127.0.0.1", 80}, "KOLO_ADDR") == "127.0.0.1");
+  CHECK(net::is_loopback_address(net::route_source_address({"localhost", 80}, "KOLO_ADDR")));
+  Error unknown = expect_error(
+      [] { net::route_source_address({"no-such-host.invalid", 80}, "KOLO_ADDR"); });
+  CHECK(unknown.status() == Status::kConfig);
+  CHECK_THAT(unknown.what(), Contains("'no-such-host.invalid' does not resolve on host " +
+                                      net::host_name()));
+  CHECK_THAT(unknown.what(), Contains("KOLO_SOCKET_IFNAME"));
+}
+
+TEST_CASE("numeric and loopback addresses are told apart from names", "[net]") {
+  CHECK(net::is_numeric_address("10.1.2.3"));
+  CHECK(net::is_numeric_address("fd77::1"));
+  CHECK_FALSE(net::is_numeric_address("kolohost1"));
+  CHECK_FALSE(net::is_numeric_address("10.1.2"));
+  CHECK(net::is_loopback_address("127.0.1.1"));
+  CHECK(net::is_loopback_address("::1"));
+  CHECK(net::is_loopback_address("::ffff:127.0.0.1"));
+  CHECK_FALSE(net::is_loopback_address("10.77.0.1"));
+  CHECK_FALSE(net::is_loopback_address("::ffff:10.0.0.1"));
+  CHECK_FALSE(net::is_loopback_address("localhost"));
 }
 
 // ---- authentication ----------------------------------------------------------------------------

@@ -44,7 +44,11 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
 
   net::Endpoint store_endpoint = net::parse_endpoint(config_.addr, "KOLO_ADDR");
   if (config_.rank == 0) {
-    server_ = std::make_unique<StoreServer>(store_endpoint, config_.secret);
+    // A host name may resolve to loopback on rank 0's own host (127.0.1.1 on Debian) and to a
+    // network address elsewhere: the store then listens on every interface at that port.
+    net::Endpoint listen_endpoint = store_endpoint;
+    if (!net::is_numeric_address(listen_endpoint.host)) listen_endpoint.host.clear();
+    server_ = std::make_unique<StoreServer>(listen_endpoint, config_.secret);
     log::info("serving the rendezvous store at {}", server_->endpoint().to_string());
   }
   store_ = std::make_unique<StoreClient>(store_endpoint, config_.secret, config_.rank,

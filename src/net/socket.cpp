@@ -440,39 +440,151 @@ void tune_for_bulk(const Socket& socket, int buffer_bytes) {
   set_int_option(socket, IPPROTO_TCP, TCP_USER_TIMEOUT, 10000, "TCP_USER_TIMEOUT");
 }
 
-std::string interface_address(const std::string& ifname) {
+namespace {
+
+// One interface's addresses, IPv4 first, without link-local IPv6.
+struct Interface {
+  std::string name;
+  bool up = false;
+  bool loopback = false;
+  std::vector<std::string> ipv4, ipv6;
+  const std::string* address() const {
+    if (!ipv4.empty()) return &ipv4.front();
+    if (!ipv6.empty()) return &ipv6.front();
+    return nullptr;
+  }
+};
+
+std::vector<Interface> list_interfaces() {
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) throw_system("getifaddrs", errno);
   std::unique_ptr<ifaddrs, void (*)(ifaddrs*)> owner(list, ::freeifaddrs);
-
-  // Every interface with its IPv4 addresses, in the order the kernel lists them, both to find
-  // ifname and to name the alternatives when it is not there.
-  std::vector<std::pair<std::string, std::vector<std::string>>> interfaces;
+  std::vector<Interface> interfaces;
   for (ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
     std::string name = entry->ifa_name != nullptr ? entry->ifa_name : "";
     auto it = std::find_if(interfaces.begin(), interfaces.end(),
-                           [&](const auto& item) { return item.first == name; });
-    if (it == interfaces.end()) it = interfaces.insert(interfaces.end(), {name, {}});
-    if (entry->ifa_addr != nullptr && entry->ifa_addr->sa_family == AF_INET) {
-      char text[INET_ADDRSTRLEN];
+                           [&](const Interface& item) { return item.name == name; });
+    if (it == interfaces.end()) {
+      it = interfaces.insert(interfaces.end(), Interface{});
+      it->name = name;
+    }
+    it->up = it->up || (entry->ifa_flags & IFF_UP) != 0;
+    it->loopback = it->loopback || (entry->ifa_flags & IFF_LOOPBACK) != 0;
+    if (entry->ifa_addr == nullptr) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (entry->ifa_addr->sa_family == AF_INET) {
       const auto* v4 = reinterpret_cast<const sockaddr_in*>(entry->ifa_addr);
-      if (::inet_ntop(AF_INET, &v4->sin_addr, text, sizeof text) != nullptr) {
-        it->second.push_back(text);
-      }
+      if (::inet_ntop(AF_INET, &v4->sin_addr, text, sizeof text)) it->ipv4.push_back(text);
+    } else if (entry->ifa_addr->sa_family == AF_INET6) {
+      const auto* v6 = reinterpret_cast<const sockaddr_in6*>(entry->ifa_addr);
+      if (IN6_IS_ADDR_LINKLOCAL(&v6->sin6_addr)) continue;
+      if (::inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof text)) it->ipv6.push_back(text);
     }
   }
-  std::string listing;
-  const std::vector<std::string>* found = nullptr;
-  for (const auto& [name, addresses] : interfaces) {
-    if (name == ifname) found = &addresses;
-    listing += listing.empty() ? "" : ", ";
-    listing += addresses.empty() ? name : fmt::format("{} ({})", name, fmt::join(addresses, " "));
+  return interfaces;
+}
+
+std::vector<std::string> split_commas(std::string_view text) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = std::min(text.find(',', start), text.size());
+    if (comma > start) parts.emplace_back(text.substr(start, comma - start));
+    start = comma + 1;
   }
-  if (found != nullptr && !found->empty()) return found->front();
-  throw Error(Status::kConfig, fmt::format("KOLO_SOCKET_IFNAME={}: {}; interfaces here: {}", ifname,
-                                           found != nullptr ? "the interface has no IPv4 address"
-                                                            : "no such network interface",
-                                           listing.empty() ? "none" : listing));
+  return parts;
+}
+
+}  // namespace
+
+std::string interface_address(const std::string& spec) {
+  std::string_view rest = spec;
+  bool exclude = !rest.empty() && rest.front() == '^';
+  if (exclude) rest.remove_prefix(1);
+  bool exact = !rest.empty() && rest.front() == '=';
+  if (exact) rest.remove_prefix(1);
+  std::vector<std::string> names = split_commas(rest);
+  if (names.empty()) {
+    throw Error(Status::kConfig,
+                fmt::format("KOLO_SOCKET_IFNAME='{}' names no interface (expected e.g. eth0, "
+                            "=eth0, eth,ib or ^docker,lo)", spec));
+  }
+  auto listed = [&](const std::string& name) {
+    return std::any_of(names.begin(), names.end(), [&](const std::string& wanted) {
+      return exact ? name == wanted : name.compare(0, wanted.size(), wanted) == 0;
+    });
+  };
+  std::vector<Interface> interfaces = list_interfaces();
+  // With "^", loopback is the last resort, as an interface that is down is never chosen.
+  for (bool allow_loopback : {false, true}) {
+    for (const Interface& candidate : interfaces) {
+      if (listed(candidate.name) == exclude || candidate.address() == nullptr) continue;
+      if (exclude && (!candidate.up || (candidate.loopback && !allow_loopback))) continue;
+      return *candidate.address();
+    }
+    if (!exclude) break;
+  }
+  std::string listing;
+  for (const Interface& candidate : interfaces) {
+    std::vector<std::string> addresses = candidate.ipv4;
+    addresses.insert(addresses.end(), candidate.ipv6.begin(), candidate.ipv6.end());
+    listing += listing.empty() ? "" : ", ";
+    listing += addresses.empty() ? candidate.name
+                                 : fmt::format("{} ({})", candidate.name, fmt::join(addresses, " "));
+  }
+  throw Error(Status::kConfig,
+              fmt::format("KOLO_SOCKET_IFNAME={}: no interface with an address matches; "
+                          "interfaces here: {}",
+                          spec, listing.empty() ? "none" : listing));
+}
+
+std::string route_source_address(const Endpoint& remote, const std::string& what) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  std::string port = std::to_string(remote.port == 0 ? 9 : remote.port);
+  int rc = ::getaddrinfo(remote.host.c_str(), port.c_str(), &hints, &found);
+  if (rc != 0) {
+    std::string reason = rc == EAI_SYSTEM ? errno_text(errno) : ::gai_strerror(rc);
+    throw Error(Status::kConfig,
+                fmt::format("{}: the host name '{}' does not resolve on host {} ({}); set {} to an "
+                            "address this host can resolve, or KOLO_SOCKET_IFNAME to the "
+                            "interface to use",
+                            what, remote.host, host_name(), reason, what));
+  }
+  AddrinfoList list(found);
+  int last_error = 0;
+  for (addrinfo* address = list.get(); address != nullptr; address = address->ai_next) {
+    Socket probe(::socket(address->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!probe.valid() || ::connect(probe.fd(), address->ai_addr, address->ai_addrlen) != 0) {
+      last_error = errno;
+      continue;
+    }
+    return local_endpoint(probe).host;
+  }
+  throw Error(Status::kConfig,
+              fmt::format("{}: host {} has no route to '{}' ({}); set KOLO_SOCKET_IFNAME to the "
+                          "interface that reaches it",
+                          what, host_name(), remote.host, errno_text(last_error)));
+}
+
+bool is_numeric_address(const std::string& host) {
+  in6_addr scratch{};
+  return ::inet_pton(AF_INET, host.c_str(), &scratch) == 1 ||
+         ::inet_pton(AF_INET6, host.c_str(), &scratch) == 1;
+}
+
+bool is_loopback_address(const std::string& numeric_host) {
+  in_addr v4{};
+  if (::inet_pton(AF_INET, numeric_host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, numeric_host.c_str(), &v6) != 1) return false;
+  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
 }
 
 std::string host_name() {

@@ -66,9 +66,24 @@ void set_nodelay(const Socket& socket);
 // TCP_USER_TIMEOUT so unacknowledged data to a vanished host fails within ~10 s.
 void tune_for_bulk(const Socket& socket, int buffer_bytes);
 
-// The first IPv4 address of a network interface ("eth0"); throws kolo::Error(kConfig) naming
-// KOLO_SOCKET_IFNAME and the interfaces that exist when there is no such interface.
-std::string interface_address(const std::string& ifname);
+// The address of the first interface, in the kernel's order, that `spec` selects, with NCCL's
+// grammar for KOLO_SOCKET_IFNAME: a comma-separated list of name prefixes ("eth,ib"), "=" before
+// the list for exact names ("=eth0"), "^" before it to take every interface except those
+// ("^docker,lo"; loopback is then skipped too unless nothing else is up). An interface's first
+// IPv4 address wins over its IPv6 ones (link-local IPv6 addresses are never used). Throws
+// kolo::Error(kConfig) naming KOLO_SOCKET_IFNAME, the spec and the interfaces that exist.
+std::string interface_address(const std::string& spec);
+
+// The numeric local address this machine sends from to reach `remote` (a host name, or an IPv4 or
+// IPv6 literal): the name is resolved and the kernel's routing table asked, with a UDP socket that
+// sends nothing. Throws kolo::Error(kConfig) naming the host and `what` (e.g. "KOLO_ADDR") when the
+// name does not resolve or no route leads there.
+std::string route_source_address(const Endpoint& remote, const std::string& what);
+
+// True for a numeric IPv4 or IPv6 address (as opposed to a host name).
+bool is_numeric_address(const std::string& host);
+// True for 127.0.0.0/8, ::1 and IPv4-mapped loopback.
+bool is_loopback_address(const std::string& numeric_host);
 
 // This machine's host name (for log prefixes and local-rank grouping).
 std::string host_name();

@@ -1,9 +1,6 @@
 #include "transport/mesh.hpp"
 
-#include <arpa/inet.h>
 #include <fmt/format.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <atomic>
 #include <exception>
@@ -19,27 +16,6 @@
 
 namespace kolo {
 namespace {
-
-// The local address this machine uses to reach `remote`: a connected UDP socket sends nothing but
-// is given a source address by the kernel's routing table.
-std::string route_source_address(const net::Endpoint& remote) {
-  net::Socket probe(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(remote.port == 0 ? 9 : remote.port);
-  if (!probe.valid() || ::inet_pton(AF_INET, remote.host.c_str(), &address.sin_addr) != 1 ||
-      ::connect(probe.fd(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    return "0.0.0.0";
-  }
-  sockaddr_in local{};
-  socklen_t length = sizeof(local);
-  if (::getsockname(probe.fd(), reinterpret_cast<sockaddr*>(&local), &length) != 0) {
-    return "0.0.0.0";
-  }
-  char text[INET_ADDRSTRLEN] = {};
-  ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text));
-  return text;
-}
 
 std::string key(uint64_t context, const char* name, int rank) {
   return fmt::format("kolo/{:x}/{}/{}", context, name, rank);
@@ -102,6 +78,28 @@ void accept_connections(const net::Socket& listener, const std::string& secret, 
   }
 }
 
+// The address this rank listens on and publishes: the one its host sends from to reach rank 0's
+// store. A rank that reaches the store over loopback shares rank 0's host, and a host name in
+// KOLO_ADDR may resolve to loopback there (Debian maps its own name to 127.0.1.1) while other
+// hosts reach it over the network: such a rank takes the interface that routes to the first rank
+// that published a network address, so that no peer on another host is handed a loopback address.
+std::string listen_address(const Config& config, StoreClient& store, int rank, int size,
+                           uint64_t context, const char* name) {
+  std::string own = net::route_source_address(net::parse_endpoint(config.addr, "KOLO_ADDR"),
+                                              "KOLO_ADDR");
+  std::string route_name = fmt::format("{}-route", name);
+  store.set_string(key(context, route_name.c_str(), rank), own);
+  if (!net::is_loopback_address(own)) return own;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    std::string theirs = store.get_string(key(context, route_name.c_str(), peer));
+    if (!net::is_loopback_address(theirs)) {
+      return net::route_source_address({theirs, 0}, fmt::format("the address of rank {}", peer));
+    }
+  }
+  return own;
+}
+
 }  // namespace
 
 std::vector<PeerSockets> connect_mesh(const Config& config, StoreClient& store, int rank, int size,
@@ -109,10 +107,9 @@ std::vector<PeerSockets> connect_mesh(const Config& config, StoreClient& store, 
   Deadline deadline(config.timeout_s);
   std::string host = !config.socket_ifname.empty()
                          ? net::interface_address(config.socket_ifname)
-                         : route_source_address(net::parse_endpoint(config.addr, "KOLO_ADDR"));
+                         : listen_address(config, store, rank, size, context, name);
   net::Socket listener = net::listen_on({host, 0});
   net::Endpoint me = net::local_endpoint(listener);
-  if (me.host == "0.0.0.0") me.host = "127.0.0.1";
   store.set_string(key(context, name, rank), me.to_string());
   if (data_streams > 0) {
     log::info("{}: rank {} listens on {} with {} data stream(s) per peer", name, rank,
