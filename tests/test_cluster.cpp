@@ -1,0 +1,259 @@
+// Multi-host tests on a simulated cluster (scripts/cluster.sh): hosts are network namespaces with
+// host names of their own, joined by a bridge; each host's own name resolves to 127.0.1.1 there,
+// as on Debian. Ranks start inside their host with the variables a real launcher sets (torchrun's
+// with MASTER_ADDR as a host name, Slurm's and Open MPI's with KOLO_ADDR), run the test workers,
+// which check every element against their own reference, and log at INFO what kolo chose: the
+// test asserts the transport, the node count and that no rank published a loopback address.
+// Needs root and network namespaces; without them the program says why and exits 77 (skipped).
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "faults.hpp"
+#include "process.hpp"
+
+using namespace kolo::test;
+
+namespace {
+
+const char* kClusterName = "kolotest";
+
+std::string cluster_script() {
+  const char* path = std::getenv("KOLO_CLUSTER_SCRIPT");
+  return path != nullptr ? path : "scripts/cluster.sh";
+}
+
+int run_script(const std::string& arguments) {
+  std::string command = fmt::format("sh '{}' {} >/dev/null 2>&1", cluster_script(), arguments);
+  return std::system(command.c_str());
+}
+
+// The hosts of one test, taken down again whatever happens.
+struct Cluster {
+  int hosts;
+  explicit Cluster(int host_count, const std::string& rate = "none") : hosts(host_count) {
+    REQUIRE(run_script(fmt::format("up {} {} {}", kClusterName, hosts, rate)) == 0);
+  }
+  ~Cluster() { run_script(fmt::format("down {}", kClusterName)); }
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+};
+
+enum class Launcher { kTorchrun, kSlurm, kOpenMpi };
+
+const char* launcher_name(Launcher launcher) {
+  switch (launcher) {
+    case Launcher::kTorchrun: return "torchrun (MASTER_ADDR=kolotest1, a host name)";
+    case Launcher::kSlurm: return "srun (KOLO_ADDR=10.77.0.1, an address)";
+    case Launcher::kOpenMpi: return "mpirun (KOLO_ADDR=kolotest1, a host name)";
+  }
+  return "";
+}
+
+// What the launcher would export for global rank `rank`, the `local`-th of `per_host` on its host.
+std::map<std::string, std::string> launcher_env(Launcher launcher, int rank, int size, int local,
+                                                int per_host) {
+  std::map<std::string, std::string> env = {{"KOLO_SECRET", kTestSecret},
+                                            {"KOLO_TIMEOUT", "60"},
+                                            {"KOLO_DEBUG", "INFO"}};
+  switch (launcher) {
+    case Launcher::kTorchrun:
+      env.insert({{"RANK", std::to_string(rank)},
+                  {"WORLD_SIZE", std::to_string(size)},
+                  {"LOCAL_RANK", std::to_string(local)},
+                  {"LOCAL_WORLD_SIZE", std::to_string(per_host)},
+                  {"MASTER_ADDR", "kolotest1"},
+                  {"MASTER_PORT", "29500"}});
+      break;
+    case Launcher::kSlurm:
+      env.insert({{"SLURM_PROCID", std::to_string(rank)},
+                  {"SLURM_NTASKS", std::to_string(size)},
+                  {"SLURM_LOCALID", std::to_string(local)},
+                  {"SLURM_NTASKS_PER_NODE", std::to_string(per_host)},
+                  {"KOLO_ADDR", "10.77.0.1:29500"}});
+      break;
+    case Launcher::kOpenMpi:
+      env.insert({{"OMPI_COMM_WORLD_RANK", std::to_string(rank)},
+                  {"OMPI_COMM_WORLD_SIZE", std::to_string(size)},
+                  {"OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(local)},
+                  {"OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(per_host)},
+                  {"KOLO_ADDR", "kolotest1:29500"}});
+      break;
+  }
+  return env;
+}
+
+// Ranks 0..R-1 on host 1, R..2R-1 on host 2, and so on, as block placement does.
+std::vector<Process> start_ranks(const Cluster& cluster, int per_host, Launcher launcher,
+                                 const std::vector<std::string>& worker_args,
+                                 const std::map<std::string, std::string>& extra_env = {}) {
+  std::vector<Process> ranks;
+  const int size = cluster.hosts * per_host;
+  for (int rank = 0; rank < size; ++rank) {
+    int host = rank / per_host + 1;
+    auto env = launcher_env(launcher, rank, size, rank % per_host, per_host);
+    for (const auto& [key, value] : extra_env) env[key] = value;
+    std::vector<std::string> argv = {"/bin/sh", cluster_script(), "exec", kClusterName,
+                                     std::to_string(host)};
+    argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+    ranks.emplace_back(argv, env);
+  }
+  return ranks;
+}
+
+// Listeners on a loopback address whose communicator then reports more than one node.
+int loopback_listeners_spanning_hosts(const std::string& output) {
+  static const std::regex listens(R"(listens on (\S+))");
+  static const std::regex ready(R"(ready: .* (\d+) node\(s\))");
+  int count = 0;
+  bool loopback_pending = false;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch match;
+    if (std::regex_search(line, match, listens)) {
+      loopback_pending = match[1].str().rfind("127.", 0) == 0;
+    } else if (loopback_pending && std::regex_search(line, match, ready)) {
+      count += match[1] != "1";
+      loopback_pending = false;
+    }
+  }
+  return count;
+}
+
+// Every rank passed its checks, ran on the transport named, saw every host, and listened on the
+// address of its host's network interface (its sub-communicators too, unless all their ranks
+// share one host).
+void expect_passed(std::vector<Process>& ranks, int hosts, int per_host, const char* marker,
+                   const std::string& transport) {
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    ProcessResult result = ranks[rank].wait(300);
+    const std::string host_address = fmt::format("10.77.0.{}:", rank / per_host + 1);
+    INFO("rank " << rank << " output:\n" << result.output);
+    CHECK_FALSE(result.timed_out);
+    CHECK(result.exit_code == 0);
+    CHECK(contains(result.output, marker));
+    CHECK(contains(result.output, fmt::format("{} node(s), transport {}", hosts, transport)));
+    // The world communicator's listener comes first; a sub-communicator may listen on loopback
+    // only when all of its ranks share one host.
+    std::smatch first;
+    REQUIRE(std::regex_search(result.output, first, std::regex(R"(rank (\d+) listens on (\S+))")));
+    CHECK(first[1] == std::to_string(rank));
+    CHECK(first[2].str().rfind(host_address, 0) == 0);
+    CHECK(loopback_listeners_spanning_hosts(result.output) == 0);
+  }
+}
+
+struct Shape {
+  int hosts;
+  int per_host;
+  Launcher launcher;
+};
+const Shape kShapes[] = {{2, 1, Launcher::kTorchrun},
+                         {2, 2, Launcher::kSlurm},
+                         {4, 1, Launcher::kOpenMpi},
+                         {4, 2, Launcher::kTorchrun}};
+
+struct Program {
+  std::vector<std::string> args;  // worker and its arguments, relative to the build folder first
+  const char* marker;
+};
+
+void run_everywhere(const Program& program, const std::string& transport) {
+  for (const Shape& shape : kShapes) {
+    DYNAMIC_SECTION(shape.hosts << " hosts x " << shape.per_host << " ranks, "
+                                << launcher_name(shape.launcher)) {
+      Cluster cluster(shape.hosts);
+      std::vector<std::string> args = program.args;
+      args[0] = built_program(args[0]);
+      auto ranks = start_ranks(cluster, shape.per_host, shape.launcher, args,
+                               {{"KOLO_TRANSPORT", transport}});
+      expect_passed(ranks, shape.hosts, shape.per_host, program.marker, transport);
+    }
+  }
+}
+
+const std::map<std::string, Program> kPrograms = {
+    {"allreduce", {{"tests/kolo_test_worker", "allreduce", "quick"}, "allreduce checks passed"}},
+    {"broadcast", {{"tests/kolo_test_worker", "broadcast"}, "broadcast checks passed"}},
+    {"barrier", {{"tests/kolo_test_worker", "barrier"}, "barrier checks passed"}},
+    {"allgather", {{"tests/kolo_test_collectives", "allgather", "quick"}, "allgather checks passed"}},
+    {"reduce_scatter",
+     {{"tests/kolo_test_collectives", "reduce_scatter", "quick"}, "reduce_scatter checks passed"}},
+    {"alltoall", {{"tests/kolo_test_collectives", "alltoall", "quick"}, "alltoall checks passed"}},
+    {"reduce", {{"tests/kolo_test_collectives", "reduce", "quick"}, "reduce checks passed"}},
+    {"sendrecv", {{"tests/kolo_test_collectives", "sendrecv"}, "sendrecv checks passed"}},
+    {"split", {{"tests/kolo_test_collectives", "split"}, "split checks passed"}},
+    {"fusion", {{"tests/kolo_fusion_worker", "orders"}, "orders checks passed"}},
+};
+
+}  // namespace
+
+TEST_CASE("every collective, split and named operation across hosts over TCP", "[cluster][tcp]") {
+  for (const auto& [name, program] : kPrograms) {
+    DYNAMIC_SECTION(name) { run_everywhere(program, "tcp"); }
+  }
+}
+
+TEST_CASE("a bracketed IPv6 address in KOLO_ADDR", "[cluster][tcp]") {
+  Cluster cluster(2);
+  auto ranks = start_ranks(cluster, 1, Launcher::kSlurm,
+                           {built_program("tests/kolo_test_worker"), "allreduce", "quick"},
+                           {{"KOLO_ADDR", "[fd77::1]:29500"}});
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    ProcessResult result = ranks[rank].wait(300);
+    INFO("rank " << rank << " output:\n" << result.output);
+    CHECK(result.exit_code == 0);
+    CHECK(contains(result.output, "allreduce checks passed"));
+    CHECK(contains(result.output, fmt::format("rank {} listens on [fd77::{}]:", rank, rank + 1)));
+  }
+}
+
+TEST_CASE("a host that vanishes is reported lost by name on every survivor", "[cluster][lost]") {
+  Cluster cluster(3);
+  auto ranks = start_ranks(cluster, 1, Launcher::kTorchrun,
+                           {built_program("tests/kolo_test_worker"), "loop", "60"});
+  for (int attempt = 0; attempt < 600; ++attempt) {
+    bool all = true;
+    for (auto& rank : ranks) all = all && contains(rank.output_so_far(), "looping");
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int victim = 2;
+  auto cut_at = std::chrono::steady_clock::now();
+  REQUIRE(run_script(fmt::format("cut {} {}", kClusterName, victim + 1)) == 0);
+  for (int rank = 0; rank < victim; ++rank) {
+    ProcessResult result = ranks[rank].wait(60);
+    double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
+    INFO("rank " << rank << " output:\n" << result.output);
+    CHECK_FALSE(result.timed_out);
+    CHECK(result.exit_code == 3);
+    CHECK(contains(result.output, "KOLO_ERR_PEER_LOST"));
+    CHECK(contains(result.output, "rank " + std::to_string(victim)));
+    CHECK(elapsed < 20.0);
+    CHECK(seconds_to_failure(result.output) < 15.0);
+  }
+  ranks[victim].kill(SIGKILL);
+}
+
+int main(int argc, char** argv) {
+  if (::geteuid() != 0) {
+    std::puts("skipped: the simulated cluster needs root (ip netns, unshare)");
+    return 77;
+  }
+  if (std::system("ip netns list >/dev/null 2>&1 && command -v unshare >/dev/null") != 0) {
+    std::puts("skipped: `ip netns` or `unshare` is not available here");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}
