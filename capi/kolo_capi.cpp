@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/communicator.hpp"
+#include "comm/communicator.hpp"
 #include "fusion/engine.hpp"
 #include "kolo/dtype.hpp"
 #include "kolo/status.hpp"
@@ -545,7 +545,7 @@ kolo_status_t kolo_comm_set_fusion_threshold(kolo_comm_t comm, uint64_t bytes) {
   });
 }
 
-// ---- GPU buffers (core/communicator_gpu.cpp, src/gpu/) -----------------------------------------
+// ---- GPU buffers (comm/communicator_gpu.cpp, src/gpu/) -----------------------------------------
 
 kolo_status_t kolo_allreduce_scaled_on_stream(kolo_comm_t comm, const void* sendbuf, void* recvbuf,
                                               uint64_t count, kolo_dtype_t dtype, kolo_op_t op,

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/communicator.hpp"
+#include "comm/communicator.hpp"
 #include "core/config.hpp"
 #include "gpu/gpu.hpp"
 #include "gpu/kernels.hpp"

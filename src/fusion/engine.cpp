@@ -85,13 +85,11 @@
 #include <cerrno>
 #include <cstring>
 
-#include "bootstrap/store.hpp"
 #include "core/log.hpp"
 #include "fusion/coordinator.hpp"
 #include "fusion/fused_layout.hpp"
 #include "fusion/timeline.hpp"
 #include "gpu/gpu.hpp"
-#include "net/socket.hpp"
 #include "ring/algorithms.hpp"
 #include "ring/ring.hpp"
 
@@ -246,9 +244,9 @@ std::string describe_submitted(const UnitSpec& spec) {
 
 }  // namespace
 
-FusionEngine::FusionEngine(const Config& config, uint64_t context)
+FusionEngine::FusionEngine(const Config& config, Connector connect)
     : config_(config),
-      context_(context),
+      connect_(std::move(connect)),
       rank_(config.rank),
       size_(config.size),
       fusion_threshold_(config.fusion_threshold_bytes),
@@ -421,11 +419,9 @@ void FusionEngine::run() {
 }
 
 void FusionEngine::connect() {
-  StoreClient store(net::parse_endpoint(config_.addr, "KOLO_ADDR"), config_.secret, rank_,
-                    config_.timeout_s);
-  transport_ = make_transport(config_, store, rank_, size_, context_);
-  ring_ =
-      std::make_unique<Ring>(*transport_, rank_, size_, config_.segment_bytes, config_.timeout_s);
+  Links links = connect_();
+  transport_ = std::move(links.transport);
+  ring_ = std::move(links.ring);
   if (rank_ == 0) {
     coordinator_ = std::make_unique<Coordinator>(
         CoordinatorSettings{size_, config_.stall_warning_s, config_.stall_abort_s}, cache_);

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -18,12 +19,10 @@
 #include "fusion/cache.hpp"
 #include "fusion/request.hpp"
 #include "fusion/wire.hpp"
+#include "ring/ring.hpp"
 #include "transport/transport.hpp"
 
 namespace kolo {
-
-class Ring;
-
 namespace fusion {
 
 class Coordinator;
@@ -48,9 +47,13 @@ struct FusionStats {
 
 class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
  public:
-  // Nothing starts until the first submission. `context` tells the engine's connections apart
-  // from the communicator's own (and from other communicators' engines).
-  FusionEngine(const Config& config, uint64_t context);
+  // Connects the engine's own mesh, called once from the engine thread: the communicator gives
+  // one that connects under a context of the engine's own (comm/connect.hpp), so that the
+  // engine's connections are told apart from the communicator's and from other engines'.
+  using Connector = std::function<Links()>;
+
+  // Nothing starts until the first submission.
+  FusionEngine(const Config& config, Connector connect);
   ~FusionEngine();
   FusionEngine(const FusionEngine&) = delete;
   FusionEngine& operator=(const FusionEngine&) = delete;
@@ -118,7 +121,7 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   std::byte* fusion_buffer(size_t bytes);
 
   const Config config_;
-  const uint64_t context_;
+  const Connector connect_;
   const int rank_;
   const int size_;
   std::atomic<uint64_t> fusion_threshold_;

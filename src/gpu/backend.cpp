@@ -20,7 +20,7 @@
 #include "net/socket.hpp"
 #include "transport/transport.hpp"
 #ifdef KOLO_HAVE_NCCL
-#include "transport/nccl/nccl_communicator.hpp"
+#include "gpu/nccl_communicator.hpp"
 #endif
 
 namespace kolo::gpu {

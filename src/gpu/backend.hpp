@@ -3,7 +3,7 @@
 // build without CUDA, where constructing one throws KOLO_ERR_UNSUPPORTED).
 //
 // Two paths, chosen once for the communicator, identically on every rank:
-//   nccl     NCCL runs the collective (src/transport/nccl/). Needs kolo built with NCCL and a
+//   nccl     NCCL runs the collective (gpu/nccl_communicator.*). Needs kolo built with NCCL and a
 //            GPU per rank: NCCL refuses two ranks on one device.
 //   staged   device -> pinned host memory -> kolo's own host collective (the ring over TCP or UCX)
 //            -> device. Works everywhere, several ranks sharing one GPU included.

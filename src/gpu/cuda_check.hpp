@@ -1,5 +1,5 @@
 // CUDA runtime errors as kolo errors, and the current device kept as the caller had it. Internal
-// to src/gpu/ and src/transport/nccl/, the only places that include CUDA headers.
+// to src/gpu/, the only folder that includes CUDA headers.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -135,13 +135,4 @@ void ring_allgather(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
   }
 }
 
-void allgather_blocks(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf,
-                      const Blocks& blocks) {
-  if (op.algorithm == Algorithm::kBruck) {
-    bruck_allgather(ring, op, sendbuf, recvbuf, blocks);
-  } else {
-    ring_allgather(ring, op, sendbuf, recvbuf, blocks);
-  }
-}
-
 }  // namespace kolo

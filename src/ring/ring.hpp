@@ -93,6 +93,19 @@ class Ring {
   std::vector<Transfer> transfers_;
 };
 
+// A ring with the transport it runs over, as connecting a group of ranks makes them
+// (comm/connect.hpp). The ring is declared last so that it is destroyed first.
+struct Links {
+  std::unique_ptr<Transport> transport;
+  std::unique_ptr<Ring> ring;
+};
+
+// The one allreduce dispatcher: chooses the schedule for the buffer's size and N
+// (allreduce_algorithm() in ring/algorithms.hpp), writes it into the descriptor every message
+// carries, and runs it. Every ordered allreduce goes through here; the fusion engine calls
+// ring_allreduce() itself, as its fused layout follows the ring's chunks.
+void run_allreduce(Ring& ring, OpDescriptor op, const void* sendbuf, void* recvbuf);
+
 // The collectives, each in its own file with its schedule described at the top.
 void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf);
 void ring_broadcast(Ring& ring, const OpDescriptor& op, void* buffer);
@@ -112,7 +125,7 @@ void allgather_blocks(Ring& ring, const OpDescriptor& op, const void* sendbuf, v
 // sendbuf holds blocks.total elements; this rank's block of the reduction goes to recvbuf.
 void ring_reduce_scatter(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf,
                          const Blocks& blocks);
-// Allreduce for small buffers: op.algorithm == Algorithm::kRecursiveDoubling.
+// Allreduce for small buffers: op.algorithm == Algorithm::kRecursiveDoubling (see run_allreduce()).
 void recursive_doubling_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf,
                                   void* recvbuf);
 // Per-peer blocks between every pair of ranks. op.detail != 0 (alltoallv): messages carry their

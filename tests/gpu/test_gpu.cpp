@@ -22,7 +22,7 @@
 
 #include "../job.hpp"
 #include "../process.hpp"
-#include "core/communicator.hpp"
+#include "comm/communicator.hpp"
 #include "core/config.hpp"
 #include "core/reduce.hpp"
 #include "gpu/kernels.hpp"

@@ -1,4 +1,4 @@
-#include "transport/nccl/nccl_communicator.hpp"
+#include "gpu/nccl_communicator.hpp"
 
 #include <fmt/format.h>
 

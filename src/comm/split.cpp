@@ -30,7 +30,8 @@
 #include <vector>
 
 #include "bootstrap/store.hpp"
-#include "core/communicator.hpp"
+#include "comm/communicator.hpp"
+#include "comm/connect.hpp"
 #include "core/log.hpp"
 #include "net/socket.hpp"
 #include "ring/algorithms.hpp"
@@ -65,11 +66,10 @@ uint64_t hash_text(const std::string& text) {
 Communicator::Communicator(const Config& config, std::shared_ptr<StoreServer> server,
                            uint64_t context, int node_count)
     : config_(config), node_count_(node_count), server_(std::move(server)), context_(context) {
-  store_ = std::make_unique<StoreClient>(net::parse_endpoint(config_.addr, "KOLO_ADDR"),
-                                         config_.secret, config_.rank, config_.timeout_s);
-  transport_ = make_transport(config_, *store_, config_.rank, config_.size, context_);
-  ring_ = std::make_unique<Ring>(*transport_, config_.rank, config_.size, config_.segment_bytes,
-                                 config_.timeout_s);
+  store_ = open_store(config_);
+  Links links = connect_links(config_, *store_, context_);
+  transport_ = std::move(links.transport);
+  ring_ = std::move(links.ring);
   log::info("sub-communicator {:x} ready: rank {} of {}, local rank {} of {}, {} node(s)", context_,
             config_.rank, config_.size, config_.local_rank, config_.local_size, node_count_);
 }
@@ -134,12 +134,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
     report.dtype = DataType::kInt32;
     report.op = ReduceOp::kMax;
     report.count = 2;
-    report.algorithm = allreduce_algorithm(sizeof(outcome), n);
-    if (report.algorithm == Algorithm::kRecursiveDoubling) {
-      recursive_doubling_allreduce(*ring_, report, outcome, outcome);
-    } else {
-      ring_allreduce(*ring_, report, outcome, outcome);
-    }
+    run_allreduce(*ring_, report, outcome, outcome);
   });
 
   if (failure) throw Error(failure->status(), fmt::format("split: {}", failure->what()));

@@ -57,7 +57,7 @@ class Communicator {
                  const gpu::Stream* stream = nullptr);
   void barrier();
 
-  // The rest of the collective set (core/collectives.cpp; capi/kolo.h documents each). Counts and
+  // The rest of the collective set (comm/collectives.cpp; capi/kolo.h documents each). Counts and
   // displacements are in elements; a span of counts holds one entry per rank.
   void allgather(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype);
   void allgatherv(const void* sendbuf, void* recvbuf, std::span<const uint64_t> counts,
@@ -73,11 +73,11 @@ class Communicator {
                  std::span<const int64_t> recv_displacements, DataType dtype);
   void reduce(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype, ReduceOp op,
               int root);
-  // Point to point (core/collectives.cpp): blocking, matched in order per pair of ranks.
+  // Point to point (comm/collectives.cpp): blocking, matched in order per pair of ranks.
   void send(const void* buffer, uint64_t count, DataType dtype, int peer, int tag);
   void recv(void* buffer, uint64_t count, DataType dtype, int peer, int tag);
 
-  // Collective on this communicator (core/split.cpp): ranks with the same colour form a new
+  // Collective on this communicator (comm/split.cpp): ranks with the same colour form a new
   // communicator, ordered by (key, rank here). A negative colour returns nullptr. The new one has
   // its own connections, lock and sequence numbers, and outlives this one if need be.
   std::unique_ptr<Communicator> split(int color, int key);
@@ -87,7 +87,7 @@ class Communicator {
   // its requests when this communicator breaks, and is stopped first when it is destroyed.
   fusion::FusionEngine& fusion();
 
-  // GPU buffers (core/communicator_gpu.cpp). Waits, bounded by the timeout, until the work
+  // GPU buffers (comm/communicator_gpu.cpp). Waits, bounded by the timeout, until the work
   // enqueued on stream so far has finished; a failure seen meanwhile (NCCL's, a lost peer) breaks
   // the communicator as a failed collective does.
   void synchronize_stream(const gpu::Stream& stream);
@@ -95,7 +95,7 @@ class Communicator {
   const char* gpu_path();
 
  private:
-  // A member of a split (core/split.cpp): connects to its fellow members through the store.
+  // A member of a split (comm/split.cpp): connects to its fellow members through the store.
   Communicator(const Config& config, std::shared_ptr<StoreServer> server, uint64_t context,
                int node_count);
 
@@ -114,7 +114,7 @@ class Communicator {
   void discover_hosts();
   // The communicator broke: the fusion engine fails its requests too.
   void tell_fusion_engine(const Error& error);
-  // The GPU path of allreduce() and broadcast() (core/communicator_gpu.cpp), and the backend that
+  // The GPU path of allreduce() and broadcast() (comm/communicator_gpu.cpp), and the backend that
   // the first GPU collective creates, under mutex_, on the device of its buffers.
   void gpu_allreduce(const OpDescriptor& op, const void* sendbuf, void* recvbuf,
                      const gpu::Stream* stream);

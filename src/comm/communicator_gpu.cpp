@@ -7,10 +7,9 @@
 #include <fmt/format.h>
 
 #include "bootstrap/store.hpp"
-#include "core/communicator.hpp"
+#include "comm/communicator.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/gpu.hpp"
-#include "ring/algorithms.hpp"
 #include "ring/ring.hpp"
 #include "transport/transport.hpp"
 
@@ -75,15 +74,10 @@ void Communicator::gpu_allreduce(const OpDescriptor& op, const void* sendbuf, vo
       gpu_device_of("allreduce", sendbuf, "sendbuf", recvbuf, "recvbuf", op.count, stream);
   run_collective(op, [&](const OpDescriptor& d) {
     if (d.count == 0) return;
-    // The staged path runs kolo's host allreduce on each piece; the schedule is chosen for the
-    // piece's size, as allreduce() chooses it for a host buffer.
+    // The staged path runs kolo's host allreduce on each piece, its schedule chosen for the
+    // piece's size by the same dispatcher as every host allreduce.
     auto host = [&](OpDescriptor piece, const void* send, void* recv) {
-      piece.algorithm = allreduce_algorithm(piece.count * dtype_size(piece.dtype), size());
-      if (piece.algorithm == Algorithm::kRecursiveDoubling) {
-        recursive_doubling_allreduce(*ring_, piece, send, recv);
-      } else {
-        ring_allreduce(*ring_, piece, send, recv);
-      }
+      run_allreduce(*ring_, piece, send, recv);
     };
     gpu_backend(device).allreduce(d, sendbuf, recvbuf, stream, host);
   });

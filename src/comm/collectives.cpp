@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/communicator.hpp"
+#include "comm/communicator.hpp"
 #include "ring/algorithms.hpp"
 #include "ring/ring.hpp"
 
@@ -152,7 +152,7 @@ void Communicator::allgather(const void* sendbuf, void* recvbuf, uint64_t count,
   descriptor.count = count;
   descriptor.algorithm = allgather_algorithm(blocks.total * dtype_size(dtype), size());
   if (gpu::is_device_memory(sendbuf) || gpu::is_device_memory(recvbuf)) {
-    return gpu_allgather(descriptor, sendbuf, recvbuf, blocks);  // core/communicator_gpu.cpp
+    return gpu_allgather(descriptor, sendbuf, recvbuf, blocks);  // comm/communicator_gpu.cpp
   }
   run_collective(descriptor, [&](const OpDescriptor& d) {
     allgather_blocks(*ring_, d, sendbuf, recvbuf, blocks);
@@ -186,7 +186,7 @@ void Communicator::reduce_scatter(const void* sendbuf, void* recvbuf, uint64_t c
   descriptor.op = op;
   descriptor.count = count;
   if (gpu::is_device_memory(sendbuf) || gpu::is_device_memory(recvbuf)) {
-    return gpu_reduce_scatter(descriptor, sendbuf, recvbuf, blocks);  // core/communicator_gpu.cpp
+    return gpu_reduce_scatter(descriptor, sendbuf, recvbuf, blocks);  // comm/communicator_gpu.cpp
   }
   run_collective(descriptor, [&](const OpDescriptor& d) {
     ring_reduce_scatter(*ring_, d, sendbuf, recvbuf, blocks);

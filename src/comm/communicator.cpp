@@ -1,4 +1,4 @@
-#include "core/communicator.hpp"
+#include "comm/communicator.hpp"
 
 #include <cmath>
 #include <map>
@@ -8,13 +8,13 @@
 #include <fmt/format.h>
 
 #include "bootstrap/store.hpp"
+#include "comm/connect.hpp"
 #include "core/log.hpp"
 #include "core/topology.hpp"
 #include "fusion/engine.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/gpu.hpp"
 #include "net/socket.hpp"
-#include "ring/algorithms.hpp"
 #include "ring/ring.hpp"
 #include "transport/transport.hpp"
 
@@ -51,15 +51,14 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     server_ = std::make_unique<StoreServer>(listen_endpoint, config_.secret);
     log::info("serving the rendezvous store at {}", server_->endpoint().to_string());
   }
-  store_ = std::make_unique<StoreClient>(store_endpoint, config_.secret, config_.rank,
-                                         config_.timeout_s);
+  store_ = open_store(config_);
   discover_hosts();
   if (config_.bind != "none") {
     log::info("{}", bind_process(config_.bind, config_.local_rank));
   }
-  transport_ = make_transport(config_, *store_, config_.rank, config_.size, kWorldContext);
-  ring_ = std::make_unique<Ring>(*transport_, config_.rank, config_.size, config_.segment_bytes,
-                                 config_.timeout_s);
+  Links links = connect_links(config_, *store_, kWorldContext);
+  transport_ = std::move(links.transport);
+  ring_ = std::move(links.ring);
 
   // Rank 0 serves the store: it stays until every rank is done with it.
   store_->set_string(store_key("ready", config_.rank), "1");
@@ -82,7 +81,13 @@ fusion::FusionEngine& Communicator::fusion() {
   std::lock_guard<std::mutex> lock(fusion_mutex_);
   if (!fusion_) {
     // Its connections are told apart from this communicator's by the top bit of the context.
-    fusion_ = std::make_shared<fusion::FusionEngine>(config_, context_ ^ (uint64_t{1} << 63));
+    // It connects from its own thread, through a store connection of its own.
+    const uint64_t context = context_ ^ (uint64_t{1} << 63);
+    auto connect = [config = config_, context] {
+      std::unique_ptr<StoreClient> store = open_store(config);
+      return connect_links(config, *store, context);
+    };
+    fusion_ = std::make_shared<fusion::FusionEngine>(config_, std::move(connect));
     if (fusion_failure_) fusion_->communicator_failed(*fusion_failure_);
   }
   return *fusion_;
@@ -192,18 +197,11 @@ void Communicator::allreduce(const void* sendbuf, void* recvbuf, uint64_t count,
   descriptor.count = count;
   descriptor.prescale = prescale;
   descriptor.postscale = postscale;
-  descriptor.algorithm = allreduce_algorithm(bytes, config_.size);
   if (stream || gpu::is_device_memory(sendbuf) ||
       (recvbuf != sendbuf && gpu::is_device_memory(recvbuf))) {
     return gpu_allreduce(descriptor, sendbuf, recvbuf, stream);
   }
-  run(descriptor, [&](const OpDescriptor& d) {
-    if (d.algorithm == Algorithm::kRecursiveDoubling) {
-      recursive_doubling_allreduce(*ring_, d, sendbuf, recvbuf);
-    } else {
-      ring_allreduce(*ring_, d, sendbuf, recvbuf);
-    }
-  });
+  run(descriptor, [&](const OpDescriptor& d) { run_allreduce(*ring_, d, sendbuf, recvbuf); });
 }
 
 void Communicator::broadcast(void* buffer, uint64_t count, DataType dtype, int root,

@@ -1,0 +1,29 @@
+// Connecting a group of ranks: the one place where the rendezvous store, a transport and the ring
+// schedules are wired together, for the world communicator, each member of a split and each
+// fusion engine.
+//
+// Contract: every rank of the group calls connect_links() with the same size and context (which
+// tells the group's store keys and connection hellos apart from every other group's); it blocks
+// until this rank is connected to every peer, or throws kolo::Error (a peer that never came, a
+// stranger, KOLO_TRANSPORT naming no transport) after at most the configured timeout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "ring/ring.hpp"
+
+namespace kolo {
+
+struct Config;
+class StoreClient;
+
+// A new connection to the store that rank 0 serves at config.addr, authenticated with the job's
+// secret. A store client is not thread-safe: each thread that connects a group opens its own.
+std::unique_ptr<StoreClient> open_store(const Config& config);
+
+// This rank's transport to every peer of the group (config.rank of config.size, the transport
+// that config.transport names), and the ring over it.
+Links connect_links(const Config& config, StoreClient& store, uint64_t context);
+
+}  // namespace kolo
