@@ -68,10 +68,11 @@ std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
-// The numbers that follow "pid=" in the output: the ranks report their own pids.
-std::vector<pid_t> reported_pids(const std::string& output) {
+// The numbers that follow "pid=" (or another label) in the output: the ranks report their own
+// pids, and those of what they start.
+std::vector<pid_t> reported_pids(const std::string& output, const std::string& label = "pid") {
   std::vector<pid_t> pids;
-  std::regex pattern(R"(pid=(\d+))");
+  std::regex pattern("\\b" + label + R"(=(\d+))");
   for (std::sregex_iterator it(output.begin(), output.end(), pattern), end; it != end; ++it) {
     pids.push_back(static_cast<pid_t>(std::stol((*it)[1])));
   }
@@ -110,6 +111,11 @@ bool output_appears(const Process& process, size_t count, const std::string& mar
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return false;
+}
+
+// kolorun's own line when a rank has ended.
+bool contains_exit(const std::string& output) {
+  return output.find("kolorun: rank") != std::string::npos;
 }
 
 }  // namespace
@@ -287,8 +293,8 @@ TEST_CASE("kolorun stops the job when a rank fails and exits with its status", "
   }
 }
 
-TEST_CASE("kolorun forwards SIGTERM and SIGINT to every rank", "[kolorun]") {
-  int signal = GENERATE(SIGTERM, SIGINT);
+TEST_CASE("kolorun forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to every rank", "[kolorun]") {
+  int signal = GENERATE(SIGTERM, SIGINT, SIGHUP, SIGQUIT);
   Process kolorun({kolorun_path(), "-np", "3", "/bin/sh", "-c", "echo pid=$$; exec sleep 30"}, {});
   REQUIRE(output_appears(kolorun, 3, "pid="));
   Clock::time_point start = Clock::now();
@@ -300,6 +306,54 @@ TEST_CASE("kolorun forwards SIGTERM and SIGINT to every rank", "[kolorun]") {
   std::vector<pid_t> pids = reported_pids(result.output);
   CHECK(pids.size() == 3);
   CHECK(all_gone_within(pids, 1));
+}
+
+TEST_CASE("kolorun forwards SIGUSR1 and SIGUSR2 and the job goes on", "[kolorun]") {
+  int signal = GENERATE(SIGUSR1, SIGUSR2);
+  Process kolorun({kolorun_path(), "-np", "2", "/bin/sh", "-c",
+                   "trap 'echo got USR1' USR1; trap 'echo got USR2' USR2; echo pid=$$; "
+                   "while :; do sleep 0.05; done"},
+                  {});
+  REQUIRE(output_appears(kolorun, 2, "pid="));
+  kolorun.kill(signal);
+  std::string expected = signal == SIGUSR1 ? "got USR1" : "got USR2";
+  CHECK(output_appears(kolorun, 2, expected));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK_FALSE(contains_exit(kolorun.output_so_far()));  // the job is still running
+  kolorun.kill(SIGTERM);
+  ProcessResult result = kolorun.wait(10);
+  INFO("output: " << result.output);
+  CHECK(result.exit_code == 128 + SIGTERM);
+}
+
+TEST_CASE("nothing the ranks started outlives the job", "[kolorun]") {
+  SECTION("a child left in the group of a rank that failed") {
+    Run run = run_kolorun({"-np", "2", "/bin/sh", "-c",
+                           "sleep 777 & echo child=$!; "
+                           "if [ $KOLO_RANK = 1 ]; then sleep 0.3; exit 1; fi; exec sleep 30"});
+    INFO("output: " << run.result.output);
+    CHECK(run.result.exit_code == 1);
+    REQUIRE(reported_pids(run.result.output, "child").size() == 2);
+    CHECK(all_gone_within(reported_pids(run.result.output, "child"), 1));
+  }
+  SECTION("a child that left the group of a rank that succeeded") {
+    Run run = run_kolorun({"-np", "2", "/bin/sh", "-c",
+                           "setsid /bin/sh -c 'echo child=$$; exec sleep 778' & sleep 0.2; exit 0"});
+    INFO("output: " << run.result.output);
+    CHECK(run.result.exit_code == 0);
+    REQUIRE(reported_pids(run.result.output, "child").size() == 2);
+    CHECK(all_gone_within(reported_pids(run.result.output, "child"), 1));
+  }
+  SECTION("a child that ignores SIGTERM is killed when the grace period ends") {
+    Run run = run_kolorun({"--grace", "0.3", "-np", "1", "/bin/sh", "-c",
+                           "/bin/sh -c \"trap '' TERM; echo child=\\$\\$; exec sleep 779\" & "
+                           "sleep 0.2; exit 0"});
+    INFO("output: " << run.result.output);
+    CHECK(run.result.exit_code == 0);
+    CHECK(run.seconds >= 0.4);
+    REQUIRE(reported_pids(run.result.output, "child").size() == 1);
+    CHECK(all_gone_within(reported_pids(run.result.output, "child"), 1));
+  }
 }
 
 TEST_CASE("the ranks die with kolorun", "[kolorun]") {
@@ -317,6 +371,13 @@ TEST_CASE("kolorun --timeout stops the job and exits 124", "[kolorun]") {
   CHECK(run.result.exit_code == 124);
   CHECK_THAT(run.result.output, Contains("timed out"));
   CHECK(run.seconds < 3);
+}
+
+TEST_CASE("kolorun takes a --timeout too long to matter as none", "[kolorun]") {
+  Run run = run_kolorun({"--timeout", "1e12", "-np", "2", "true"});
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 0);
+  CHECK(run.result.output.empty());
 }
 
 TEST_CASE("kolorun finds programs on PATH and says nothing when all goes well", "[kolorun]") {
@@ -354,7 +415,10 @@ TEST_CASE("kolorun rejects bad arguments with exit status 2 and says why", "[kol
       std::vector<std::string>{}, std::vector<std::string>{"/bin/true"},
       std::vector<std::string>{"-np"}, std::vector<std::string>{"-np", "0", "/bin/true"},
       std::vector<std::string>{"-np", "x", "/bin/true"}, std::vector<std::string>{"-np", "2"},
-      std::vector<std::string>{"-np", "2", "--bogus", "/bin/true"});
+      std::vector<std::string>{"-np", "2", "--bogus", "/bin/true"},
+      std::vector<std::string>{"--timeout", "nan", "-np", "2", "/bin/true"},
+      std::vector<std::string>{"--grace", "inf", "-np", "2", "/bin/true"},
+      std::vector<std::string>{"--timeout", "-1", "-np", "2", "/bin/true"});
   Run run = run_kolorun(args);
   INFO("output: " << run.result.output);
   CHECK(run.result.exit_code == 2);

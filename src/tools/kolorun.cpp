@@ -12,7 +12,13 @@
 // everything it started; its stdin is /dev/null, and it is SIGKILLed if kolorun itself dies.
 // kolorun adopts (as child subreaper) and reaps what stopped ranks leave behind, so no zombie is
 // left even where init reaps nothing, as in many containers.
-// SIGINT and SIGTERM sent to kolorun are forwarded to every rank.
+// SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to kolorun are forwarded to every rank and stop the
+// job; SIGUSR1 and SIGUSR2 are forwarded and the job goes on.
+//
+// Nothing the ranks started outlives the job: a rank's process group is signalled for as long as
+// any process is left in it (its leader may have exited), and what escaped the group but was
+// adopted by kolorun is signalled too. When the last rank has exited, leftovers get SIGTERM, and
+// SIGKILL --grace seconds later; kolorun returns once they are gone.
 //
 // The first rank to fail (non-zero exit or a signal) stops the job: the others get SIGTERM, and
 // SIGKILL --grace seconds later; kolorun exits with that rank's status (128+signal when killed).
@@ -35,6 +41,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -103,8 +111,19 @@ struct Stream {
 struct Rank {
   pid_t pid = -1;
   bool running = false;
+  bool group_alive = false;  // its process group may still have members
   Stream streams[2];  // stdout, stderr
 };
+
+// The children of this (single-threaded) process: ranks, and the orphans it adopted as subreaper.
+std::vector<pid_t> own_children() {
+  std::vector<pid_t> children;
+  FILE* file = std::fopen(fmt::format("/proc/self/task/{}/children", ::getpid()).c_str(), "r");
+  if (file == nullptr) return children;
+  for (long pid; std::fscanf(file, "%ld", &pid) == 1;) children.push_back(static_cast<pid_t>(pid));
+  std::fclose(file);
+  return children;
+}
 
 std::string signal_name(int signal) {
   const char* abbreviation = sigabbrev_np(signal);
@@ -150,8 +169,10 @@ std::vector<std::string> normalize_arguments(int argc, char** argv) {
   return args;
 }
 
+// Past about 31 years the clock's nanoseconds would overflow: such a wait never ends.
 Clock::time_point seconds_from_now(double seconds) {
   using std::chrono::duration, std::chrono::duration_cast;
+  if (!(seconds < 1e9)) return kNever;
   return Clock::now() + duration_cast<Clock::duration>(duration<double>(seconds));
 }
 
@@ -203,15 +224,36 @@ struct Job {
     ranks[index] = {
         pid,
         true,
+        true,
         {{out_pipe[0], STDOUT_FILENO, prefix, {}}, {err_pipe[0], STDERR_FILENO, prefix, {}}}};
     ++running;
     return true;
   }
 
+  // Every process group of a rank that still has members, and every adopted orphan.
   void signal_ranks(int signal) {
     for (Rank& rank : ranks) {
-      if (rank.running) ::kill(-rank.pid, signal);
+      if (rank.group_alive && ::kill(-rank.pid, signal) != 0 && errno == ESRCH) {
+        rank.group_alive = false;
+      }
     }
+    for (pid_t child : own_children()) {
+      bool leader = std::any_of(ranks.begin(), ranks.end(),
+                                [&](const Rank& rank) { return rank.pid == child; });
+      if (!leader) ::kill(child, signal);
+    }
+  }
+
+  // Whether anything the ranks started is still there, once every rank has exited.
+  bool leftovers() {
+    for (Rank& rank : ranks) {
+      if (rank.group_alive && ::kill(-rank.pid, 0) != 0 && errno == ESRCH) {
+        rank.group_alive = false;
+      }
+    }
+    return std::any_of(ranks.begin(), ranks.end(),
+                       [](const Rank& rank) { return rank.group_alive; }) ||
+           !own_children().empty();
   }
 
   void stop(int signal) {  // the first stop also starts the grace period
@@ -248,7 +290,8 @@ struct Job {
         stop(SIGTERM);
       }
     }
-    while (running > 0) {
+    bool cleaning_up = false;  // every rank has exited; what they left behind is being stopped
+    while (running > 0 || cleaning_up) {
       std::vector<pollfd> polled = {{signal_fd, POLLIN, 0}};
       std::vector<Stream*> streams;
       for (Rank& rank : ranks) {
@@ -261,6 +304,8 @@ struct Job {
       Clock::time_point deadline = std::min(kill_at, timeout_at);
       auto until_deadline = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
       long wait_ms = deadline == kNever ? -1 : std::clamp<long>(until_deadline.count(), 0, 1000);
+      // Leftovers that are not kolorun's children die without a SIGCHLD: look again soon.
+      if (cleaning_up) wait_ms = wait_ms < 0 ? 50 : std::min(wait_ms, 50L);
       ::poll(polled.data(), polled.size(), static_cast<int>(wait_ms));
       for (size_t i = 1; i < polled.size(); ++i) {
         if (polled[i].revents) streams[i - 1]->read_available();
@@ -270,7 +315,11 @@ struct Job {
         int signal = static_cast<int>(info.ssi_signo);
         if (signal == SIGCHLD) continue;  // reap() finds every exited child, however many SIGCHLDs
         if (verbose) say("forwarding {} to the ranks", signal_name(signal));
-        stop(signal);
+        if (signal == SIGUSR1 || signal == SIGUSR2) {
+          signal_ranks(signal);
+        } else {
+          stop(signal);
+        }
       }
       reap();
       if (Clock::now() >= timeout_at) {
@@ -280,9 +329,18 @@ struct Job {
         stop(SIGTERM);
       }
       if (Clock::now() >= kill_at) {
-        if (verbose && running > 0) say("grace period over; killing what is left");
+        if (verbose) say("grace period over; killing what is left");
         kill_at = kNever;
         signal_ranks(SIGKILL);
+      }
+      if (running == 0) {
+        cleaning_up = leftovers();
+        if (cleaning_up && kill_at == kNever && !stopping) {
+          if (verbose) say("stopping what the ranks left running");
+          stop(SIGTERM);
+        } else if (cleaning_up && kill_at == kNever) {
+          signal_ranks(SIGKILL);  // after the grace period, until they are gone
+        }
       }
     }
     // What the ranks wrote before they exited is in the pipes now; what their leftover children
@@ -327,8 +385,9 @@ int main(int argc, char** argv) {
   bool after_separator = !job.command.empty() && job.command.front() == "--";
   if (after_separator) job.command.erase(job.command.begin());
   std::string problem;
-  if (size < 1 || job.timeout_s < 0 || job.grace_s < 0) {
-    problem = "-np must be at least 1, --timeout and --grace not negative";
+  if (size < 1 || !(job.timeout_s >= 0) || !(job.grace_s >= 0) || std::isinf(job.timeout_s) ||
+      std::isinf(job.grace_s)) {
+    problem = "-np must be at least 1, --timeout and --grace finite numbers, not negative";
   } else if (job.command.empty()) {
     problem = "no program given";
   } else if (!after_separator && job.command[0][0] == '-') {
@@ -363,7 +422,9 @@ int main(int argc, char** argv) {
   // Signals arrive through a signalfd, so that Job::run handles them between two polls.
   sigset_t handled;
   sigemptyset(&handled);
-  for (int signal : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&handled, signal);
+  for (int signal : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) {
+    sigaddset(&handled, signal);
+  }
   ::sigprocmask(SIG_BLOCK, &handled, nullptr);
   int signal_fd = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
   ::signal(SIGPIPE, SIG_IGN);
