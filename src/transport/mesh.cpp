@@ -1,6 +1,8 @@
 #include "transport/mesh.hpp"
 
 #include <fmt/format.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <exception>
@@ -30,7 +32,25 @@ void place(PeerSockets& peer, int stream, int data_streams, net::Socket socket) 
   }
 }
 
-// Accepts the connections of every lower rank: `rank` of them per data stream and control.
+// A connection whose handshake is under way: the nonce went out, the answer is coming in.
+struct Handshake {
+  net::Socket socket;
+  std::string who;
+  net::AuthNonce nonce;
+  uint8_t answer[net::kAuthAnswerBytes] = {};
+  size_t received = 0;
+  Deadline deadline;
+};
+
+// Handshakes in progress at once; past this, new connections are refused until some finish.
+constexpr size_t kMaxHandshakes = 256;
+// How long one connection may take to prove the secret.
+constexpr double kHandshakeSeconds = 5.0;
+
+// Accepts the connections of every lower rank: `rank` of them per data stream and control. Every
+// handshake runs at once in one poll() loop, each with its own few seconds, so that connections
+// that never answer (strangers, port scanners) delay nobody: a peer's handshake completes while
+// theirs wait out their time.
 void accept_connections(const net::Socket& listener, const std::string& secret, uint64_t context,
                         const char* name, int rank, int data_streams, const Deadline& deadline,
                         const std::atomic<bool>& stop,
@@ -38,6 +58,10 @@ void accept_connections(const net::Socket& listener, const std::string& secret, 
   const size_t per_peer = static_cast<size_t>(data_streams) + 1;
   const size_t expected = static_cast<size_t>(rank) * per_peer;
   std::vector<bool> seen(expected, false);
+  std::vector<Handshake> pending;
+  auto drop = [&](const std::string& who, const std::string& why) {
+    log::warn("{}: dropped a connection from {}: {}", name, who, why);
+  };
   while (accepted.size() < expected) {
     if (stop) return;
     if (deadline.expired()) {
@@ -46,34 +70,82 @@ void accept_connections(const net::Socket& listener, const std::string& secret, 
                               "connections arrived)",
                               rank, accepted.size(), expected));
     }
-    net::Socket socket;
-    try {
-      socket = net::accept_from(listener, Deadline(std::min(0.1, deadline.remaining_s())));
-    } catch (const Error& error) {
-      if (error.status() == Status::kTimeout) continue;
-      throw;
-    }
-    std::string who = net::peer_endpoint(socket).to_string();
-    try {
-      // A stranger that never answers may delay the mesh by a few seconds, not stall it.
-      net::Hello hello = net::authenticate_as_server(
-          socket, secret, Deadline(std::min(5.0, std::max(0.0, deadline.remaining_s()))));
-      bool control = hello.purpose == net::kPurposeControl;
-      bool valid = hello.context == context && hello.rank >= 0 && hello.rank < rank &&
-                   (control || (hello.purpose == net::kPurposeData &&
-                                hello.stream < static_cast<uint32_t>(data_streams)));
-      size_t slot = valid ? static_cast<size_t>(hello.rank) * per_peer +
-                                (control ? data_streams : hello.stream)
-                          : 0;
-      if (!valid || seen[slot]) {
-        log::warn("{}: dropped a connection from {}: unexpected rank {} stream {} purpose {}", name,
-                  who, hello.rank, hello.stream, hello.purpose);
-        continue;
+    std::vector<pollfd> polled = {{listener.fd(), POLLIN, 0}};
+    for (const Handshake& handshake : pending) polled.push_back({handshake.socket.fd(), POLLIN, 0});
+    ::poll(polled.data(), polled.size(), std::min(100, deadline.remaining_ms()));
+
+    if (polled[0].revents != 0) {
+      net::Socket socket(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (socket.valid()) {
+        Handshake handshake{std::move(socket), "an unknown address", net::make_auth_nonce(), {}, 0,
+                            Deadline(kHandshakeSeconds)};
+        try {
+          // A connection reset while it waited in the queue has no peer address any more.
+          handshake.who = net::peer_endpoint(handshake.socket).to_string();
+        } catch (const Error& error) {
+          drop(handshake.who, error.what());
+          continue;
+        }
+        if (pending.size() >= kMaxHandshakes) {
+          drop(handshake.who, fmt::format("{} handshakes are already under way", kMaxHandshakes));
+          continue;
+        }
+        ssize_t sent = ::send(handshake.socket.fd(), handshake.nonce.data(), handshake.nonce.size(),
+                              MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (sent != static_cast<ssize_t>(handshake.nonce.size())) {
+          drop(handshake.who, "it could not take the challenge");
+          continue;
+        }
+        pending.push_back(std::move(handshake));
       }
-      seen[slot] = true;
-      accepted.emplace_back(hello, std::move(socket));
-    } catch (const Error& error) {
-      log::warn("{}: dropped a connection from {}: {}", name, who, error.what());
+    }
+
+    // Answers that arrived; handshakes that are complete, failed or out of time leave `pending`.
+    for (size_t i = 0; i < pending.size();) {
+      Handshake& handshake = pending[i];
+      bool done = false;
+      ssize_t count = ::recv(handshake.socket.fd(), handshake.answer + handshake.received,
+                             sizeof handshake.answer - handshake.received, MSG_DONTWAIT);
+      if (count > 0) handshake.received += static_cast<size_t>(count);
+      if (count == 0 || (count < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        drop(handshake.who, "it closed the connection before proving the job secret");
+        done = true;
+      } else if (handshake.received == sizeof handshake.answer) {
+        done = true;
+        try {
+          net::Hello hello =
+              net::check_auth_answer(secret, handshake.nonce, handshake.answer, handshake.who);
+          bool control = hello.purpose == net::kPurposeControl;
+          bool valid = hello.context == context && hello.rank >= 0 && hello.rank < rank &&
+                       (control || (hello.purpose == net::kPurposeData &&
+                                    hello.stream < static_cast<uint32_t>(data_streams)));
+          size_t slot = valid ? static_cast<size_t>(hello.rank) * per_peer +
+                                    (control ? data_streams : hello.stream)
+                              : 0;
+          if (!valid || seen[slot]) {
+            drop(handshake.who, fmt::format("unexpected rank {} stream {} purpose {}", hello.rank,
+                                            hello.stream, hello.purpose));
+          } else if (::send(handshake.socket.fd(), &net::kAuthAccepted, 1,
+                            MSG_DONTWAIT | MSG_NOSIGNAL) != 1) {
+            drop(handshake.who, "it could not take the acceptance");
+          } else {
+            seen[slot] = true;
+            net::set_nonblocking(handshake.socket, false);
+            accepted.emplace_back(hello, std::move(handshake.socket));
+          }
+        } catch (const Error& error) {
+          drop(handshake.who, error.what());
+        }
+      } else if (handshake.deadline.expired()) {
+        drop(handshake.who, fmt::format("it did not prove the job secret within {} s",
+                                        kHandshakeSeconds));
+        done = true;
+      }
+      if (done) {
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
     }
   }
 }

@@ -1,0 +1,97 @@
+// The connection mesh (transport/mesh.hpp) between two ranks run as threads of this process, with
+// a real rendezvous store: strangers that connect and never answer must not delay it.
+#include <fmt/format.h>
+#include <sys/socket.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "bootstrap/store.hpp"
+#include "core/config.hpp"
+#include "kolo/status.hpp"
+#include "net/socket.hpp"
+#include "transport/mesh.hpp"
+
+using kolo::Config;
+using kolo::Deadline;
+using kolo::PeerSockets;
+using kolo::StoreClient;
+using kolo::StoreServer;
+namespace net = kolo::net;
+
+namespace {
+
+const char* kSecret = "mesh-test-secret";
+constexpr uint64_t kContext = 0x5eed;
+
+Config rank_config(const net::Endpoint& store, int rank) {
+  Config config;
+  config.rank = rank;
+  config.size = 2;
+  config.addr = store.to_string();
+  config.secret = kSecret;
+  config.timeout_s = 30;
+  config.socket_ifname = "=lo";
+  return config;
+}
+
+std::vector<PeerSockets> join(const net::Endpoint& store, int rank, int streams) {
+  Config config = rank_config(store, rank);
+  StoreClient client(store, kSecret, rank, config.timeout_s);
+  return kolo::connect_mesh(config, client, rank, 2, kContext, "tcp", streams);
+}
+
+}  // namespace
+
+TEST_CASE("silent strangers at a rank's listener do not delay the mesh", "[mesh]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  net::Endpoint store = server.endpoint();
+  const int streams = 2;
+  // Rank 1 accepts rank 0's connections; it publishes its address first.
+  auto rank1 = std::async(std::launch::async, [&] { return join(store, 1, streams); });
+  StoreClient observer(store, kSecret, 0, 30);
+  net::Endpoint listener = net::parse_endpoint(
+      observer.get_string(fmt::format("kolo/{:x}/tcp/1", kContext)), "rank 1's address");
+
+  // Strangers connect before rank 0 does, and never say a word.
+  std::vector<net::Socket> strangers;
+  for (int i = 0; i < 20; ++i) strangers.push_back(net::connect_to(listener, Deadline(5)));
+
+  auto start = std::chrono::steady_clock::now();
+  std::vector<PeerSockets> rank0 = join(store, 0, streams);
+  std::vector<PeerSockets> peers1 = rank1.get();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO("the mesh took " << seconds << " s with 20 silent strangers connected first");
+  CHECK(seconds < 3.0);  // one at a time, each stranger would cost 5 s
+  REQUIRE(peers1[0].data.size() == streams);
+  for (const auto& socket : peers1[0].data) CHECK(socket.valid());
+  CHECK(peers1[0].control.valid());
+  CHECK(rank0[1].control.valid());
+
+  // The sockets work: a byte from rank 0's control connection arrives on rank 1's.
+  uint8_t sent = 0x5a, received = 0;
+  net::send_all(rank0[1].control, &sent, 1, Deadline(5));
+  net::recv_all(peers1[0].control, &received, 1, Deadline(5));
+  CHECK(received == sent);
+}
+
+TEST_CASE("a connection reset before it is accepted is dropped, not fatal", "[mesh]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  net::Endpoint store = server.endpoint();
+  auto rank1 = std::async(std::launch::async, [&] { return join(store, 1, 1); });
+  StoreClient observer(store, kSecret, 0, 30);
+  net::Endpoint listener = net::parse_endpoint(
+      observer.get_string(fmt::format("kolo/{:x}/tcp/1", kContext)), "rank 1's address");
+  for (int i = 0; i < 5; ++i) {
+    net::Socket reset = net::connect_to(listener, Deadline(5));
+    linger abort_on_close{1, 0};  // close() sends RST
+    ::setsockopt(reset.fd(), SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof abort_on_close);
+  }
+  std::vector<PeerSockets> rank0 = join(store, 0, 1);
+  std::vector<PeerSockets> peers1 = rank1.get();
+  CHECK(peers1[0].control.valid());
+  CHECK(rank0[1].control.valid());
+}
