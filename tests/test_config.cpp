@@ -4,11 +4,14 @@
 // Every test passes its environment explicitly, so the environment the tests run in (a CI job
 // under Slurm, say) cannot change their outcome.
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -322,6 +325,61 @@ TEST_CASE("accepted spellings", "[config]") {
   CHECK(resolve(kolo_job({{"KOLO_TIMEOUT", ""}})).timeout_s == 300.0);
 }
 
+// A file in /tmp holding `content` with the given mode, removed again by the destructor.
+struct SecretFile {
+  std::string path;
+  SecretFile(const std::string& content, mode_t mode) {
+    char name[] = "/tmp/kolo-secret-XXXXXX";
+    int fd = ::mkstemp(name);
+    REQUIRE(fd >= 0);
+    REQUIRE(::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()));
+    REQUIRE(::fchmod(fd, mode) == 0);
+    ::close(fd);
+    path = name;
+  }
+  ~SecretFile() { ::unlink(path.c_str()); }
+};
+
+TEST_CASE("KOLO_SECRET_FILE: the secret from a file only its owner can read", "[config]") {
+  SECTION("read, surrounding white space dropped") {
+    SecretFile file("  0123abcd-job-secret\n", 0600);
+    CHECK(resolve(kolo_job({{"KOLO_SECRET_FILE", file.path}})).secret == "0123abcd-job-secret");
+  }
+  SECTION("the config struct's secret still wins") {
+    SecretFile file("from-file", 0400);
+    ConfigOverrides overrides;
+    overrides.secret = "from-config";
+    CHECK(resolve(kolo_job({{"KOLO_SECRET_FILE", file.path}}), overrides).secret == "from-config");
+  }
+  SECTION("refused, naming the file and why") {
+    SecretFile open_to_group("secret", 0640);
+    SecretFile empty(" \n", 0600);
+    SecretFile too_long(std::string(5000, 'x'), 0600);
+    struct Case {
+      Environment env;
+      std::vector<std::string> words;
+    };
+    std::vector<Case> cases = {
+        {kolo_job({{"KOLO_SECRET_FILE", open_to_group.path}}),
+         {open_to_group.path, "mode 640", "chmod 600"}},
+        {kolo_job({{"KOLO_SECRET_FILE", empty.path}}), {empty.path, "empty"}},
+        {kolo_job({{"KOLO_SECRET_FILE", too_long.path}}), {too_long.path, "4096"}},
+        {kolo_job({{"KOLO_SECRET_FILE", "/nonexistent/kolo-secret"}}),
+         {"/nonexistent/kolo-secret", "No such file"}},
+        {kolo_job({{"KOLO_SECRET_FILE", "/tmp"}}), {"/tmp", "not a regular file"}},
+        {kolo_job({{"KOLO_SECRET_FILE", empty.path}, {"KOLO_SECRET", "x"}}),
+         {"KOLO_SECRET and KOLO_SECRET_FILE are both set"}},
+    };
+    for (const Case& c : cases) {
+      Failure failure = resolve_failure(c.env);
+      INFO(failure.message);
+      CHECK(failure.thrown);
+      CHECK(failure.status == Status::kConfig);
+      for (const auto& word : c.words) CHECK_THAT(failure.message, Contains(word));
+    }
+  }
+}
+
 // ---- Errors ----------------------------------------------------------------------------------
 
 TEST_CASE("no rank anywhere: the message says what to set", "[config]") {
@@ -506,10 +564,26 @@ TEST_CASE("the table of known variables is complete and well formed", "[config]"
         "KOLO_TIMEOUT", "KOLO_TCP_STREAMS", "KOLO_SOCKET_IFNAME", "KOLO_SEGMENT_BYTES",
         "KOLO_TRANSPORT", "KOLO_BIND", "KOLO_DEBUG", "KOLO_CYCLE_TIME_MS", "KOLO_CACHE_CAPACITY",
         "KOLO_FUSION_THRESHOLD", "KOLO_STALL_WARNING_S", "KOLO_STALL_ABORT_S", "KOLO_TIMELINE",
-        "KOLO_GPU_BACKEND", "KOLO_UCX_SHM", "KOLO_UCX_SHM_COPY"}) {
+        "KOLO_GPU_BACKEND", "KOLO_UCX_SHM", "KOLO_UCX_SHM_COPY", "KOLO_SECRET_FILE"}) {
     CHECK(names.count(name) == 1);
   }
-  CHECK(names.size() == 22);
+  CHECK(names.size() == 23);
+}
+
+TEST_CASE("the README's table of variables lists exactly the known ones", "[config]") {
+  const char* root = std::getenv("KOLO_SOURCE_ROOT");
+  REQUIRE(root != nullptr);  // set by meson test
+  std::ifstream readme(std::string(root) + "/README.md");
+  REQUIRE(readme);
+  std::set<std::string> documented;
+  std::regex row(R"(^\| `(KOLO_[A-Z0-9_]+)` \|)");
+  for (std::string line; std::getline(readme, line);) {
+    std::smatch match;
+    if (std::regex_search(line, match, row)) documented.insert(match[1]);
+  }
+  std::set<std::string> known;
+  for (const auto& info : kolo::known_variables()) known.insert(info.name);
+  CHECK(documented == known);
 }
 
 TEST_CASE("process_environment reads the real environment", "[config]") {

@@ -126,6 +126,43 @@ TEST_CASE("strangers without the job secret are dropped and the job goes on", "[
   }
 }
 
+TEST_CASE("a job secret from KOLO_SECRET_FILE, and a warning once per job without one",
+          "[faults][secret]") {
+  SECTION("every rank reads the secret from the file; a stranger without it is dropped") {
+    char path[] = "/tmp/kolo-job-secret-XXXXXX";
+    int fd = ::mkstemp(path);  // mode 600
+    REQUIRE(fd >= 0);
+    REQUIRE(::write(fd, "file-secret-0123\n", 17) == 17);
+    ::close(fd);
+    auto job = start_job(2, {"loop", "3"}, {{"KOLO_SECRET", ""}, {"KOLO_SECRET_FILE", path}});
+    wait_until_looping(job);
+    kolo::test::Process intruder({kolo::test::built_program("tests/kolo_test_worker"), "loop", "1"},
+                                 {{"KOLO_RANK", "1"},
+                                  {"KOLO_SIZE", "2"},
+                                  {"KOLO_ADDR", "127.0.0.1:" + std::to_string(job.port)},
+                                  {"KOLO_SECRET", kolo::test::kTestSecret},
+                                  {"KOLO_TIMEOUT", "5"}});
+    CHECK(intruder.wait(30).exit_code == 4);
+    auto results = job.wait(60);
+    ::unlink(path);
+    for (size_t rank = 0; rank < results.size(); ++rank) {
+      INFO("rank " << rank << " output:\n" << results[rank].output);
+      CHECK(results[rank].exit_code == 0);
+      CHECK(contains(results[rank].output, "status KOLO_SUCCESS"));
+      CHECK_FALSE(contains(results[rank].output, "no job secret"));
+    }
+  }
+  SECTION("without a secret, rank 0 alone warns, at the default log level") {
+    auto job = start_job(3, {"barrier"}, {{"KOLO_SECRET", ""}});
+    auto results = job.wait(60);
+    for (size_t rank = 0; rank < results.size(); ++rank) {
+      INFO("rank " << rank << " output:\n" << results[rank].output);
+      CHECK(results[rank].exit_code == 0);
+      CHECK(contains(results[rank].output, "WARN  no job secret") == (rank == 0));
+    }
+  }
+}
+
 TEST_CASE("a missing rendezvous configuration says what to set", "[faults][config]") {
   kolo::test::Process lonely({kolo::test::built_program("tests/kolo_test_worker"), "barrier"},
                              {{"KOLO_RANK", "0"}, {"KOLO_SIZE", "2"}});

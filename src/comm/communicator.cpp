@@ -39,7 +39,17 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     log::warn("unknown variable {} ignored (see the README for the KOLO_* variables)", name);
   }
   if (config_.secret.empty()) {
-    log::info("KOLO_SECRET is not set: connections prove an empty secret (kolorun sets one)");
+    // Once per job, at WARN: without a secret, anyone who reaches the job's ports can join it.
+    constexpr const char* kNoSecret =
+        "no job secret (KOLO_SECRET or KOLO_SECRET_FILE): connections prove an empty secret, so "
+        "anyone who can reach this job's ports can join it or read its data; kolorun sets one, and "
+        "under mpirun, srun or torchrun KOLO_SECRET_FILE can name a file on a shared file system "
+        "that only you can read";
+    if (config_.rank == 0 && config_.size > 1) {
+      log::warn("{}", kNoSecret);
+    } else {
+      log::info("{}", kNoSecret);
+    }
   }
 
   net::Endpoint store_endpoint = net::parse_endpoint(config_.addr, "KOLO_ADDR");

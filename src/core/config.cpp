@@ -6,12 +6,17 @@
 // that a user can fix a job script from the message alone.
 #include "core/config.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <string_view>
@@ -33,6 +38,8 @@ const std::vector<EnvVarInfo> kKnownVariables = {
      "the number of ranks on this machine"},
     {"KOLO_ADDR", "MASTER_ADDR:MASTER_PORT", "host:port where rank 0 serves the rendezvous store"},
     {"KOLO_SECRET", "(none: unauthenticated)", "the job secret every connection must prove"},
+    {"KOLO_SECRET_FILE", "(none)",
+     "a file holding the job secret, readable by its owner only (instead of KOLO_SECRET)"},
     {"KOLO_TIMEOUT", "300", "seconds any single wait may last (decimals allowed)"},
     {"KOLO_TCP_STREAMS", "1", "TCP connections per peer for data, 1..16"},
     {"KOLO_SOCKET_IFNAME", "(any interface)", "network interface to listen on, such as eth0"},
@@ -365,10 +372,44 @@ void resolve_address(const ConfigOverrides& overrides, const Environment& env, C
       hint);
 }
 
+// The secret in KOLO_SECRET_FILE: a regular file that only its owner may read (like an SSH key),
+// of at most 4 KiB, whose content without surrounding white space is not empty.
+std::string read_secret_file(const std::string& path) {
+  auto refuse = [&](const std::string& why) {
+    fail(fmt::format("kolo: KOLO_SECRET_FILE={}: {}", path, why));
+  };
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) refuse(std::strerror(errno));
+  struct stat info {};
+  std::string content(4097, '\0');
+  ssize_t length = -1;
+  if (::fstat(fd, &info) == 0 && S_ISREG(info.st_mode) && (info.st_mode & 077) == 0) {
+    length = ::read(fd, content.data(), content.size());
+  }
+  ::close(fd);
+  if (!S_ISREG(info.st_mode)) refuse("not a regular file");
+  if ((info.st_mode & 077) != 0) {
+    refuse(fmt::format("group or others may access it (mode {:o}): chmod 600 it",
+                       info.st_mode & 0777));
+  }
+  if (length < 0) refuse(std::strerror(errno));
+  if (length > 4096) refuse("longer than 4096 bytes");
+  content.resize(static_cast<size_t>(length));
+  std::string secret(trim(content));
+  if (secret.empty()) refuse("the file is empty");
+  return secret;
+}
+
 void resolve_tuning(const ConfigOverrides& overrides, const Environment& env, Config& config) {
+  auto secret_file = from_env(env, "KOLO_SECRET_FILE");
   if (auto secret =
           first_of(from_override(overrides.secret, "secret"), from_env(env, "KOLO_SECRET"))) {
+    if (secret_file && secret->source == "KOLO_SECRET") {
+      fail("kolo: KOLO_SECRET and KOLO_SECRET_FILE are both set: set one of them");
+    }
     config.secret = secret->text;
+  } else if (secret_file) {
+    config.secret = read_secret_file(secret_file->text);
   }
   if (auto ifname = first_of(from_override(overrides.socket_ifname, "socket_ifname"),
                              from_env(env, "KOLO_SOCKET_IFNAME"))) {
