@@ -125,6 +125,17 @@ echo "# cluster_perf: $hosts hosts x $per_host ranks ($ranks ranks), links shape
   "($rate_bytes bytes/s) each way, $rounds rounds; allreduce_perf $*"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
+# Bytes host H has sent over its link so far (the veth's counter in the host's namespace).
+link_bytes() {
+  ip -n "$name$1" -s link show dev eth0 | awk '/TX:/ { getline; print $1; exit }'
+}
+# What went over the links during a run, in MB per host (the mean over hosts): a transport that
+# moves its bytes some other way (shared memory between the namespaces) shows here.
+link_traffic() {  # before-counts after-counts
+  echo "$1 $2" | awk -v hosts="$hosts" '{ for (h = 1; h <= hosts; h++) sum += $(hosts + h) - $h
+                                          printf "%.1f", sum / hosts / 1e6 }'
+}
+
 # One run: every rank in its host, in the background; rank 0's table to $1, the others' output to
 # $1.rank<r>. Each rank is bounded by a timeout, so a transport that hangs costs minutes, not the day.
 port=29500
@@ -163,6 +174,7 @@ for round in $(seq 1 "$rounds"); do
     while read -r label settings; do
       [ -n "$label" ] || continue
       output=$logs/$round.$transport.$label
+      before=$(for host in $(seq 1 "$hosts"); do link_bytes "$host"; done | tr '\n' ' ')
       echo
       echo "## round $round, KOLO_TRANSPORT=$transport, variant $label${settings:+ ($settings)}"
       if run "$output" "$transport" $settings; then
@@ -173,6 +185,10 @@ for round in $(seq 1 "$rounds"); do
           }' \
           >>"$results"
         cat "$output"
+        after=$(for host in $(seq 1 "$hosts"); do link_bytes "$host"; done | tr '\n' ' ')
+        traffic=$(link_traffic "$before" "$after")
+        echo "# sent over the links: $traffic MB per host"
+        echo "$round $transport $label $traffic" >>"$logs/traffic"
       else
         echo "FAILED (KOLO_TRANSPORT=$transport, $label); rank 0's last lines:"
         tail -n 5 "$output"
@@ -215,6 +231,13 @@ sort -k2,2 -k3,3 -k4,4n "$results" | awk -v rate="$rate_bytes" -v hosts="$hosts"
     n++; outs = outs " " $5; ins = ins " " $6; wrong += $7
   }
   END { flush() }'
+echo
+echo "# sent over the links per run, MB per host (the median over the rounds):"
+sort -k2,2 -k3,3 -k4,4n "$logs/traffic" 2>/dev/null | awk '
+  { key = "KOLO_TRANSPORT=" $2 ", variant " $3; values[key] = values[key] " " $4; count[key]++ }
+  END { for (key in values) { n = split(values[key], v, " ")
+          for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] + 0 < v[i] + 0) { t = v[i]; v[i] = v[j]; v[j] = t }
+          printf "#   %s: %s\n", key, v[int((n + 1) / 2)] } }'
 if [ -s "$logs/failures" ]; then
   echo
   echo "# failed runs (round transport variant):"
