@@ -33,10 +33,11 @@ about twice the forward's arithmetic). Gradients become ready in backward order 
 first); within backward, a gradient is taken to be ready once a share of the backward time equal
 to the share of parameters up to it has passed. That is pessimistic for convolutional networks,
 whose late layers hold most parameters but not most arithmetic, so real gradients come earlier.
-Gradients are packed in backward order into buckets of up to the fusion threshold (as kolo's
-fusion engine and Horovod do; one larger than the threshold is a bucket of its own); a bucket is
-sent once its last gradient is ready and the previous bucket is done. With overlap, the step
-lasts max(C, end of the last bucket); without, C plus every bucket's allreduce. The scaling
+Gradients are grouped as kolo's fusion engine groups them: every cycle (5 ms, or as soon as the
+collectives it started are done, if later) it takes every gradient that is ready, runs each of
+1 MiB or more alone and packs the smaller ones into buffers of up to the fusion threshold
+(64 MiB); the collectives run one after another. With overlap, the step lasts max(C, end of the
+last collective); without, every collective runs after backward: C plus all of them. The scaling
 efficiency is C / step time: 1 on one rank, less as communication shows.
 
 How to run it (a Python 3 from Debian, standard library only; the plot needs matplotlib:
@@ -134,25 +135,39 @@ SCHEDULES = {
 }
 
 
-def buckets(gradient_bytes, threshold):
-    """Packs gradients (bytes, in backward order) into buckets of at most `threshold` bytes.
-    Returns (bytes, index of the bucket's last gradient) pairs, in the order they are sent."""
-    result = []
-    current, last = 0, -1
-    for index, size in enumerate(gradient_bytes):
-        if current > 0 and current + size > threshold:
-            result.append((current, last))
-            current = 0
-        current += size
-        last = index
-    if current > 0:
-        result.append((current, last))
+class Fusion:
+    """How kolo's fusion engine groups gradients: every `cycle` seconds while work is pending (and
+    once the collectives it started are done) it takes every gradient that is ready; one of
+    `alone` bytes or more runs by itself, the smaller ones are packed into buffers of at most
+    `threshold` bytes. Defaults: kolo's (KOLO_CYCLE_TIME_MS 5, 1 MiB, KOLO_FUSION_THRESHOLD 64M)."""
+
+    def __init__(self, threshold=64 * 2**20, alone=2**20, cycle=0.005):
+        if not threshold > 0 or not alone > 0 or not cycle >= 0:
+            raise ValueError(f"bad fusion settings: {threshold}, {alone}, {cycle}")
+        self.threshold, self.alone, self.cycle = threshold, alone, cycle
+
+
+def batches(gradient_bytes, fusion):
+    """The collectives (their bytes) that one negotiation makes of these ready gradients, in
+    backward order: large ones alone, the others packed in order into buffers up to the
+    threshold; each collective sits where its first gradient does."""
+    result, open_batch = [], None
+    for size in gradient_bytes:
+        if size >= fusion.alone:
+            result.append(size)
+        elif open_batch is not None and result[open_batch] + size <= fusion.threshold:
+            result[open_batch] += size
+        else:
+            result.append(size)
+            open_batch = len(result) - 1
     return result
 
 
-def step_time(gradient_bytes, compute, allreduce, threshold, overlap=True):
+def step_time(gradient_bytes, compute, allreduce, fusion, overlap=True):
     """One training step: `gradient_bytes` in backward order, `compute` seconds of forward and
-    backward, `allreduce(bytes)` the time of one bucket's allreduce. Returns seconds."""
+    backward, `allreduce(bytes)` the time of one collective. Returns seconds."""
+    if not overlap:
+        return compute + sum(allreduce(size) for size in batches(gradient_bytes, fusion))
     forward = compute / 3
     backward = compute - forward
     total = sum(gradient_bytes)
@@ -160,18 +175,27 @@ def step_time(gradient_bytes, compute, allreduce, threshold, overlap=True):
     for size in gradient_bytes:  # a gradient is ready once its share of backward has passed
         done += size
         ready.append(forward + backward * done / total if total else compute)
-    end = 0.0
-    communication = 0.0
-    for size, last in buckets(gradient_bytes, threshold):
-        cost = allreduce(size)
-        communication += cost
-        end = max(end, ready[last]) + cost
-    return max(compute, end) if overlap else compute + communication
+    # The engine: woken by the first gradient, then a negotiation each cycle (or, when its
+    # collectives outlast a cycle, as soon as they are done) taking everything ready by then.
+    now, end, first = ready[0] if ready else compute, 0.0, 0
+    while first < len(ready):
+        if ready[first] > now:
+            cycles = math.ceil((ready[first] - now) / fusion.cycle) if fusion.cycle else 1
+            now = max(now + cycles * fusion.cycle, ready[first])
+        last = first
+        while last < len(ready) and ready[last] <= now:
+            last += 1
+        spent = sum(allreduce(size) for size in batches(gradient_bytes[first:last], fusion))
+        if spent > 0:  # on one rank there is nothing to wait for
+            end = now + spent
+        first = last
+        now = max(now + fusion.cycle, end)
+    return max(compute, end)
 
 
-def efficiency(gradient_bytes, compute, allreduce, threshold, overlap=True):
+def efficiency(gradient_bytes, compute, allreduce, fusion, overlap=True):
     """Scaling efficiency of a step: compute time / step time, in (0, 1]."""
-    return compute / step_time(gradient_bytes, compute, allreduce, threshold, overlap)
+    return compute / step_time(gradient_bytes, compute, allreduce, fusion, overlap)
 
 
 # Arithmetic per sample, forward pass, in multiply-adds (10^9): torchvision's figures for
@@ -215,6 +239,8 @@ def parse_table(path):
     with open_input(path) as table:
         for line in table:
             fields = line.split()
+            if fields and fields[0].startswith("["):  # kolorun's "[rank] " prefix
+                fields = fields[1:]
             if len(fields) >= 13 and fields[0].isdigit():
                 rows.append((int(fields[0]), float(fields[5]), float(fields[9])))
     if not rows:
@@ -327,11 +353,15 @@ def command_predict(arguments):
             sys.exit(f"scaling_model.py: unknown model {model!r} ({', '.join(FORWARD_GMAC)})")
     gradients = load_gradients(arguments.fusion_perf, models)
     hosts_list = [2**k for k in range(1, 11)]
-    threshold = arguments.fusion_mib * 2**20
+    fusion = Fusion(arguments.fusion_mib * 2**20,
+                    arguments.alone_mib * 2**20 if arguments.alone_mib > 0 else math.inf,
+                    arguments.cycle_ms * 1e-3)
     per_host = arguments.ranks_per_host
     print(f"# {per_host} ranks per host; between hosts {arguments.link_gbit:g} Gbit/s, "
           f"alpha {arguments.inter_alpha_us:g} us; inside a host {arguments.intra_gbytes:g} GB/s, "
-          f"alpha {arguments.intra_alpha_us:g} us; buckets of {arguments.fusion_mib:g} MiB; "
+          f"alpha {arguments.intra_alpha_us:g} us;\n#   fusion: {arguments.fusion_mib:g} MiB buffers, "
+          f"cycle {arguments.cycle_ms:g} ms"
+          f"{f', gradients of {arguments.alone_mib:g} MiB or more alone' if arguments.alone_mib > 0 else ''}; "
           f"{arguments.bytes_per_element}-byte gradients; "
           f"{'overlapped with backward' if not arguments.no_overlap else 'no overlap'}")
     results = {}
@@ -340,7 +370,7 @@ def command_predict(arguments):
         compute = (arguments.compute_ms * 1e-3 if arguments.compute_ms
                    else default_compute_seconds(model, arguments.tflops * 1e12))
         print(f"\n# {model}: {len(sizes)} gradients, {sum(sizes) / 1e6:.1f} MB, compute "
-              f"{compute * 1e3:.1f} ms per step ({len(buckets(sizes, threshold))} buckets); "
+              f"{compute * 1e3:.1f} ms per step ({len(batches(sizes, fusion))} collectives without overlap); "
               f"scaling efficiency at H hosts:")
         print(f"# {'schedule':<34}" + "".join(f"{h:>7}" for h in hosts_list))
         for name, schedule in SCHEDULES.items():
@@ -349,41 +379,41 @@ def command_predict(arguments):
                 row.append(efficiency(
                     sizes, compute,
                     lambda s, h=hosts, f=schedule: f(s, h, per_host, inter, intra),
-                    threshold, overlap=not arguments.no_overlap))
+                    fusion, not arguments.no_overlap))
             results[(model, name)] = row
             print(f"  {name:<34}" + "".join(f"{e * 100:>6.1f}%" for e in row))
-        explain(arguments, sizes, compute, inter, intra, threshold)
+        explain(arguments, sizes, compute, inter, intra, fusion)
     if arguments.plot:
         plot(arguments, hosts_list, results, models)
 
 
-def explain(arguments, sizes, compute, inter, intra, threshold, hosts=128, target=0.9):
+def explain(arguments, sizes, compute, inter, intra, fusion, hosts=128, target=0.9):
     """What the step is made of at `hosts` hosts with the best schedule, and the link between
     hosts that the target efficiency needs."""
     per_host, overlap = arguments.ranks_per_host, not arguments.no_overlap
 
     def best(link):
         return max((efficiency(sizes, compute, lambda s, f=f: f(s, hosts, per_host, link, intra),
-                               threshold, overlap), name) for name, f in SCHEDULES.items())
+                               fusion, overlap), name) for name, f in SCHEDULES.items())
 
     value, name = best(inter)
     schedule = SCHEDULES[name]
-    plan = buckets(sizes, threshold)
-    costs = [schedule(size, hosts, per_host, inter, intra) for size, _ in plan]
+    plan = batches(sizes, fusion)
+    costs = [schedule(size, hosts, per_host, inter, intra) for size in plan]
     step = compute / value
-    tail = plan[-1][0]
     print(f"# at {hosts} hosts the best is {name}, {value * 100:.1f}%: step {step * 1e3:.1f} ms = "
           f"compute {compute * 1e3:.1f} + exposed communication {(step - compute) * 1e3:.1f}; "
-          f"{len(plan)} buckets take {sum(costs) * 1e3:.1f} ms in all; the last "
-          f"({tail / 2**20:.1f} MiB, ready only when backward ends) {costs[-1] * 1e3:.1f} ms")
+          f"{len(plan)} collectives, one after another, would take {sum(costs) * 1e3:.1f} ms "
+          f"(the bandwidth alone {2 * sum(sizes) / inter.beta * 1e3:.1f} ms), against "
+          f"{compute * 2 / 3 * 1e3:.1f} ms of backward to hide in")
     if value >= target:
         return
     unlimited = Link(inter.alpha, 1e6 * GIGA)  # 8 Pbit/s: the link's bandwidth no longer counts
     floor, floor_name = best(unlimited)
     if floor < target:
-        inside = sum(2 * ring_half(size, per_host, intra) for size, _ in plan)
+        inside = sum(2 * ring_half(size, per_host, intra) for size in plan)
         rest = sum(SCHEDULES[floor_name](size, hosts, per_host, unlimited, intra)
-                   for size, _ in plan) - inside
+                   for size in plan) - inside
         print(f"#   {target * 100:.0f}% is out of reach at any link speed: with an unlimited link "
               f"{floor * 100:.1f}% ({floor_name}); what remains per step is {inside * 1e3:.1f} ms "
               f"of reduce-scatter and allgather inside the hosts and {rest * 1e3:.1f} ms of "
@@ -397,7 +427,7 @@ def explain(arguments, sizes, compute, inter, intra, threshold, hosts=128, targe
         else:
             low = middle
     print(f"#   {target * 100:.0f}% needs {high * 8 / GIGA:.0f} Gbit/s between hosts "
-          f"(or less communication: fewer gradient bytes, smaller last bucket, more compute)")
+          f"(or fewer gradient bytes, or more compute per step)")
 
 
 def plot(arguments, hosts_list, results, models):
@@ -466,7 +496,14 @@ def main(argv=None):
     predict.add_argument("--compute-ms", type=positive,
                          help="compute time of a step, ms (default: from --tflops and the model)")
     predict.add_argument("--fusion-mib", type=positive, default=64,
-                         help="fusion threshold: bytes per bucket, MiB (default: %(default)s)")
+                         help="fusion threshold, MiB (KOLO_FUSION_THRESHOLD; default: "
+                              "%(default)s)")
+    predict.add_argument("--cycle-ms", type=non_negative, default=5,
+                         help="the fusion engine's cycle (KOLO_CYCLE_TIME_MS; default: "
+                              "%(default)s)")
+    predict.add_argument("--alone-mib", type=non_negative, default=1,
+                         help="gradients of this size or more are sent alone, as kolo's engine "
+                              "does; 0: never (default: %(default)s)")
     predict.add_argument("--bytes-per-element", type=int, choices=[2, 4], default=4,
                          help="gradient element size (default: %(default)s)")
     predict.add_argument("--no-overlap", action="store_true",

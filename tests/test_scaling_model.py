@@ -6,6 +6,7 @@ speed, and the bucketing of a training step.
 Run: /usr/bin/python3 tests/test_scaling_model.py   (Meson test `scaling_model`, suite unit)
 """
 
+import math
 import os
 import sys
 import unittest
@@ -67,19 +68,31 @@ class CostFormulas(unittest.TestCase):
 
 
 class TrainingStep(unittest.TestCase):
-    def test_buckets(self):
-        # Threshold 10: 4+4 fit, 4 starts a new one, 12 alone, 1+1 together.
-        self.assertEqual(model.buckets([4, 4, 4, 12, 1, 1], 10), [(8, 1), (4, 2), (12, 3), (2, 5)])
-        self.assertEqual(model.buckets([], 10), [])
+    def test_batches(self):
+        # Large (>= 5) alone where they are; small ones packed in order up to 10.
+        fusion = model.Fusion(threshold=10, alone=5, cycle=0)
+        self.assertEqual(model.batches([4, 12, 1, 1, 6, 3, 4], fusion), [9, 12, 6, 4])
+        self.assertEqual(model.batches([], fusion), [])
+        # Nothing alone: 4+4, then 4, then 12 by itself, then 1+1.
+        fusion = model.Fusion(threshold=10, alone=math.inf, cycle=0)
+        self.assertEqual(model.batches([4, 4, 4, 12, 1, 1], fusion), [8, 4, 12, 2])
 
     def test_step_by_hand(self):
-        # compute 3 s: forward 1 s, backward 2 s; gradients 1 and 3 bytes, threshold 1: two
-        # buckets, ready at 1.5 s and 3 s; an allreduce costs 1 s per byte.
+        # compute 3 s: forward 1 s, backward 2 s; gradients of 1 and 3 bytes ready at 1.5 s and
+        # 3 s; an allreduce costs 1 s per byte; threshold 1, so never fused.
         cost = lambda size: float(size)  # noqa: E731
-        self.assertAlmostEqual(model.step_time([1, 3], 3.0, cost, 1, overlap=True), 6.0)
-        self.assertAlmostEqual(model.step_time([1, 3], 3.0, cost, 1, overlap=False), 7.0)
+        fusion = model.Fusion(threshold=1, alone=math.inf, cycle=0)
+        self.assertAlmostEqual(model.step_time([1, 3], 3.0, cost, fusion, overlap=True), 6.0)
+        self.assertAlmostEqual(model.step_time([1, 3], 3.0, cost, fusion, overlap=False), 7.0)
         # Free communication: the step is its compute time.
-        self.assertAlmostEqual(model.step_time([1, 3], 3.0, lambda size: 0.0, 1), 3.0)
+        self.assertAlmostEqual(model.step_time([1, 3], 3.0, lambda size: 0.0, fusion), 3.0)
+        # A cycle of 1 s: woken at 1.5 s, the first runs to 2.5 s; the engine looks again at
+        # 2.5 s (nothing), then at 3.5 s, and the second ends at 6.5 s.
+        fusion = model.Fusion(threshold=1, alone=math.inf, cycle=1.0)
+        self.assertAlmostEqual(model.step_time([1, 3], 3.0, cost, fusion), 6.5)
+        # Fused (threshold 4) and waiting for both: one collective of 4 bytes from 3 s.
+        fusion = model.Fusion(threshold=4, alone=math.inf, cycle=0)
+        self.assertAlmostEqual(model.step_time([1, 3], 3.0, cost, fusion, overlap=False), 7.0)
 
     def test_efficiency_bounds_and_monotonic_in_link_speed(self):
         gradients = [4 * MIB] * 20 + [256 * 1024] * 50
@@ -91,21 +104,23 @@ class TrainingStep(unittest.TestCase):
                     inter = model.Link(25e-6, gbit * 1e9 / 8)
                     value = model.efficiency(gradients, 0.05,
                                              lambda s: schedule(s, 16, 8, inter, intra),
-                                             64 * MIB, overlap)
+                                             model.Fusion(), overlap)
                     self.assertGreater(value, 0.0, name)
                     self.assertLessEqual(value, 1.0, name)
                     self.assertGreaterEqual(value, previous, f"{name}: {gbit} Gbit/s")
                     previous = value
                 one_rank = model.efficiency(gradients, 0.05,
-                                            lambda s: schedule(s, 1, 1, inter, intra), 64 * MIB)
+                                            lambda s: schedule(s, 1, 1, inter, intra),
+                                            model.Fusion())
                 self.assertEqual(one_rank, 1.0)
 
     def test_overlap_never_hurts(self):
         gradients = [MIB] * 100
         link = model.Link(25e-6, 1e9)
         cost = lambda s: model.flat_ring(s, 8, 8, link, link)  # noqa: E731
-        self.assertGreaterEqual(model.efficiency(gradients, 0.1, cost, 16 * MIB, True),
-                                model.efficiency(gradients, 0.1, cost, 16 * MIB, False))
+        fusion = model.Fusion(threshold=16 * MIB)
+        self.assertGreaterEqual(model.efficiency(gradients, 0.1, cost, fusion, True),
+                                model.efficiency(gradients, 0.1, cost, fusion, False))
 
 
 class Fit(unittest.TestCase):
