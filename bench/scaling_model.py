@@ -452,7 +452,7 @@ def plot(arguments, hosts_list, results, models):
     axes.set_title(f"kolo scaling model: {arguments.link_gbit:g} Gbit/s between hosts, "
                    f"{'overlap' if not arguments.no_overlap else 'no overlap'}", fontsize=10)
     axes.grid(True, which="both", linewidth=0.3)
-    axes.legend(fontsize=7, loc="lower left")
+    axes.legend(fontsize=7, loc="upper right")
     figure.tight_layout()
     figure.savefig(arguments.plot, dpi=110)
     print(f"# plot written to {arguments.plot}")
