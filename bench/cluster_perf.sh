@@ -29,9 +29,9 @@
 #
 # Needs root (it makes network namespaces). Its hosts get addresses in KOLO_CLUSTER_SUBNET
 # (default here 10.78.0, and KOLO_CLUSTER_SUBNET6 fd78), so that it can run beside the tests'
-# cluster (10.77.0). Example, the README's measurements:
+# cluster (10.77.0). Example, one of the README's measurements (section "Across hosts"):
 #
-#   sh scripts/build.sh && sh bench/cluster_perf.sh -k 5 4 2 1gbit
+#   sh scripts/build.sh && sh bench/cluster_perf.sh -k 3 -o bench/results/cluster_perf_4x2.tsv 4 2 1gbit
 set -eu
 
 usage() {
