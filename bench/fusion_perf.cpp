@@ -20,6 +20,10 @@
 // kolorun:
 //
 //   kolorun -np 4 build/bench/fusion_perf [--model resnet50,vgg16] [--steps 5] [--warmup 2]
+//
+// --list-gradients prints the chosen models' gradients instead (model, name and float32 element
+// count, tab-separated, in forward order) and exits without joining a job, so that other tools
+// (bench/scaling_model.py) read the same shapes rather than defining the layers again.
 #include <fmt/format.h>
 #include <kolo.h>
 
@@ -227,6 +231,7 @@ int main(int argc, char** argv) {
   std::string threshold_text;
   bool skip_ordered = false;
   bool verify = false;
+  bool list_gradients = false;
   std::string max_tensor_text;
   app.add_option("-m,--model", models,
                  "models, comma-separated: resnet50, resnet101, vgg16, "
@@ -247,6 +252,9 @@ int main(int argc, char** argv) {
   app.add_flag("-c,--check", verify,
                "check every element after each mode (every rank starts with rank + 1, so the "
                "average is (N + 1) / 2 whatever the number of steps)");
+  app.add_flag("--list-gradients", list_gradients,
+               "print each model's gradients (model, name, elements; tab-separated, forward "
+               "order) and exit without joining a job");
   CLI11_PARSE(app, argc, argv);
 
   auto parse_size = [](const std::string& text) {
@@ -266,12 +274,6 @@ int main(int argc, char** argv) {
   const uint64_t max_tensor_bytes =
       max_tensor_text.empty() ? ~uint64_t{0} : parse_size(max_tensor_text);
 
-  kolo_comm_t comm;
-  check(nullptr, kolo_comm_init(nullptr, &comm), "kolo_comm_init");
-  int rank = 0, size = 1;
-  kolo_comm_rank(comm, &rank);
-  kolo_comm_size(comm, &size);
-
   std::vector<std::string> names;
   for (size_t at = 0; at <= models.size();) {
     size_t comma = models.find(',', at);
@@ -279,6 +281,21 @@ int main(int argc, char** argv) {
     if (comma > at) names.push_back(models.substr(at, comma - at));
     at = comma + 1;
   }
+  if (list_gradients) {
+    for (const std::string& name : names) {
+      for (const Gradient& gradient : model_named(name).gradients) {
+        fmt::print("{}\t{}\t{}\n", name, gradient.name, gradient.count);
+      }
+    }
+    return 0;
+  }
+
+  kolo_comm_t comm;
+  check(nullptr, kolo_comm_init(nullptr, &comm), "kolo_comm_init");
+  int rank = 0, size = 1;
+  kolo_comm_rank(comm, &rank);
+  kolo_comm_size(comm, &size);
+
   const char* cycle = std::getenv("KOLO_CYCLE_TIME_MS");
   const char* timeline = std::getenv("KOLO_TIMELINE");
   if (rank == 0) {

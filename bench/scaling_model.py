@@ -1,0 +1,553 @@
+#!/usr/bin/python3
+"""scaling_model.py: an alpha-beta model of kolo's allreduce across hosts, and of the scaling
+efficiency of a data-parallel training step built on it.
+
+A message of S bytes over a link costs alpha + S / beta: alpha is the latency of one step of a
+schedule (the wire, the kernel, the wake-up of the process), beta the bandwidth in bytes per
+second. There are two kinds of link: between hosts (each host has one link to the switch, shared
+by all its ranks) and inside a host (shared memory or loopback). A job has H hosts of L ranks
+each, N = H * L ranks, numbered host by host. The schedules modelled, for S bytes per rank:
+
+  flat ring     kolo's ring allreduce over all N ranks (reduce-scatter, then allgather):
+                2(N-1) steps, each moving S/N bytes over every ring edge at once, so a step lasts
+                as long as its slowest edge (between hosts, as a rule). Numbered host by host,
+                each host's link carries exactly one ring edge each way, never two:
+                    2(N-1) alpha_inter + 2(N-1)/N * S / beta_inter
+                (or the same with alpha_intra and beta_intra, if an edge inside a host is slower).
+  hierarchical  a ring reduce-scatter inside each host (rank l then holds 1/L of the host's sum),
+                an allreduce of those shards between hosts, all L local ranks at once, each with
+                its own peers on the other hosts, so that L flows of S/L bytes share the host's
+                link (each gets beta_inter / L), then a ring allgather inside each host:
+                    2 [(L-1) alpha_intra + (L-1)/L * S / beta_intra]  +  between(S),
+                between = ring:  2(H-1) alpha_inter + 2(H-1)/H * S / beta_inter;
+                between = tree:  a log-depth schedule, recursive halving then recursive doubling
+                (Rabenseifner): 2 log2(H) alpha_inter + 2(H-1)/H * S / beta_inter when H is a
+                power of two; otherwise the hosts beyond the largest power of two P first hand
+                their whole shard to a partner and get the result back at the end:
+                    2 (log2(P) + 1) alpha_inter + (2(P-1)/P + 2) * S / beta_inter.
+
+A training step: the model's gradients (float32 unless told otherwise) taken from
+`fusion_perf --list-gradients`, so that the layers are defined once, in bench/fusion_perf.cpp.
+The step computes for C seconds, a third forward and two thirds backward (a backward pass costs
+about twice the forward's arithmetic). Gradients become ready in backward order (last layer
+first); within backward, a gradient is taken to be ready once a share of the backward time equal
+to the share of parameters up to it has passed. That is pessimistic for convolutional networks,
+whose late layers hold most parameters but not most arithmetic, so real gradients come earlier.
+Gradients are grouped as kolo's fusion engine groups them: every cycle (5 ms, or as soon as the
+collectives it started are done, if later) it takes every gradient that is ready, runs each of
+1 MiB or more alone and packs the smaller ones into buffers of up to the fusion threshold
+(64 MiB); the collectives run one after another. With overlap, the step lasts max(C, end of the
+last collective); without, every collective runs after backward: C plus all of them. The scaling
+efficiency is C / step time: 1 on one rank, less as communication shows.
+
+How to run it (a Python 3 from Debian, standard library only; the plot needs matplotlib:
+`apt-get install -y python3-matplotlib`):
+
+  /usr/bin/python3 bench/scaling_model.py predict [options]     efficiency table (and --plot PNG)
+  /usr/bin/python3 bench/scaling_model.py fit --ranks N TABLE    alpha and beta from allreduce_perf
+  /usr/bin/python3 bench/scaling_model.py check --inter-alpha-us A --inter-gbit B TSV...
+                                        the flat ring's predictions against cluster_perf.sh medians
+
+`--help` after each command lists its options and defaults.
+"""
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+
+GIGA = 1e9
+
+
+class Link:
+    """One kind of link: alpha seconds per message, beta bytes per second."""
+
+    def __init__(self, alpha, beta):
+        if not alpha >= 0 or not beta > 0:
+            raise ValueError(f"a link needs alpha >= 0 and beta > 0 (got {alpha}, {beta})")
+        self.alpha = alpha
+        self.beta = beta
+
+    def __repr__(self):
+        return f"Link(alpha={self.alpha * 1e6:.1f} us, beta={self.beta / GIGA:.3f} GB/s)"
+
+
+def ring_allreduce(size, ranks, link):
+    """A ring allreduce of `size` bytes over `ranks` ranks whose slowest edge is `link`."""
+    if ranks <= 1:
+        return 0.0
+    steps = 2 * (ranks - 1)
+    return steps * link.alpha + steps / ranks * size / link.beta
+
+
+def ring_half(size, ranks, link):
+    """A ring reduce-scatter (or allgather) of `size` bytes over `ranks` ranks: half a ring."""
+    if ranks <= 1:
+        return 0.0
+    return (ranks - 1) * link.alpha + (ranks - 1) / ranks * size / link.beta
+
+
+def log_depth_allreduce(size, ranks, link):
+    """Recursive halving then recursive doubling (Rabenseifner) of `size` bytes over `ranks`."""
+    if ranks <= 1:
+        return 0.0
+    power = 1 << (ranks.bit_length() - 1)  # the largest power of two <= ranks
+    steps = 2 * int(math.log2(power))
+    volume = 2 * (power - 1) / power * size
+    if power != ranks:  # the ranks beyond `power` fold into partners first, and get the result back
+        steps += 2
+        volume += 2 * size
+    return steps * link.alpha + volume / link.beta
+
+
+def flat_ring(size, hosts, per_host, inter, intra):
+    """kolo's ring over all ranks, numbered host by host (one ring edge per host link each way);
+    a step lasts as long as its slowest edge."""
+    ranks = hosts * per_host
+    if hosts == 1 or per_host == 1:
+        return ring_allreduce(size, ranks, inter if hosts > 1 else intra)
+    return max(ring_allreduce(size, ranks, inter), ring_allreduce(size, ranks, intra))
+
+
+def hierarchical(size, hosts, per_host, inter, intra, between="ring"):
+    """Reduce-scatter in each host, allreduce of 1/L shards between hosts (L flows share the host
+    link), allgather in each host."""
+    inside = 2 * ring_half(size, per_host, intra)
+    # L shards of size/L at once, each flow with beta/L: the same time as one flow of size.
+    shared = Link(inter.alpha, inter.beta / per_host)
+    shard = size / per_host
+    if between == "ring":
+        across = ring_allreduce(shard, hosts, shared)
+    elif between == "tree":
+        across = log_depth_allreduce(shard, hosts, shared)
+    else:
+        raise ValueError(f"between must be ring or tree, not {between!r}")
+    return inside + across
+
+
+SCHEDULES = {
+    "flat ring": lambda s, h, l, inter, intra: flat_ring(s, h, l, inter, intra),
+    "hierarchical, ring between hosts": lambda s, h, l, inter, intra: hierarchical(
+        s, h, l, inter, intra, "ring"),
+    "hierarchical, tree between hosts": lambda s, h, l, inter, intra: hierarchical(
+        s, h, l, inter, intra, "tree"),
+}
+
+
+class Fusion:
+    """How kolo's fusion engine groups gradients: every `cycle` seconds while work is pending (and
+    once the collectives it started are done) it takes every gradient that is ready; one of
+    `alone` bytes or more runs by itself, the smaller ones are packed into buffers of at most
+    `threshold` bytes. Defaults: kolo's (KOLO_CYCLE_TIME_MS 5, 1 MiB, KOLO_FUSION_THRESHOLD 64M)."""
+
+    def __init__(self, threshold=64 * 2**20, alone=2**20, cycle=0.005):
+        if not threshold > 0 or not alone > 0 or not cycle >= 0:
+            raise ValueError(f"bad fusion settings: {threshold}, {alone}, {cycle}")
+        self.threshold, self.alone, self.cycle = threshold, alone, cycle
+
+
+def batches(gradient_bytes, fusion):
+    """The collectives (their bytes) that one negotiation makes of these ready gradients, in
+    backward order: large ones alone, the others packed in order into buffers up to the
+    threshold; each collective sits where its first gradient does."""
+    result, open_batch = [], None
+    for size in gradient_bytes:
+        if size >= fusion.alone:
+            result.append(size)
+        elif open_batch is not None and result[open_batch] + size <= fusion.threshold:
+            result[open_batch] += size
+        else:
+            result.append(size)
+            open_batch = len(result) - 1
+    return result
+
+
+def step_time(gradient_bytes, compute, allreduce, fusion, overlap=True):
+    """One training step: `gradient_bytes` in backward order, `compute` seconds of forward and
+    backward, `allreduce(bytes)` the time of one collective. Returns seconds."""
+    if not overlap:
+        return compute + sum(allreduce(size) for size in batches(gradient_bytes, fusion))
+    forward = compute / 3
+    backward = compute - forward
+    total = sum(gradient_bytes)
+    ready, done = [], 0
+    for size in gradient_bytes:  # a gradient is ready once its share of backward has passed
+        done += size
+        ready.append(forward + backward * done / total if total else compute)
+    # The engine: woken by the first gradient, then a negotiation each cycle (or, when its
+    # collectives outlast a cycle, as soon as they are done) taking everything ready by then.
+    now, end, first = ready[0] if ready else compute, 0.0, 0
+    while first < len(ready):
+        if ready[first] > now:
+            cycles = math.ceil((ready[first] - now) / fusion.cycle) if fusion.cycle else 1
+            now = max(now + cycles * fusion.cycle, ready[first])
+        last = first
+        while last < len(ready) and ready[last] <= now:
+            last += 1
+        spent = sum(allreduce(size) for size in batches(gradient_bytes[first:last], fusion))
+        if spent > 0:  # on one rank there is nothing to wait for
+            end = now + spent
+        first = last
+        now = max(now + fusion.cycle, end)
+    return max(compute, end)
+
+
+def efficiency(gradient_bytes, compute, allreduce, fusion, overlap=True):
+    """Scaling efficiency of a step: compute time / step time, in (0, 1]."""
+    return compute / step_time(gradient_bytes, compute, allreduce, fusion, overlap)
+
+
+# Arithmetic per sample, forward pass, in multiply-adds (10^9): torchvision's figures for
+# ResNet-101 (7.80) and VGG-16 (15.47) at 224x224; BERT-base on a 128-token sequence: 85 million
+# encoder weights used once per token (10.9) plus attention's two 128x128x768 products in each of
+# 12 layers (0.3). A training step costs about three forward passes.
+FORWARD_GMAC = {"resnet101": 7.80, "vgg16": 15.47, "bert-base": 11.2}
+BATCH = {"resnet101": 64, "vgg16": 64, "bert-base": 32}
+
+
+def default_compute_seconds(model, flops):
+    """Compute time of one step of `model` on one rank reaching `flops` FLOP/s."""
+    return 3 * 2 * FORWARD_GMAC[model] * GIGA * BATCH[model] / flops
+
+
+def load_gradients(fusion_perf, models):
+    """{model: [bytes of float32 gradient, ...] in forward order} from fusion_perf."""
+    try:
+        listing = subprocess.run([fusion_perf, "--list-gradients", "--model", ",".join(models)],
+                                 check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as error:
+        sys.exit(f"scaling_model.py: could not list gradients with {fusion_perf} "
+                 f"(build it: sh scripts/build.sh): {error}")
+    gradients = {model: [] for model in models}
+    for line in listing.splitlines():
+        model, _, count = line.split("\t")
+        gradients[model].append(int(count))
+    return gradients
+
+
+def open_input(path):
+    try:
+        return open(path)
+    except OSError as error:
+        sys.exit(f"scaling_model.py: cannot read {path}: {error.strerror}")
+
+
+def parse_table(path):
+    """Rows of an allreduce_perf table: (bytes, out-of-place microseconds, in-place µs)."""
+    rows = []
+    with open_input(path) as table:
+        for line in table:
+            fields = line.split()
+            if fields and fields[0].startswith("["):  # kolorun's "[rank] " prefix
+                fields = fields[1:]
+            if len(fields) >= 13 and fields[0].isdigit():
+                rows.append((int(fields[0]), float(fields[5]), float(fields[9])))
+    if not rows:
+        sys.exit(f"scaling_model.py: no allreduce_perf rows in {path}")
+    return rows
+
+
+def fit(points, ranks):
+    """Least-squares fit of t = 2(N-1) alpha + 2(N-1)/N S / beta to (bytes, seconds) points,
+    weighted by 1/t so that every size counts alike. Returns (Link, largest relative error)."""
+    steps = 2 * (ranks - 1)
+    # t = a + b x with x = steps/N * S; minimise sum ((a + b x - t) / t)^2.
+    xs = [steps / ranks * size for size, _ in points]
+    ts = [seconds for _, seconds in points]
+    ws = [1 / t**2 for t in ts]
+    sw = sum(ws)
+    sx = sum(w * x for w, x in zip(ws, xs))
+    st = sum(w * t for w, t in zip(ws, ts))
+    sxx = sum(w * x * x for w, x in zip(ws, xs))
+    sxt = sum(w * x * t for w, x, t in zip(ws, xs, ts))
+    b = (sw * sxt - sx * st) / (sw * sxx - sx * sx)
+    a = (st - b * sx) / sw
+    link = Link(max(a, 0.0) / steps, 1 / b)
+    worst = max(abs(ring_allreduce(size, ranks, link) - t) / t for size, t in points)
+    return link, worst
+
+
+def read_times(path, ranks, transport):
+    """(bytes, seconds) of each row of an allreduce_perf table, or of a cluster_perf.sh --tsv
+    file (its flat rows of `transport` with `ranks` ranks in all; time from the median busbw).
+    The time is the mean of out of place and in place."""
+    with open_input(path) as first:
+        header = first.readline().rstrip("\n").split("\t")
+    if "busbw_out" not in header:
+        return [(size, (out + inside) / 2 * 1e-6) for size, out, inside in parse_table(path)]
+    points = []
+    with open_input(path) as tsv:
+        tsv.readline()
+        for line in tsv:
+            row = dict(zip(header, line.rstrip("\n").split("\t")))
+            if (row["variant"] == "flat" and row["transport"] == transport
+                    and int(row["hosts"]) * int(row["ranks_per_host"]) == ranks):
+                size = int(row["bytes"])
+                bus = size * 2 * (ranks - 1) / ranks / GIGA
+                points.append((size, (bus / float(row["busbw_out"]) + bus / float(row["busbw_in"])) / 2))
+    return points
+
+
+def command_fit(arguments):
+    if arguments.ranks < 2:
+        sys.exit("scaling_model.py: fit: --ranks must be at least 2")
+    # Several files: the median time of each size over them (runs of one configuration).
+    by_size = {}
+    for path in arguments.table:
+        for size, seconds in read_times(path, arguments.ranks, arguments.transport):
+            if size >= arguments.min_bytes:
+                by_size.setdefault(size, []).append(seconds)
+    if len(by_size) < 2:
+        sys.exit(f"scaling_model.py: fit: need two sizes of at least {arguments.min_bytes} bytes")
+    points = [(size, sorted(times)[len(times) // 2]) for size, times in sorted(by_size.items())]
+    link, worst = fit(points, arguments.ranks)
+    print(f"# fit of t = 2(N-1) alpha + 2(N-1)/N S / beta, N = {arguments.ranks}, "
+          f"{len(points)} sizes from {points[0][0]} to {points[-1][0]} bytes "
+          f"(mean of out of place and in place, median over {len(arguments.table)} file(s))")
+    print(f"alpha_us {link.alpha * 1e6:.1f}")
+    print(f"beta_gbit {link.beta * 8 / GIGA:.4f}")
+    print(f"# beta = {link.beta / GIGA:.4f} GB/s; largest error of the fit {worst * 100:.1f}%")
+
+
+def command_check(arguments):
+    inter = Link(arguments.inter_alpha_us * 1e-6, arguments.inter_gbit * GIGA / 8)
+    intra = Link(arguments.intra_alpha_us * 1e-6, arguments.intra_gbit * GIGA / 8)
+    print(f"# flat ring predicted with inter-host {inter}, intra-host {intra}")
+    print(f"# {'hosts':>5} {'x':>3} {'transport':>9} {'bytes':>10} {'measured':>9} "
+          f"{'predicted':>9} {'error':>7} {'hierarchical':>12}")
+    print("# busbw in GB/s, out of place; hierarchical: what the model predicts for it (ring "
+          "between hosts), to check once kolo has it")
+    errors = []
+    for path in arguments.tsv:
+        with open_input(path) as tsv:
+            header = tsv.readline().rstrip("\n").split("\t")
+            if "busbw_out" not in header:
+                sys.exit(f"scaling_model.py: {path} is not a table written by cluster_perf.sh -o")
+            for line in tsv:
+                row = dict(zip(header, line.rstrip("\n").split("\t")))
+                if (row["variant"] != "flat" or row["transport"] != arguments.transport
+                        or int(row["bytes"]) < arguments.min_bytes):
+                    continue
+                hosts, per_host = int(row["hosts"]), int(row["ranks_per_host"])
+                size, ranks = int(row["bytes"]), hosts * per_host
+                factor = 2 * (ranks - 1) / ranks
+                predicted = size * factor / flat_ring(size, hosts, per_host, inter, intra) / GIGA
+                measured = float(row["busbw_out"])
+                error = (predicted - measured) / measured
+                errors.append(abs(error))
+                other = size * factor / hierarchical(size, hosts, per_host, inter, intra) / GIGA
+                print(f"  {hosts:>5} {per_host:>3} {row['transport']:>9} {size:>10} "
+                      f"{measured:>9.4f} {predicted:>9.4f} {error * 100:>+6.1f}% {other:>12.4f}")
+    if errors:
+        print(f"# largest |error| {max(errors) * 100:.1f}%, median "
+              f"{sorted(errors)[len(errors) // 2] * 100:.1f}%")
+
+
+def command_predict(arguments):
+    inter = Link(arguments.inter_alpha_us * 1e-6, arguments.link_gbit * GIGA / 8)
+    intra = Link(arguments.intra_alpha_us * 1e-6, arguments.intra_gbytes * GIGA)
+    models = arguments.model.split(",")
+    for model in models:
+        if model not in FORWARD_GMAC:
+            sys.exit(f"scaling_model.py: unknown model {model!r} ({', '.join(FORWARD_GMAC)})")
+    gradients = load_gradients(arguments.fusion_perf, models)
+    hosts_list = [2**k for k in range(1, 11)]
+    fusion = Fusion(arguments.fusion_mib * 2**20,
+                    arguments.alone_mib * 2**20 if arguments.alone_mib > 0 else math.inf,
+                    arguments.cycle_ms * 1e-3)
+    per_host = arguments.ranks_per_host
+    print(f"# {per_host} ranks per host; between hosts {arguments.link_gbit:g} Gbit/s, "
+          f"alpha {arguments.inter_alpha_us:g} us; inside a host {arguments.intra_gbytes:g} GB/s, "
+          f"alpha {arguments.intra_alpha_us:g} us;\n#   fusion: {arguments.fusion_mib:g} MiB buffers, "
+          f"cycle {arguments.cycle_ms:g} ms"
+          f"{f', gradients of {arguments.alone_mib:g} MiB or more alone' if arguments.alone_mib > 0 else ''}; "
+          f"{arguments.bytes_per_element}-byte gradients; "
+          f"{'overlapped with backward' if not arguments.no_overlap else 'no overlap'}")
+    results = {}
+    for model in models:
+        sizes = [count * arguments.bytes_per_element for count in reversed(gradients[model])]
+        compute = (arguments.compute_ms * 1e-3 if arguments.compute_ms
+                   else default_compute_seconds(model, arguments.tflops * 1e12))
+        print(f"\n# {model}: {len(sizes)} gradients, {sum(sizes) / 1e6:.1f} MB, compute "
+              f"{compute * 1e3:.1f} ms per step ({len(batches(sizes, fusion))} collectives without overlap); "
+              f"scaling efficiency at H hosts:")
+        print(f"# {'schedule':<34}" + "".join(f"{h:>7}" for h in hosts_list))
+        for name, schedule in SCHEDULES.items():
+            row = []
+            for hosts in hosts_list:
+                row.append(efficiency(
+                    sizes, compute,
+                    lambda s, h=hosts, f=schedule: f(s, h, per_host, inter, intra),
+                    fusion, not arguments.no_overlap))
+            results[(model, name)] = row
+            print(f"  {name:<34}" + "".join(f"{e * 100:>6.1f}%" for e in row))
+        explain(arguments, sizes, compute, inter, intra, fusion)
+    if arguments.plot:
+        plot(arguments, hosts_list, results, models)
+
+
+def explain(arguments, sizes, compute, inter, intra, fusion, hosts=128, target=0.9):
+    """What the step is made of at `hosts` hosts with the best schedule, and the link between
+    hosts that the target efficiency needs."""
+    per_host, overlap = arguments.ranks_per_host, not arguments.no_overlap
+
+    def best(link):
+        return max((efficiency(sizes, compute, lambda s, f=f: f(s, hosts, per_host, link, intra),
+                               fusion, overlap), name) for name, f in SCHEDULES.items())
+
+    value, name = best(inter)
+    schedule = SCHEDULES[name]
+    plan = batches(sizes, fusion)
+    costs = [schedule(size, hosts, per_host, inter, intra) for size in plan]
+    step = compute / value
+    print(f"# at {hosts} hosts the best is {name}, {value * 100:.1f}%: step {step * 1e3:.1f} ms = "
+          f"compute {compute * 1e3:.1f} + exposed communication {(step - compute) * 1e3:.1f}; "
+          f"{len(plan)} collectives, one after another, would take {sum(costs) * 1e3:.1f} ms "
+          f"(the bandwidth alone {2 * sum(sizes) / inter.beta * 1e3:.1f} ms), against "
+          f"{compute * 2 / 3 * 1e3:.1f} ms of backward to hide in")
+    if value >= target:
+        return
+    unlimited = Link(inter.alpha, 1e6 * GIGA)  # 8 Pbit/s: the link's bandwidth no longer counts
+    floor, floor_name = best(unlimited)
+    if floor < target:
+        inside = sum(2 * ring_half(size, per_host, intra) for size in plan)
+        rest = sum(SCHEDULES[floor_name](size, hosts, per_host, unlimited, intra)
+                   for size in plan) - inside
+        print(f"#   {target * 100:.0f}% is out of reach at any link speed: with an unlimited link "
+              f"{floor * 100:.1f}% ({floor_name}); what remains per step is {inside * 1e3:.1f} ms "
+              f"of reduce-scatter and allgather inside the hosts and {rest * 1e3:.1f} ms of "
+              f"latency between them")
+        return
+    low, high = inter.beta, 1e6 * GIGA
+    while high / low > 1.001:
+        middle = math.sqrt(low * high)
+        if best(Link(inter.alpha, middle))[0] >= target:
+            high = middle
+        else:
+            low = middle
+    print(f"#   {target * 100:.0f}% needs {high * 8 / GIGA:.0f} Gbit/s between hosts "
+          f"(or fewer gradient bytes, or more compute per step)")
+
+
+def plot(arguments, hosts_list, results, models):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as pyplot
+    except ImportError:
+        sys.exit("scaling_model.py: --plot needs matplotlib (apt-get install -y python3-matplotlib)")
+    figure, axes = pyplot.subplots(figsize=(8, 5))
+    colours = dict(zip(models, ["tab:blue", "tab:orange", "tab:green", "tab:red"]))
+    styles = dict(zip(SCHEDULES, [":", "--", "-"]))
+    for (model, name), row in results.items():
+        axes.plot(hosts_list, [e * 100 for e in row], styles[name], color=colours[model],
+                  marker="o", markersize=3, label=f"{model}, {name}")
+    axes.axhline(90, color="grey", linewidth=0.8)
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(hosts_list, [str(h) for h in hosts_list])
+    axes.set_ylim(0, 102)
+    axes.set_xlabel(f"hosts ({arguments.ranks_per_host} ranks each)")
+    axes.set_ylabel("scaling efficiency, %")
+    axes.set_title(f"kolo scaling model: {arguments.link_gbit:g} Gbit/s between hosts, "
+                   f"{'overlap' if not arguments.no_overlap else 'no overlap'}", fontsize=10)
+    axes.grid(True, which="both", linewidth=0.3)
+    axes.legend(fontsize=7, loc="upper right")
+    figure.tight_layout()
+    figure.savefig(arguments.plot, dpi=110)
+    print(f"# plot written to {arguments.plot}")
+
+
+def positive(text):
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
+    return value
+
+
+def non_negative(text):
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text}")
+    return value
+
+
+def main(argv=None):
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(
+        description="kolo's allreduce and training-step scaling model (see the file's top)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    predict = commands.add_parser("predict", help="scaling efficiency from 2 to 1024 hosts")
+    predict.add_argument("--model", default="resnet101,vgg16,bert-base",
+                         help="models, comma-separated (default: %(default)s)")
+    predict.add_argument("--ranks-per-host", type=int, default=8, help="default: %(default)s")
+    predict.add_argument("--link-gbit", type=positive, default=100,
+                         help="link between hosts, Gbit/s (default: %(default)s)")
+    predict.add_argument("--inter-alpha-us", type=non_negative, default=25,
+                         help="latency of a step between hosts, µs (default: %(default)s)")
+    predict.add_argument("--intra-gbytes", type=positive, default=20,
+                         help="bandwidth inside a host, GB/s (default: %(default)s)")
+    predict.add_argument("--intra-alpha-us", type=non_negative, default=5,
+                         help="latency of a step inside a host, µs (default: %(default)s)")
+    predict.add_argument("--tflops", type=positive, default=60,
+                         help="arithmetic one rank reaches, TFLOP/s, for the default compute "
+                              "time (default: %(default)s)")
+    predict.add_argument("--compute-ms", type=positive,
+                         help="compute time of a step, ms (default: from --tflops and the model)")
+    predict.add_argument("--fusion-mib", type=positive, default=64,
+                         help="fusion threshold, MiB (KOLO_FUSION_THRESHOLD; default: "
+                              "%(default)s)")
+    predict.add_argument("--cycle-ms", type=non_negative, default=5,
+                         help="the fusion engine's cycle (KOLO_CYCLE_TIME_MS; default: "
+                              "%(default)s)")
+    predict.add_argument("--alone-mib", type=non_negative, default=1,
+                         help="gradients of this size or more are sent alone, as kolo's engine "
+                              "does; 0: never (default: %(default)s)")
+    predict.add_argument("--bytes-per-element", type=int, choices=[2, 4], default=4,
+                         help="gradient element size (default: %(default)s)")
+    predict.add_argument("--no-overlap", action="store_true",
+                         help="communicate after backward, not during it")
+    predict.add_argument("--fusion-perf", default=os.path.join(here, "..", "build", "bench",
+                                                                "fusion_perf"),
+                         help="the fusion_perf that lists the gradients (default: build/bench/)")
+    predict.add_argument("--plot", help="write a PNG of efficiency against hosts here")
+
+    fit_parser = commands.add_parser("fit", help="alpha and beta from an allreduce_perf table")
+    fit_parser.add_argument("table", nargs="+",
+                            help="allreduce_perf's output (rank 0's table) or cluster_perf.sh's "
+                                 "--tsv file")
+    fit_parser.add_argument("--transport", default="tcp",
+                            help="a --tsv file's rows of this KOLO_TRANSPORT (default: tcp)")
+    fit_parser.add_argument("--ranks", type=int, required=True, help="N of that run")
+    fit_parser.add_argument("--min-bytes", type=int, default=256 * 1024,
+                            help="fit sizes from this up: where the ring runs (default: "
+                                 "%(default)s; below 32 KiB x N kolo uses recursive doubling)")
+
+    check = commands.add_parser("check", help="flat ring predictions against cluster_perf.sh")
+    check.add_argument("tsv", nargs="+", help="files written by cluster_perf.sh --tsv")
+    check.add_argument("--inter-alpha-us", type=non_negative, required=True,
+                       help="between hosts, from `fit` on a 2-host run")
+    check.add_argument("--inter-gbit", type=positive, required=True,
+                       help="between hosts, Gbit/s, from `fit` on a 2-host run")
+    check.add_argument("--intra-alpha-us", type=non_negative, default=50,
+                       help="inside a host (used by the flat ring only on one host)")
+    check.add_argument("--intra-gbit", type=positive, default=16)
+    check.add_argument("--transport", default="tcp", help="rows of this KOLO_TRANSPORT (default: "
+                                                          "%(default)s)")
+    check.add_argument("--min-bytes", type=int, default=256 * 1024,
+                       help="rows from this size up (default: %(default)s)")
+
+    arguments = parser.parse_args(argv)
+    if arguments.command == "predict":
+        if arguments.ranks_per_host < 1:
+            parser.error("--ranks-per-host must be at least 1")
+        command_predict(arguments)
+    elif arguments.command == "fit":
+        command_fit(arguments)
+    else:
+        command_check(arguments)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+#!/usr/bin/python3
+"""Checks that bench/scaling_model.py computes what it says: the cost formulas against values
+worked out by hand, no communication on one rank, efficiencies in (0, 1] that grow with the link
+speed, and the bucketing of a training step.
+
+Run: /usr/bin/python3 tests/test_scaling_model.py   (Meson test `scaling_model`, suite unit)
+"""
+
+import math
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import scaling_model as model  # noqa: E402
+
+MIB = 2**20
+
+
+class CostFormulas(unittest.TestCase):
+    def test_flat_ring_by_hand(self):
+        # N = 4 on one host, alpha 10 µs, beta 1 GB/s, 8 MB: 6 steps of 10 µs, 6/4 * 8 ms = 12 ms.
+        link = model.Link(10e-6, 1e9)
+        self.assertAlmostEqual(model.flat_ring(8e6, 1, 4, None, link), 6 * 10e-6 + 12e-3)
+        # 2 hosts x 2 ranks: the edges between hosts are the slowest, 4 ranks in all.
+        slow = model.Link(100e-6, 0.125e9)
+        self.assertAlmostEqual(model.flat_ring(8e6, 2, 2, slow, link), 6 * 100e-6 + 1.5 * 8e6 / 0.125e9)
+        # An edge inside a host slower than the link: it sets the pace instead.
+        self.assertAlmostEqual(model.flat_ring(8e6, 2, 2, link, slow), 6 * 100e-6 + 1.5 * 8e6 / 0.125e9)
+        # N = 2: 2 steps, the whole buffer once.
+        self.assertAlmostEqual(model.ring_allreduce(1e6, 2, link), 2 * 10e-6 + 1e-3)
+
+    def test_one_rank_costs_nothing(self):
+        link = model.Link(10e-6, 1e9)
+        for schedule in model.SCHEDULES.values():
+            self.assertEqual(schedule(64 * MIB, 1, 1, link, link), 0.0)
+        self.assertEqual(model.log_depth_allreduce(MIB, 1, link), 0.0)
+        self.assertEqual(model.ring_half(MIB, 1, link), 0.0)
+
+    def test_hierarchical_by_hand(self):
+        inter = model.Link(20e-6, 10e9)
+        intra = model.Link(5e-6, 20e9)
+        size, hosts, local = 80e6, 4, 8
+        inside = 2 * (7 * 5e-6 + 7 / 8 * size / 20e9)
+        # Ring between hosts: L shards of S/L share the link, which costs as one flow of S.
+        ring = 6 * 20e-6 + 6 / 4 * size / 10e9
+        self.assertAlmostEqual(model.hierarchical(size, hosts, local, inter, intra, "ring"),
+                               inside + ring)
+        # Tree between 4 hosts: 2 log2(4) = 4 steps, the same bytes as the ring.
+        tree = 4 * 20e-6 + 6 / 4 * size / 10e9
+        self.assertAlmostEqual(model.hierarchical(size, hosts, local, inter, intra, "tree"),
+                               inside + tree)
+        # One host: just the ring inside it.
+        self.assertAlmostEqual(model.hierarchical(size, 1, local, inter, intra),
+                               model.ring_allreduce(size, local, intra))
+
+    def test_log_depth_not_a_power_of_two(self):
+        link = model.Link(1e-6, 1e9)
+        # 6 ranks: 4 in the halving and doubling (4 steps, 2 * 3/4 S) plus 2 steps of S to fold.
+        self.assertAlmostEqual(model.log_depth_allreduce(1e6, 6, link),
+                               6 * 1e-6 + (1.5 + 2) * 1e6 / 1e9)
+
+    def test_bad_link_is_refused(self):
+        with self.assertRaises(ValueError):
+            model.Link(1e-6, 0)
+        with self.assertRaises(ValueError):
+            model.hierarchical(1, 2, 2, model.Link(0, 1), model.Link(0, 1), "star")
+
+
+class TrainingStep(unittest.TestCase):
+    def test_batches(self):
+        # Large (>= 5) alone where they are; small ones packed in order up to 10.
+        fusion = model.Fusion(threshold=10, alone=5, cycle=0)
+        self.assertEqual(model.batches([4, 12, 1, 1, 6, 3, 4], fusion), [9, 12, 6, 4])
+        self.assertEqual(model.batches([], fusion), [])
+        # Nothing alone: 4+4, then 4, then 12 by itself, then 1+1.
+        fusion = model.Fusion(threshold=10, alone=math.inf, cycle=0)
+        self.assertEqual(model.batches([4, 4, 4, 12, 1, 1], fusion), [8, 4, 12, 2])
+
+    def test_step_by_hand(self):
+        # compute 3 s: forward 1 s, backward 2 s; gradients of 1 and 3 bytes ready at 1.5 s and
+        # 3 s; an allreduce costs 1 s per byte; threshold 1, so never fused.
+        cost = lambda size: float(size)  # noqa: E731
+        fusion = model.Fusion(threshold=1, alone=math.inf, cycle=0)
+        self.assertAlmostEqual(model.step_time([1, 3], 3.0, cost, fusion, overlap=True), 6.0)
+        self.assertAlmostEqual(model.step_time([1, 3], 3.0, cost, fusion, overlap=False), 7.0)
+        # Free communication: the step is its compute time.
+        self.assertAlmostEqual(model.step_time([1, 3], 3.0, lambda size: 0.0, fusion), 3.0)
+        # A cycle of 1 s: woken at 1.5 s, the first runs to 2.5 s; the engine looks again at
+        # 2.5 s (nothing), then at 3.5 s, and the second ends at 6.5 s.
+        fusion = model.Fusion(threshold=1, alone=math.inf, cycle=1.0)
+        self.assertAlmostEqual(model.step_time([1, 3], 3.0, cost, fusion), 6.5)
+        # Fused (threshold 4) and waiting for both: one collective of 4 bytes from 3 s.
+        fusion = model.Fusion(threshold=4, alone=math.inf, cycle=0)
+        self.assertAlmostEqual(model.step_time([1, 3], 3.0, cost, fusion, overlap=False), 7.0)
+
+    def test_efficiency_bounds_and_monotonic_in_link_speed(self):
+        gradients = [4 * MIB] * 20 + [256 * 1024] * 50
+        intra = model.Link(5e-6, 20e9)
+        for name, schedule in model.SCHEDULES.items():
+            for overlap in (True, False):
+                previous = 0.0
+                for gbit in (1, 10, 25, 100, 400):
+                    inter = model.Link(25e-6, gbit * 1e9 / 8)
+                    value = model.efficiency(gradients, 0.05,
+                                             lambda s: schedule(s, 16, 8, inter, intra),
+                                             model.Fusion(), overlap)
+                    self.assertGreater(value, 0.0, name)
+                    self.assertLessEqual(value, 1.0, name)
+                    self.assertGreaterEqual(value, previous, f"{name}: {gbit} Gbit/s")
+                    previous = value
+                one_rank = model.efficiency(gradients, 0.05,
+                                            lambda s: schedule(s, 1, 1, inter, intra),
+                                            model.Fusion())
+                self.assertEqual(one_rank, 1.0)
+
+    def test_overlap_never_hurts(self):
+        gradients = [MIB] * 100
+        link = model.Link(25e-6, 1e9)
+        cost = lambda s: model.flat_ring(s, 8, 8, link, link)  # noqa: E731
+        fusion = model.Fusion(threshold=16 * MIB)
+        self.assertGreaterEqual(model.efficiency(gradients, 0.1, cost, fusion, True),
+                                model.efficiency(gradients, 0.1, cost, fusion, False))
+
+
+class Fit(unittest.TestCase):
+    def test_fit_recovers_alpha_and_beta(self):
+        link = model.Link(80e-6, 0.12e9)
+        points = [(size, model.ring_allreduce(size, 2, link)) for size in (MIB, 4 * MIB, 16 * MIB)]
+        fitted, worst = model.fit(points, 2)
+        self.assertAlmostEqual(fitted.alpha, link.alpha, delta=1e-9)
+        self.assertAlmostEqual(fitted.beta / link.beta, 1.0, places=6)
+        self.assertLess(worst, 1e-9)
+
+
+if __name__ == "__main__":
+    unittest.main()
