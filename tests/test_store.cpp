@@ -196,11 +196,17 @@ TEST_CASE("send_all and recv_all move bytes, time out, and report a closed peer"
 TEST_CASE("recv_all names the peer that resets the connection under it", "[net]") {
   LoopbackPair pair = loopback_pair();
   std::string server_address = net::local_endpoint(pair.server).to_string();
+  // recv_all learns the peer's address as it starts: the reset must come after that, so the
+  // thread says when it is about to call, and the reset waits a while longer (a loaded machine
+  // may hold the thread back).
+  std::promise<void> calling;
   auto receiving = std::async(std::launch::async, [&] {
     uint8_t byte = 0;
-    return expect_error([&] { net::recv_all(pair.client, &byte, 1, Deadline(2.0)); });
+    calling.set_value();
+    return expect_error([&] { net::recv_all(pair.client, &byte, 1, Deadline(5.0)); });
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  calling.get_future().wait();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   linger abort_on_close{1, 0};  // close() sends RST instead of FIN
   REQUIRE(::setsockopt(pair.server.fd(), SOL_SOCKET, SO_LINGER, &abort_on_close,
                        sizeof abort_on_close) == 0);
