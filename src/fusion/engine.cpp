@@ -85,6 +85,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/arguments.hpp"
 #include "core/log.hpp"
 #include "fusion/coordinator.hpp"
 #include "fusion/fused_layout.hpp"
@@ -110,17 +111,8 @@ const char* call_name(const UnitSpec& spec) {
   return spec.members.size() > 1 ? "kolo_allreduce_group_async" : "kolo_allreduce_async";
 }
 
-bool partially_overlap(const void* a, const void* b, size_t bytes) {
-  auto* x = static_cast<const std::byte*>(a);
-  auto* y = static_cast<const std::byte*>(b);
-  return x != y && bytes > 0 && x < y + bytes && y < x + bytes;
-}
-
-bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  auto* x = static_cast<const std::byte*>(a);
-  auto* y = static_cast<const std::byte*>(b);
-  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
-}
+using arguments::overlap;
+using arguments::partially_overlap;
 
 // An allgather's send buffer holds this rank's count, its receive buffer recv_capacity elements;
 // the two must be apart (where this rank's block lands is known only once every rank's count is).
@@ -213,6 +205,14 @@ void check_buffers(const UnitSpec& spec, const std::vector<MemberBuffers>& buffe
   }
 }
 
+UnitSpec single_tensor_spec(Kind kind, DataType dtype, NamedTensor& tensor) {
+  UnitSpec spec;
+  spec.kind = kind;
+  spec.dtype = dtype;
+  spec.members.push_back({std::move(tensor.name), tensor.count});
+  return spec;
+}
+
 std::string collective_args(uint64_t sequence, size_t tensors, uint64_t bytes, const UnitSpec& spec,
                             bool fused) {
   if (spec.kind == Kind::kBroadcast) {
@@ -271,6 +271,44 @@ FusionEngine::~FusionEngine() {
 }
 
 // ---- application side ---------------------------------------------------------------------------
+
+void FusionEngine::set_fusion_threshold(uint64_t bytes) {
+  if (bytes > kMaxFusionThresholdBytes) {
+    throw arguments::invalid("kolo_comm_set_fusion_threshold",
+                             fmt::format("{} bytes is more than the 4 GiB allowed", bytes));
+  }
+  fusion_threshold_ = bytes;
+}
+
+std::shared_ptr<Request> FusionEngine::allreduce(std::vector<NamedTensor> tensors, DataType dtype,
+                                                 ReduceOp op, SubmitOptions options) {
+  UnitSpec spec;
+  spec.kind = Kind::kAllreduce;
+  spec.dtype = dtype;
+  spec.op = op;
+  spec.prescale = options.prescale;
+  spec.postscale = options.postscale;
+  std::vector<MemberBuffers> buffers;
+  for (NamedTensor& tensor : tensors) {
+    spec.members.push_back({std::move(tensor.name), tensor.count});
+    buffers.push_back({tensor.send, tensor.recv});
+  }
+  return submit(std::move(spec), std::move(buffers), std::move(options.callback));
+}
+
+std::shared_ptr<Request> FusionEngine::broadcast(NamedTensor tensor, DataType dtype, int root,
+                                                 SubmitOptions options) {
+  UnitSpec spec = single_tensor_spec(Kind::kBroadcast, dtype, tensor);
+  spec.root = root;
+  return submit(std::move(spec), {{tensor.recv, tensor.recv}}, std::move(options.callback));
+}
+
+std::shared_ptr<Request> FusionEngine::allgather(NamedTensor tensor, uint64_t recv_capacity,
+                                                 DataType dtype, SubmitOptions options) {
+  UnitSpec spec = single_tensor_spec(Kind::kAllgather, dtype, tensor);
+  spec.recv_capacity = recv_capacity;
+  return submit(std::move(spec), {{tensor.send, tensor.recv}}, std::move(options.callback));
+}
 
 std::shared_ptr<Request> FusionEngine::submit(UnitSpec spec, std::vector<MemberBuffers> buffers,
                                               Request::Callback callback) {
