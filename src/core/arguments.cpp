@@ -39,12 +39,18 @@ void require(const std::string& problem, const char* call) {
 
 }  // namespace
 
-void check_dtype(DataType dtype, const char* call) { require(dtype_problem(dtype), call); }
-void check_op(ReduceOp op, const char* call) { require(op_problem(op), call); }
+void check_dtype(DataType dtype, const char* call) {
+  require(dtype_problem(dtype), call);
+}
+void check_op(ReduceOp op, const char* call) {
+  require(op_problem(op), call);
+}
 void check_scale_factors(double prescale, double postscale, const char* call) {
   require(scale_problem(prescale, postscale), call);
 }
-void check_root(int root, int ranks, const char* call) { require(root_problem(root, ranks), call); }
+void check_root(int root, int ranks, const char* call) {
+  require(root_problem(root, ranks), call);
+}
 
 void check_buffer(const void* buffer, uint64_t count, DataType dtype, const char* name, int rank) {
   if (buffer == nullptr && count > 0) {
@@ -106,14 +112,14 @@ void checked_offsets(std::span<const uint64_t> counts, std::span<const int64_t> 
   offsets.resize(counts.size());
   for (size_t p = 0; p < counts.size(); ++p) {
     if (displacements[p] < 0) {
-      throw invalid(call, fmt::format("{}[{}] is negative ({})", displacements_name, p,
-                                      displacements[p]));
+      throw invalid(
+          call, fmt::format("{}[{}] is negative ({})", displacements_name, p, displacements[p]));
     }
     const auto displacement = static_cast<uint64_t>(displacements[p]);
     if (counts[p] > limit || displacement > limit - counts[p]) {
-      throw invalid(call, fmt::format("{}[{}] + {}[{}] = {} + {} elements overflows a buffer",
-                                      displacements_name, p, counts_name, p, displacement,
-                                      counts[p]));
+      throw invalid(call,
+                    fmt::format("{}[{}] + {}[{}] = {} + {} elements overflows a buffer",
+                                displacements_name, p, counts_name, p, displacement, counts[p]));
     }
     offsets[p] = displacement;
   }

@@ -21,7 +21,9 @@ namespace kolo::arguments {
 inline constexpr uint64_t kMaxBufferBytes = ~uint64_t{0} >> 1;
 
 // The most elements of dtype (a valid one) that a buffer may hold.
-inline uint64_t max_count(DataType dtype) { return kMaxBufferBytes / dtype_size(dtype); }
+inline uint64_t max_count(DataType dtype) {
+  return kMaxBufferBytes / dtype_size(dtype);
+}
 
 std::string dtype_problem(DataType dtype);                     // "unknown dtype 9"
 std::string op_problem(ReduceOp op);                           // "unknown reduction op 9"
