@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -318,18 +319,21 @@ namespace {
 constexpr size_t kAsyncOptionsV1Size = offsetof(kolo_async_options_t, user_data) + sizeof(void*);
 constexpr size_t kFusionStatsMinimumSize = offsetof(kolo_fusion_stats_t, idle_sleeps);
 
-// Submits spec with its buffers and hands out a request handle; the C arguments common to every
-// named call are checked here.
-kolo_status_t submit_named(kolo_comm_t comm, const char* call, kolo::fusion::UnitSpec spec,
-                           std::vector<kolo::fusion::MemberBuffers> buffers,
-                           const kolo_async_options_t* options, kolo_request_t* request) {
+// The engine's narrow submit API, called with the chosen options.
+using Submit = std::function<std::shared_ptr<kolo::fusion::Request>(
+    kolo::fusion::FusionEngine& engine, kolo::fusion::SubmitOptions options)>;
+
+// Checks the C arguments common to every named call, submits, and hands out a request handle.
+kolo_status_t submit_named(kolo_comm_t comm, const char* call, bool named,
+                           const kolo_async_options_t* options, kolo_request_t* request,
+                           const Submit& submit) {
   if (request) *request = nullptr;
   return guarded(comm, [&] {
     kolo::Communicator& communicator = communicator_of(comm);
     if (!request) {
       throw kolo::Error(kolo::Status::kInvalidArgument, std::string(call) + ": request is NULL");
     }
-    if (spec.members.empty()) {
+    if (!named) {
       throw kolo::Error(kolo::Status::kInvalidArgument, std::string(call) + ": name is NULL");
     }
     kolo_async_options_t defaults = KOLO_ASYNC_OPTIONS_INITIALIZER;
@@ -340,19 +344,17 @@ kolo_status_t submit_named(kolo_comm_t comm, const char* call, kolo::fusion::Uni
                             "struct_size)");
     }
     const kolo_async_options_t& chosen = options ? *options : defaults;
-    if (spec.kind == kolo::fusion::Kind::kAllreduce) {
-      spec.prescale = chosen.prescale;
-      spec.postscale = chosen.postscale;
-    }
-    kolo::fusion::Request::Callback callback;
+    kolo::fusion::SubmitOptions submit_options;
+    submit_options.prescale = chosen.prescale;
+    submit_options.postscale = chosen.postscale;
     if (chosen.callback) {
-      callback = [function = chosen.callback, user = chosen.user_data](kolo::Status status) {
+      submit_options.callback = [function = chosen.callback,
+                                 user = chosen.user_data](kolo::Status status) {
         function(static_cast<kolo_status_t>(status), user);
       };
     }
     auto handle = std::make_unique<kolo_request>();
-    handle->request =
-        communicator.fusion().submit(std::move(spec), std::move(buffers), std::move(callback));
+    handle->request = submit(communicator.fusion(), std::move(submit_options));
     *request = handle.release();
   });
 }
@@ -362,15 +364,6 @@ void forget_call_error(kolo_request_t request) {
   request->call_error.clear();
 }
 
-kolo::fusion::UnitSpec allreduce_spec(kolo_dtype_t dtype, kolo_op_t op) {
-  kolo::fusion::UnitSpec spec;
-  spec.kind = kolo::fusion::Kind::kAllreduce;
-  spec.dtype = core_dtype(dtype);
-  spec.op = core_op(op);
-  return spec;
-}
-
-
 }  // namespace
 
 extern "C" {
@@ -378,22 +371,21 @@ extern "C" {
 kolo_status_t kolo_allreduce_async(kolo_comm_t comm, const char* name, const void* sendbuf,
                                    void* recvbuf, uint64_t count, kolo_dtype_t dtype, kolo_op_t op,
                                    const kolo_async_options_t* options, kolo_request_t* request) {
-  kolo::fusion::UnitSpec spec = allreduce_spec(dtype, op);
-  if (name) spec.members.push_back({name, count});
-  return submit_named(comm, "kolo_allreduce_async", std::move(spec), {{sendbuf, recvbuf}},
-                      options, request);
+  return submit_named(comm, "kolo_allreduce_async", name != nullptr, options, request,
+                      [&](kolo::fusion::FusionEngine& engine, kolo::fusion::SubmitOptions chosen) {
+                        return engine.allreduce({{name, sendbuf, recvbuf, count}},
+                                                core_dtype(dtype), core_op(op), std::move(chosen));
+                      });
 }
 
 kolo_status_t kolo_broadcast_async(kolo_comm_t comm, const char* name, void* buf, uint64_t count,
                                    kolo_dtype_t dtype, int root,
                                    const kolo_async_options_t* options, kolo_request_t* request) {
-  kolo::fusion::UnitSpec spec;
-  spec.kind = kolo::fusion::Kind::kBroadcast;
-  spec.dtype = core_dtype(dtype);
-  spec.root = root;
-  if (name) spec.members.push_back({name, count});
-  return submit_named(comm, "kolo_broadcast_async", std::move(spec), {{buf, buf}}, options,
-                      request);
+  return submit_named(comm, "kolo_broadcast_async", name != nullptr, options, request,
+                      [&](kolo::fusion::FusionEngine& engine, kolo::fusion::SubmitOptions chosen) {
+                        return engine.broadcast({name, buf, buf, count}, core_dtype(dtype), root,
+                                                std::move(chosen));
+                      });
 }
 
 kolo_status_t kolo_allreduce_group_async(kolo_comm_t comm, int n, const char* const* names,
@@ -402,14 +394,11 @@ kolo_status_t kolo_allreduce_group_async(kolo_comm_t comm, int n, const char* co
                                          const kolo_async_options_t* options,
                                          kolo_request_t* request) {
   const char* call = "kolo_allreduce_group_async";
-  kolo::fusion::UnitSpec spec = allreduce_spec(dtype, op);
-  std::vector<kolo::fusion::MemberBuffers> buffers;
+  std::vector<kolo::fusion::NamedTensor> tensors;
   kolo_status_t status = guarded(comm, [&] {
     communicator_of(comm);
-    if (n < 1 || n > static_cast<int>(kolo::fusion::kMaxGroupMembers)) {
-      throw kolo::Error(kolo::Status::kInvalidArgument,
-                        fmt::format("{}: a group has 1 to {} tensors, not {}", call,
-                                    kolo::fusion::kMaxGroupMembers, n));
+    if (std::string problem = kolo::fusion::group_size_problem(n); !problem.empty()) {
+      throw kolo::Error(kolo::Status::kInvalidArgument, fmt::format("{}: {}", call, problem));
     }
     if (!names || !sendbufs || !recvbufs || !counts) {
       throw kolo::Error(kolo::Status::kInvalidArgument,
@@ -421,28 +410,30 @@ kolo_status_t kolo_allreduce_group_async(kolo_comm_t comm, int n, const char* co
         throw kolo::Error(kolo::Status::kInvalidArgument,
                           fmt::format("{}: names[{}] is NULL", call, i));
       }
-      spec.members.push_back({names[i], counts[i]});
-      buffers.push_back({sendbufs[i], recvbufs[i]});
+      tensors.push_back({names[i], sendbufs[i], recvbufs[i], counts[i]});
     }
   });
   if (status != KOLO_SUCCESS) {
     if (request) *request = nullptr;
     return status;
   }
-  return submit_named(comm, call, std::move(spec), std::move(buffers), options, request);
+  return submit_named(comm, call, true, options, request,
+                      [&](kolo::fusion::FusionEngine& engine, kolo::fusion::SubmitOptions chosen) {
+                        return engine.allreduce(std::move(tensors), core_dtype(dtype),
+                                                core_op(op), std::move(chosen));
+                      });
 }
 
 kolo_status_t kolo_allgather_async(kolo_comm_t comm, const char* name, const void* sendbuf,
                                    uint64_t count, void* recvbuf, uint64_t recv_capacity,
                                    kolo_dtype_t dtype, const kolo_async_options_t* options,
                                    kolo_request_t* request) {
-  kolo::fusion::UnitSpec spec;
-  spec.kind = kolo::fusion::Kind::kAllgather;
-  spec.dtype = core_dtype(dtype);
-  spec.recv_capacity = recv_capacity;
-  if (name) spec.members.push_back({name, count});
-  return submit_named(comm, "kolo_allgather_async", std::move(spec), {{sendbuf, recvbuf}}, options,
-                      request);
+  return submit_named(
+      comm, "kolo_allgather_async", name != nullptr, options, request,
+      [&](kolo::fusion::FusionEngine& engine, kolo::fusion::SubmitOptions chosen) {
+        return engine.allgather({name, sendbuf, recvbuf, count}, recv_capacity,
+                                core_dtype(dtype), std::move(chosen));
+      });
 }
 
 kolo_status_t kolo_request_test(kolo_request_t request, int* done) {
@@ -534,14 +525,7 @@ kolo_status_t kolo_comm_fusion_stats(kolo_comm_t comm, kolo_fusion_stats_t* stat
 
 kolo_status_t kolo_comm_set_fusion_threshold(kolo_comm_t comm, uint64_t bytes) {
   return guarded(comm, [&] {
-    kolo::Communicator& communicator = communicator_of(comm);
-    if (bytes > (uint64_t{4} << 30)) {
-      throw kolo::Error(kolo::Status::kInvalidArgument,
-                        fmt::format("kolo_comm_set_fusion_threshold: {} bytes is more than the "
-                                    "4 GiB allowed",
-                                    bytes));
-    }
-    communicator.fusion().set_fusion_threshold(bytes);
+    communicator_of(comm).fusion().set_fusion_threshold(bytes);
   });
 }
 

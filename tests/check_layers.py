@@ -7,7 +7,7 @@ this table is the one place where the allowed directions are written down. The c
 `#include "..."` line under src/, capi/ and bench/ (tests may include anything); it also checks
 that the library includes the third-party headers of one layer's business (UCX, CUDA, NCCL)
 nowhere else, and that the sub-folders of a layer (transport/tcp/, transport/ucx/, ...) do not
-include one another.
+include one another, but for those SHARED_SUBFOLDERS names as building blocks.
 
 The README's "Architecture" section has the same table, for readers; the check fails when the two
 differ, so the picture cannot drift from what is enforced.
@@ -46,6 +46,10 @@ SYSTEM_HEADERS = [
     (re.compile(r"^(cuda|cuda_runtime|cuda_runtime_api|cuda_fp16|cuda_bf16)\.h$"), "src/gpu"),
     (re.compile(r"^nccl(_net)?\.h$"), "src/gpu"),
 ]
+
+# Sub-folders that are building blocks of their layer, which its other sub-folders may include:
+# kolo's shared-memory rings, which the UCX transport runs beside UCX.
+SHARED_SUBFOLDERS = {"transport": ["shm"]}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 SOURCE_SUFFIXES = (".cpp", ".hpp", ".c", ".h", ".cu", ".cuh")
@@ -108,7 +112,8 @@ def check(root):
                         elif to_layer == "public":
                             continue
                         elif to_layer == layer:
-                            if sub and to_sub and sub != to_sub:
+                            if (sub and to_sub and sub != to_sub and
+                                    to_sub not in SHARED_SUBFOLDERS.get(layer, [])):
                                 problems.append(f'{where}: {layer}/{sub} includes "{target}" of '
                                                 f"its sibling {layer}/{to_sub}")
                         elif to_layer not in LAYERS[layer]:

@@ -8,94 +8,27 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "core/arguments.hpp"
 #include "ring/algorithms.hpp"
 #include "ring/ring.hpp"
 
 namespace kolo {
 namespace {
 
-// Bytes a buffer may span: what a signed 64-bit offset can address.
-constexpr uint64_t kMaxBytes = ~uint64_t{0} >> 1;
+using arguments::check_dtype;
+using arguments::check_in_place;
+using arguments::check_op;
+using arguments::checked_offsets;
+using arguments::checked_total;
+using arguments::kMaxBufferBytes;
 
 Error invalid(const std::string& message) {
   return Error(Status::kInvalidArgument, message);
 }
 
-void check_dtype(DataType dtype, const char* call) {
-  if (!is_valid(dtype)) {
-    throw invalid(fmt::format("{}: unknown dtype {}", call, static_cast<int>(dtype)));
-  }
-}
-
-void check_op(ReduceOp op, const char* call) {
-  if (!is_valid(op)) {
-    throw invalid(fmt::format("{}: unknown reduction op {}", call, static_cast<int>(op)));
-  }
-}
-
-// One entry per rank, present. A C caller's NULL array arrives as a span with a null data().
 void check_vector_shape(std::span<const uint64_t> counts, int ranks, const char* call,
                         const char* name) {
-  if (counts.data() == nullptr) throw invalid(fmt::format("{}: {} is NULL", call, name));
-  if (counts.size() != static_cast<size_t>(ranks)) {
-    throw invalid(
-        fmt::format("{}: {} has {} entries for {} ranks", call, name, counts.size(), ranks));
-  }
-}
-
-// The sum of counts, refusing sums whose bytes do not fit in a buffer.
-uint64_t checked_total(std::span<const uint64_t> counts, size_t element, const char* call,
-                       const char* name) {
-  const uint64_t limit = kMaxBytes / element;
-  uint64_t total = 0;
-  for (size_t r = 0; r < counts.size(); ++r) {
-    if (counts[r] > limit - total) {
-      throw invalid(
-          fmt::format("{}: {} add up to more elements than a buffer can hold (at rank "
-                      "{}: {})",
-                      call, name, r, counts[r]));
-    }
-    total += counts[r];
-  }
-  return total;
-}
-
-bool overlap(const void* a, uint64_t a_bytes, const void* b, uint64_t b_bytes) {
-  const auto a_begin = reinterpret_cast<uintptr_t>(a);
-  const auto b_begin = reinterpret_cast<uintptr_t>(b);
-  return a_bytes > 0 && b_bytes > 0 && a_begin < b_begin + b_bytes && b_begin < a_begin + a_bytes;
-}
-
-// `part` is either exactly the block at byte `offset` of `whole` (in place) or apart from all of
-// `whole`.
-void check_in_place(const void* part, uint64_t part_bytes, const void* whole, uint64_t whole_bytes,
-                    uint64_t offset, const char* call, const char* in_place_rule) {
-  if (part == static_cast<const std::byte*>(whole) + offset) return;
-  if (overlap(part, part_bytes, whole, whole_bytes)) {
-    throw invalid(fmt::format("{}: sendbuf and recvbuf overlap without being in place ({})", call,
-                              in_place_rule));
-  }
-}
-
-// Converts alltoallv's per-peer counts and displacements to offsets, refusing negative or
-// overflowing displacements and counts that do not fit.
-void checked_offsets(std::span<const uint64_t> counts, std::span<const int64_t> displacements,
-                     size_t element, const char* call, const char* counts_name,
-                     const char* displacements_name, std::vector<uint64_t>& offsets) {
-  const uint64_t limit = kMaxBytes / element;
-  offsets.resize(counts.size());
-  for (size_t p = 0; p < counts.size(); ++p) {
-    if (displacements[p] < 0) {
-      throw invalid(fmt::format("{}: {}[{}] is negative ({})", call, displacements_name, p,
-                                displacements[p]));
-    }
-    const auto displacement = static_cast<uint64_t>(displacements[p]);
-    if (counts[p] > limit || displacement > limit - counts[p]) {
-      throw invalid(fmt::format("{}: {}[{}] + {}[{}] = {} + {} elements overflows a buffer", call,
-                                displacements_name, p, counts_name, p, displacement, counts[p]));
-    }
-    offsets[p] = displacement;
-  }
+  arguments::check_per_rank(counts.data(), counts.size(), ranks, call, name);
 }
 
 }  // namespace
@@ -133,7 +66,7 @@ Blocks checked_blocks(const char* call, std::span<const uint64_t> counts, DataTy
 
 std::vector<uint64_t> equal_counts(const char* call, uint64_t count, DataType dtype, int size) {
   check_dtype(dtype, call);
-  if (count > kMaxBytes / dtype_size(dtype) / static_cast<uint64_t>(size)) {
+  if (count > kMaxBufferBytes / dtype_size(dtype) / static_cast<uint64_t>(size)) {
     throw invalid(fmt::format("{}: count {} of {} times {} ranks is too large", call, count,
                               dtype_name(dtype), size));
   }
@@ -214,12 +147,12 @@ void Communicator::reduce_scatterv(const void* sendbuf, void* recvbuf,
 void Communicator::alltoall(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype) {
   check_dtype(dtype, "alltoall");
   const auto ranks = static_cast<uint64_t>(size());
-  if (count > kMaxBytes / dtype_size(dtype) / ranks) {
+  if (count > kMaxBufferBytes / dtype_size(dtype) / ranks) {
     throw invalid(fmt::format("alltoall: count {} of {} times {} ranks is too large", count,
                               dtype_name(dtype), size()));
   }
-  validate_buffer(sendbuf, count * ranks, dtype, "alltoall: sendbuf");
-  validate_buffer(recvbuf, count * ranks, dtype, "alltoall: recvbuf");
+  arguments::check_buffer(sendbuf, count * ranks, dtype, "alltoall: sendbuf", rank());
+  arguments::check_buffer(recvbuf, count * ranks, dtype, "alltoall: recvbuf", rank());
   AlltoallLayout layout;
   for (uint64_t p = 0; p < ranks; ++p) {
     layout.send_counts.push_back(count);
@@ -246,11 +179,7 @@ void Communicator::alltoallv(const void* sendbuf, std::span<const uint64_t> send
   check_vector_shape(recv_counts, size(), kCall, "recvcounts");
   for (auto [displacements, name] :
        {std::pair{send_displacements, "sdispls"}, std::pair{recv_displacements, "rdispls"}}) {
-    if (displacements.data() == nullptr) throw invalid(fmt::format("{}: {} is NULL", kCall, name));
-    if (displacements.size() != static_cast<size_t>(size())) {
-      throw invalid(fmt::format("{}: {} has {} entries for {} ranks", kCall, name,
-                                displacements.size(), size()));
-    }
+    arguments::check_per_rank(displacements.data(), displacements.size(), size(), kCall, name);
   }
   const size_t element = dtype_size(dtype);
   AlltoallLayout layout;
@@ -308,13 +237,10 @@ void Communicator::reduce(const void* sendbuf, void* recvbuf, uint64_t count, Da
                           ReduceOp op, int root) {
   check_dtype(dtype, "reduce");
   check_op(op, "reduce");
-  if (root < 0 || root >= size()) {
-    throw invalid(
-        fmt::format("reduce: root {} is not a rank of this communicator (size {})", root, size()));
-  }
-  validate_buffer(sendbuf, count, dtype, "reduce: sendbuf");
+  arguments::check_root(root, size(), "reduce");
+  arguments::check_buffer(sendbuf, count, dtype, "reduce: sendbuf", rank());
   if (rank() == root) {
-    validate_buffer(recvbuf, count, dtype, "reduce: recvbuf (on the root)");
+    arguments::check_buffer(recvbuf, count, dtype, "reduce: recvbuf (on the root)", rank());
     const uint64_t bytes = count * dtype_size(dtype);
     check_in_place(sendbuf, bytes, recvbuf, bytes, 0, "reduce",
                    "in place, sendbuf == recvbuf on the root");
@@ -351,7 +277,7 @@ void check_point_to_point(const char* call, const void* buffer, uint64_t count, 
   if (buffer == nullptr && count > 0) {
     throw invalid(fmt::format("{}: buf is NULL but count is {} (rank {})", call, count, rank));
   }
-  if (count > kMaxBytes / dtype_size(dtype)) {
+  if (count > kMaxBufferBytes / dtype_size(dtype)) {
     throw invalid(fmt::format("{}: count {} of {} is too large", call, count, dtype_name(dtype)));
   }
 }

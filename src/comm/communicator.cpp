@@ -1,6 +1,5 @@
 #include "comm/communicator.hpp"
 
-#include <cmath>
 #include <map>
 #include <set>
 #include <vector>
@@ -9,6 +8,7 @@
 
 #include "bootstrap/store.hpp"
 #include "comm/connect.hpp"
+#include "core/arguments.hpp"
 #include "core/log.hpp"
 #include "core/topology.hpp"
 #include "fusion/engine.hpp"
@@ -161,44 +161,17 @@ void Communicator::run_point_to_point(const OpDescriptor& op,
   run(op, body, false);
 }
 
-void Communicator::validate_buffer(const void* buffer, uint64_t count, DataType dtype,
-                                   const char* name) const {
-  if (buffer == nullptr && count > 0) {
-    throw Error(Status::kInvalidArgument,
-                fmt::format("{} is NULL but count is {} (rank {})", name, count, config_.rank));
-  }
-  if (count > (~uint64_t{0} >> 1) / dtype_size(dtype)) {
-    throw Error(Status::kInvalidArgument,
-                fmt::format("count {} of {} is too large (rank {})", count, dtype_name(dtype),
-                            config_.rank));
-  }
-}
-
 void Communicator::allreduce(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype,
                              ReduceOp op, double prescale, double postscale,
                              const gpu::Stream* stream) {
-  if (!is_valid(dtype)) {
-    throw Error(Status::kInvalidArgument,
-                fmt::format("allreduce: unknown dtype {}", static_cast<int>(dtype)));
-  }
-  if (!is_valid(op)) {
-    throw Error(Status::kInvalidArgument,
-                fmt::format("allreduce: unknown reduction op {}", static_cast<int>(op)));
-  }
-  if (!std::isfinite(prescale) || !std::isfinite(postscale)) {
-    throw Error(Status::kInvalidArgument,
-                fmt::format("allreduce: scale factors must be finite (prescale {}, postscale {})",
-                            prescale, postscale));
-  }
-  validate_buffer(sendbuf, count, dtype, "allreduce: sendbuf");
-  validate_buffer(recvbuf, count, dtype, "allreduce: recvbuf");
-  const size_t bytes = count * dtype_size(dtype);
-  auto* send_begin = static_cast<const std::byte*>(sendbuf);
-  auto* recv_begin = static_cast<const std::byte*>(recvbuf);
-  if (sendbuf != recvbuf && count > 0 && send_begin < recv_begin + bytes &&
-      recv_begin < send_begin + bytes) {
-    throw Error(Status::kInvalidArgument,
-                "allreduce: sendbuf and recvbuf overlap without being the same buffer");
+  arguments::check_dtype(dtype, "allreduce");
+  arguments::check_op(op, "allreduce");
+  arguments::check_scale_factors(prescale, postscale, "allreduce");
+  arguments::check_buffer(sendbuf, count, dtype, "allreduce: sendbuf", rank());
+  arguments::check_buffer(recvbuf, count, dtype, "allreduce: recvbuf", rank());
+  if (arguments::partially_overlap(sendbuf, recvbuf, count * dtype_size(dtype))) {
+    throw arguments::invalid("allreduce", "sendbuf and recvbuf overlap without being the same "
+                                          "buffer");
   }
   OpDescriptor descriptor;
   descriptor.collective = Collective::kAllreduce;
@@ -216,16 +189,9 @@ void Communicator::allreduce(const void* sendbuf, void* recvbuf, uint64_t count,
 
 void Communicator::broadcast(void* buffer, uint64_t count, DataType dtype, int root,
                              const gpu::Stream* stream) {
-  if (!is_valid(dtype)) {
-    throw Error(Status::kInvalidArgument,
-                fmt::format("broadcast: unknown dtype {}", static_cast<int>(dtype)));
-  }
-  if (root < 0 || root >= config_.size) {
-    throw Error(Status::kInvalidArgument,
-                fmt::format("broadcast: root {} is not a rank of this communicator (size {})",
-                            root, config_.size));
-  }
-  validate_buffer(buffer, count, dtype, "broadcast: buf");
+  arguments::check_dtype(dtype, "broadcast");
+  arguments::check_root(root, size(), "broadcast");
+  arguments::check_buffer(buffer, count, dtype, "broadcast: buf", rank());
   OpDescriptor descriptor;
   descriptor.collective = Collective::kBroadcast;
   descriptor.dtype = dtype;

@@ -110,7 +110,6 @@ class Communicator {
   // per pair of ranks).
   void run_point_to_point(const OpDescriptor& op,
                           const std::function<void(const OpDescriptor&)>& body);
-  void validate_buffer(const void* buffer, uint64_t count, DataType dtype, const char* name) const;
   void discover_hosts();
   // The communicator broke: the fusion engine fails its requests too.
   void tell_fusion_engine(const Error& error);

@@ -9,8 +9,8 @@
 namespace kolo {
 
 std::unique_ptr<StoreClient> open_store(const Config& config) {
-  return std::make_unique<StoreClient>(net::parse_endpoint(config.addr, "KOLO_ADDR"),
-                                       config.secret, config.rank, config.timeout_s);
+  return std::make_unique<StoreClient>(net::parse_endpoint(config.addr, "KOLO_ADDR"), config.secret,
+                                       config.rank, config.timeout_s);
 }
 
 Links connect_links(const Config& config, StoreClient& store, uint64_t context) {

@@ -453,7 +453,7 @@ void resolve_fusion(const Environment& env, Config& config) {
         integer_in_range(*capacity, 0, 1 << 20, "an integer from 0 (no cache) to 1048576");
   }
   if (auto threshold = from_env(env, "KOLO_FUSION_THRESHOLD")) {
-    config.fusion_threshold_bytes = size_in_range(*threshold, 0, uint64_t{4} << 30,
+    config.fusion_threshold_bytes = size_in_range(*threshold, 0, kMaxFusionThresholdBytes,
                                                   "a size from 0 (no fusion) to 4G, such as 64M");
   }
   if (auto warning = from_env(env, "KOLO_STALL_WARNING_S")) {

@@ -33,6 +33,9 @@
 
 namespace kolo {
 
+// The largest fusion threshold (KOLO_FUSION_THRESHOLD, kolo_comm_set_fusion_threshold).
+inline constexpr uint64_t kMaxFusionThresholdBytes = uint64_t{4} << 30;
+
 struct Config {
   int rank = -1;
   int size = -1;

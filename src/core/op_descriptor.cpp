@@ -21,6 +21,7 @@ const char* collective_name(Collective collective) {
     case Collective::kSendRecv: return "send/recv";
     case Collective::kSendRecvReceipt: return "send/recv receipt";
     case Collective::kSplit: return "split";
+    case Collective::kNegotiation: return "fusion negotiation";
   }
   return "unknown collective";
 }
@@ -38,6 +39,10 @@ std::string describe(const OpDescriptor& op) {
   const Collective kind = op.collective;
   const bool point_to_point =
       kind == Collective::kSendRecv || kind == Collective::kSendRecvReceipt;
+  if (kind == Collective::kNegotiation) {
+    return fmt::format("{} cycle {} (message kind {})", collective_name(kind), op.sequence,
+                       op.detail);
+  }
   std::string text = fmt::format("{} #{} (", collective_name(kind), op.sequence);
   if (kind == Collective::kAlltoallv) {
     // The call as a whole has no count; each message carries the count of its pair of ranks.

@@ -24,6 +24,8 @@ enum class Collective : uint8_t {
   kSendRecv = 11,         // a point-to-point message, from rank `root`
   kSendRecvReceipt = 12,  // its receiver's acknowledgement (see ring/send_recv.cpp)
   kSplit = 13,            // the exchange and the outcome of a communicator split
+  kNegotiation = 14,      // a fusion engine's negotiation message (src/fusion/wire.hpp): the
+                          // cycle in `sequence`, the message kind expected in `detail`
 };
 
 const char* collective_name(Collective collective);
@@ -51,7 +53,7 @@ struct OpDescriptor {
   double postscale = 1.0;
   // What else the ranks must agree on: for allgatherv and reduce-scatterv a hash of the per-rank
   // counts; for alltoallv 1 on the messages between two ranks (count is then that pair's count);
-  // for send/recv the tag. 0 otherwise.
+  // for send/recv the tag; for a negotiation message its kind. 0 otherwise.
   uint64_t detail = 0;
 
   bool operator==(const OpDescriptor&) const = default;

@@ -45,6 +45,23 @@ struct FusionStats {
   uint64_t fusion_buffer_bytes = 0;  // its size now
 };
 
+// One tensor of a named call, in the caller's memory (which must stay valid until the request
+// completes): for allreduce and allgather `send` is read and `recv` written; a broadcast works in
+// `recv` alone. For an allgather `count` is this rank's share.
+struct NamedTensor {
+  std::string name;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  uint64_t count = 0;
+};
+
+// What every named call may add: scale factors (allreduce only) and a completion callback.
+struct SubmitOptions {
+  double prescale = 1.0;
+  double postscale = 1.0;
+  Request::Callback callback;
+};
+
 class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
  public:
   // Connects the engine's own mesh, called once from the engine thread: the communicator gives
@@ -58,19 +75,26 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   FusionEngine(const FusionEngine&) = delete;
   FusionEngine& operator=(const FusionEngine&) = delete;
 
-  // Queues a named operation and returns at once. Throws kolo::Error: kInvalidArgument (bad
-  // spec or buffers, or a name that is already pending on this rank), or the engine's failure
-  // once it is broken. The first call starts the engine thread, which connects to the peers.
-  std::shared_ptr<Request> submit(UnitSpec spec, std::vector<MemberBuffers> buffers,
-                                  Request::Callback callback);
+  // The named calls (capi/kolo.h documents each). Each queues its operation and returns at once;
+  // throws kolo::Error: kInvalidArgument (bad arguments, or a name that is already pending on
+  // this rank), kUnsupported (device memory), or the engine's failure once it is broken. The
+  // first call starts the engine thread, which connects to the peers. Several tensors make a
+  // group: reduced together, completed as one request.
+  std::shared_ptr<Request> allreduce(std::vector<NamedTensor> tensors, DataType dtype,
+                                     ReduceOp op, SubmitOptions options);
+  std::shared_ptr<Request> broadcast(NamedTensor tensor, DataType dtype, int root,
+                                     SubmitOptions options);
+  std::shared_ptr<Request> allgather(NamedTensor tensor, uint64_t recv_capacity, DataType dtype,
+                                     SubmitOptions options);
 
   // The communicator broke (a lost peer, a mismatch in an ordered call): every pending and later
   // request fails with this error, and the peers' engines are told.
   void communicator_failed(const Error& error);
 
   // Bytes per fused collective from the next cycle on; 0 disables fusion. Rank 0 plans the
-  // fusion for every rank, so its value is the one that counts.
-  void set_fusion_threshold(uint64_t bytes) { fusion_threshold_ = bytes; }
+  // fusion for every rank, so its value is the one that counts. Throws kInvalidArgument above
+  // kMaxFusionThresholdBytes.
+  void set_fusion_threshold(uint64_t bytes);
   FusionStats stats() const;
 
   // Stops the engine thread (at the end of the collective it may be running; connecting is not
@@ -88,6 +112,10 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
     Error error;
   };
   enum class State { kNotStarted, kConnecting, kRunning, kFinished };
+
+  // Queues a named operation, checked first (what the calls above build).
+  std::shared_ptr<Request> submit(UnitSpec spec, std::vector<MemberBuffers> buffers,
+                                  Request::Callback callback);
 
   void run();
   void connect();

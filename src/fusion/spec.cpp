@@ -1,9 +1,12 @@
+// Named operations as the fusion engine sees them (fusion/spec.hpp): how they are described in
+// messages, and the check of a spec's fields.
 #include "fusion/spec.hpp"
 
 #include <fmt/format.h>
 
-#include <cmath>
 #include <unordered_set>
+
+#include "core/arguments.hpp"
 
 namespace kolo::fusion {
 
@@ -77,22 +80,24 @@ bool fusable(const UnitSpec& a, const UnitSpec& b) {
          a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale;
 }
 
+std::string group_size_problem(int64_t members) {
+  if (members >= 1 && members <= static_cast<int64_t>(kMaxGroupMembers)) return "";
+  return fmt::format("a group has 1 to {} tensors, not {}", kMaxGroupMembers, members);
+}
+
 std::string check_spec(const UnitSpec& spec, int ranks) {
   if (spec.kind != Kind::kAllreduce && spec.kind != Kind::kBroadcast &&
       spec.kind != Kind::kAllgather) {
     return fmt::format("unknown operation kind {}", static_cast<int>(spec.kind));
   }
-  if (!is_valid(spec.dtype)) return fmt::format("unknown dtype {}", static_cast<int>(spec.dtype));
-  if (!is_valid(spec.op)) return fmt::format("unknown reduction op {}", static_cast<int>(spec.op));
-  if (!std::isfinite(spec.prescale) || !std::isfinite(spec.postscale)) {
-    return fmt::format("scale factors must be finite (prescale {}, postscale {})", spec.prescale,
-                       spec.postscale);
-  }
-  if (spec.kind == Kind::kBroadcast && (spec.root < 0 || spec.root >= ranks)) {
-    return fmt::format("root {} is not a rank of this communicator (size {})", spec.root, ranks);
+  for (const std::string& problem :
+       {arguments::dtype_problem(spec.dtype), arguments::op_problem(spec.op),
+        arguments::scale_problem(spec.prescale, spec.postscale),
+        spec.kind == Kind::kBroadcast ? arguments::root_problem(spec.root, ranks) : ""}) {
+    if (!problem.empty()) return problem;
   }
   if (spec.kind == Kind::kAllreduce && spec.root != -1) return "an allreduce has no root";
-  const uint64_t max_count = (~uint64_t{0} >> 1) / dtype_size(spec.dtype);
+  const uint64_t max_count = arguments::max_count(spec.dtype);
   if (spec.kind == Kind::kAllgather) {
     if (spec.root != -1 || spec.op != ReduceOp::kSum || spec.prescale != 1.0 ||
         spec.postscale != 1.0) {
@@ -120,9 +125,9 @@ std::string check_spec(const UnitSpec& spec, int ranks) {
   } else if (spec.recv_capacity != 0 || !spec.gather_counts.empty()) {
     return "only an allgather has a receive capacity and gathered counts";
   }
-  if (spec.members.empty() || spec.members.size() > kMaxGroupMembers) {
-    return fmt::format("a group has 1 to {} tensors, not {}", kMaxGroupMembers,
-                       spec.members.size());
+  if (std::string problem = group_size_problem(static_cast<int64_t>(spec.members.size()));
+      !problem.empty()) {
+    return problem;
   }
   uint64_t total = 0;
   std::unordered_set<std::string> seen;

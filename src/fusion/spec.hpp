@@ -87,4 +87,8 @@ bool fusable(const UnitSpec& a, const UnitSpec& b);
 // recv_capacity nor gather_counts. Returns "" when valid, else what is wrong.
 std::string check_spec(const UnitSpec& spec, int ranks);
 
+// "" when a group of this many tensors is allowed (1..kMaxGroupMembers), else the problem: the C
+// ABI asks before it reads the caller's arrays.
+std::string group_size_problem(int64_t members);
+
 }  // namespace kolo::fusion

@@ -30,6 +30,39 @@ std::string Timeline::path_for_rank(const std::string& path, int rank) {
   return fmt::format("{}.rank{}.json", path, rank);
 }
 
+std::string Timeline::collective_args(uint64_t sequence, size_t tensors, uint64_t bytes,
+                                      const UnitSpec& spec, bool fused) {
+  if (spec.kind == Kind::kBroadcast) {
+    return fmt::format("{{\"collective\":{},\"bytes\":{},\"dtype\":\"{}\",\"root\":{}}}", sequence,
+                       bytes, dtype_name(spec.dtype), spec.root);
+  }
+  if (spec.kind == Kind::kAllgather) {
+    return fmt::format("{{\"collective\":{},\"bytes\":{},\"dtype\":\"{}\"}}", sequence, bytes,
+                       dtype_name(spec.dtype));
+  }
+  return fmt::format(
+      "{{\"collective\":{},\"tensors\":{},\"bytes\":{},\"dtype\":\"{}\",\"op\":\"{}\",\"fused\":{}}"
+      "}",
+      sequence, tensors, bytes, dtype_name(spec.dtype), op_name(spec.op), fused);
+}
+
+std::string Timeline::cycle_args(uint64_t cycle, size_t announced, size_t collectives,
+                                 size_t errors) {
+  return fmt::format("{{\"cycle\":{},\"announced\":{},\"collectives\":{},\"errors\":{}}}",
+                     cycle, announced, collectives, errors);
+}
+
+std::string Timeline::submitted_args(int rank) { return fmt::format("{{\"rank\":{}}}", rank); }
+
+std::string Timeline::negotiate_args(uint64_t cycle, bool cached) {
+  return fmt::format("{{\"cycle\":{},\"cached\":{}}}", cycle, cached);
+}
+
+std::string Timeline::error_args(Status status, const std::string& message) {
+  return fmt::format("{{\"status\":\"{}\",\"message\":\"{}\"}}", escape(status_name(status)),
+                     escape(message));
+}
+
 std::string Timeline::escape(std::string_view text) {
   std::string out;
   out.reserve(text.size());

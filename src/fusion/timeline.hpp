@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "core/deadline.hpp"
+#include "fusion/spec.hpp"
+#include "kolo/status.hpp"
 
 namespace kolo::fusion {
 
@@ -39,6 +41,17 @@ class Timeline {
   static std::string path_for_rank(const std::string& path, int rank);
   // `text` escaped for use inside a JSON string.
   static std::string escape(std::string_view text);
+
+  // The "args" objects of the engine's events, all of the trace's JSON in this one file:
+  // a collective it ran (ALLREDUCE, BROADCAST, ALLGATHER), a CYCLE, a SUBMITTED mark, a
+  // NEGOTIATE span and an ERROR mark.
+  static std::string collective_args(uint64_t sequence, size_t tensors, uint64_t bytes,
+                                     const UnitSpec& spec, bool fused);
+  static std::string cycle_args(uint64_t cycle, size_t announced, size_t collectives,
+                                size_t errors);
+  static std::string submitted_args(int rank);
+  static std::string negotiate_args(uint64_t cycle, bool cached);
+  static std::string error_args(Status status, const std::string& message);
 
   // The row of a tensor (or "cycles"), named on first use. Engine thread only.
   uint32_t row(const std::string& name);

@@ -6,7 +6,7 @@
 //            peer stops waiting and reports that first cause, not a consequence of it.
 //   GOODBYE  a rank destroys its communicator normally.
 //   WAKE     a doorbell, no more: a peer moved data for this rank through shared memory while this
-//            rank slept in poll() (see transport/ucx/shm_channel.hpp). serve() just consumes it.
+//            rank slept in poll() (see transport/shm/shm_channel.hpp). serve() just consumes it.
 // The socket is always read, so a peer whose control socket closes without a goodbye was lost
 // (killed, crashed): the kernel closes a dead process's sockets, and every rank learns of it within
 // one wake-up. A host that vanishes is caught by TCP keepalive and TCP_USER_TIMEOUT within ~10 s.

@@ -1,24 +1,31 @@
-// The transport interface: moving bytes between ranks, knowing nothing about collectives.
+// The transport interface: moving bytes between ranks.
 //
 // A handful of non-blocking verbs, in the spirit of NCCL's network plugins: post a send or a
 // receive of a buffer to a peer, and make progress until transfers complete. Messages between a
 // pair of ranks are matched in order: the k-th receive posted for a peer takes the k-th message
-// that peer sent. Every message carries the OpDescriptor of the collective it belongs to, and the
-// receiver checks it against its own, so ranks that disagree get KOLO_ERR_MISMATCH instead of
-// corrupt data or a hang.
+// that peer sent.
+//
+// What a transport knows of collectives, and no more: every message carries the OpDescriptor of
+// the call it belongs to, which the transport compares for equality only (transport/framing.hpp:
+// the receiver checks it against its own, so ranks that disagree get KOLO_ERR_MISMATCH instead of
+// corrupt data or a hang), and a receive may carry a sink, the one optional verb: a callback that
+// consumes the payload where the transport holds it (see Transfer::sink). Schedules, reductions
+// and the order of ranks are the ring layer's (src/ring/).
 //
 // Failures are exceptions (kolo::Error) thrown from progress(): a lost peer (kPeerLost, naming the
 // rank), a disagreement (kMismatch, naming both sides), or an abort announced by another rank,
 // which carries that rank's status and message. After a failure the transport is broken: posted
 // transfers are forgotten, and every later call throws the same error.
 //
-// Adding a transport: a folder under src/transport/ and one line in make_transport().
+// Adding a transport: a folder under src/transport/ and one line in the registry
+// (transport/registry.cpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/deadline.hpp"
 #include "core/op_descriptor.hpp"
@@ -38,12 +45,16 @@ struct Transfer {
   void* data = nullptr;
   size_t bytes = 0;
 
-  // Receives only, optional: a consumer of the payload where the transport holds it. A
+  // The sink, an optional verb of receives: "consume the payload where you hold it". A
   // transport whose payload lies in memory this process can read (kolo's shared-memory rings)
   // calls sink(sink_context, offset, piece, length) for consecutive pieces of the message, in
-  // order, each starting at a multiple of sink_grain bytes, instead of copying them into `data`,
-  // and sets `sunk`. A reducing collective thus reduces straight out of the ring, one copy fewer.
-  // Other transports ignore the sink and fill `data`.
+  // order, each starting at a multiple of sink_grain bytes (the last may be shorter), instead of
+  // copying them into `data`, and sets `sunk`; `data` is then left unwritten. Any other transport
+  // ignores the sink, fills `data` and leaves `sunk` false, and the caller consumes `data` itself
+  // once the receive is complete (ring/ring.hpp, IncomingReduction::complete). A reducing
+  // collective thus reduces straight out of shared memory, one copy fewer, and is correct on
+  // every transport. The sink runs inside progress(), on the caller's thread, and must not call
+  // the transport.
   using Sink = void (*)(void* context, size_t offset, const void* piece, size_t length);
   Sink sink = nullptr;
   void* sink_context = nullptr;
@@ -97,8 +108,31 @@ class Transport {
   virtual int readiness_fd() const { return -1; }
 };
 
-// Connects this rank to every peer, exchanging addresses through the store. `context` tells the
-// connections of different communicators apart. Throws kolo::Error on failure.
+// One transport as the registry (transport/registry.cpp) lists it.
+struct TransportEntry {
+  // Connects this rank to every peer, exchanging addresses through the store; throws
+  // kolo::Error on failure.
+  using Connect = std::unique_ptr<Transport> (*)(const Config& config, StoreClient& store,
+                                                 int rank, int size, uint64_t context);
+  // KOLO_TRANSPORT=auto: whether this transport should carry this job. Collective: every rank
+  // calls it with the same arguments and gets the same answer (rank 0 decides through the
+  // store). `reason` says why, for the log.
+  using Probe = bool (*)(const Config& config, StoreClient& store, int rank, int size,
+                         uint64_t context, std::string& reason);
+
+  const char* name;            // as KOLO_TRANSPORT spells it
+  Connect connect;             // null where this build lacks the transport
+  Probe probe;                 // null: auto never picks it, but for the fallback
+  const char* missing_reason;  // where connect is null: why, and how to get it
+};
+
+// Every transport kolo knows, in the order KOLO_TRANSPORT=auto probes them; the last one built is
+// auto's fallback.
+const std::vector<TransportEntry>& transport_registry();
+
+// Connects this rank to every peer with the transport config.transport names (or, for auto, the
+// first of the registry whose probe says yes, else the fallback). `context` tells the connections
+// of different communicators apart. Throws kolo::Error on failure.
 std::unique_ptr<Transport> make_transport(const Config& config, StoreClient& store, int rank,
                                           int size, uint64_t context);
 

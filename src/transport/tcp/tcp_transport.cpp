@@ -5,8 +5,8 @@
 // socket proves the job secret (net/auth.hpp) before it is used. Listening addresses travel
 // through the rendezvous store. The listener is closed once the mesh is complete.
 //
-// Data sockets carry frames of a fixed header (magic, payload length, the OpDescriptor of the
-// collective) followed by the payload. Between two ranks the k-th message goes on stream
+// Data sockets carry frames (transport/framing.hpp: a 64-byte header with the payload length and
+// the OpDescriptor of the collective, then the payload). Between two ranks the k-th message goes on stream
 // k mod KOLO_TCP_STREAMS on both sides, so each stream is a FIFO and matching needs no tags. A
 // receiver reads a payload straight into the buffer of the matching posted receive; when nothing
 // is posted yet it leaves the bytes in the kernel, which pushes back on the sender. No memory is
@@ -39,46 +39,13 @@
 #include "core/log.hpp"
 #include "net/socket.hpp"
 #include "transport/control_channel.hpp"
+#include "transport/framing.hpp"
 #include "transport/mesh.hpp"
 
 namespace kolo {
 namespace {
 
-constexpr uint32_t kDataMagic = 0x444c4f4b;  // "KOLD"
 constexpr int kSocketBufferBytes = 4 << 20;
-
-struct DataHeader {
-  uint32_t magic = kDataMagic;
-  uint32_t reserved = 0;
-  uint64_t bytes = 0;
-  OpDescriptor descriptor;
-};
-static_assert(sizeof(DataHeader) == 64);
-
-// A FIFO of posted transfers, linked through Transfer::next.
-class TransferQueue {
- public:
-  bool empty() const { return head_ == nullptr; }
-  Transfer* front() const { return head_; }
-  void push(Transfer* transfer) {
-    transfer->next = nullptr;
-    if (tail_) {
-      tail_->next = transfer;
-    } else {
-      head_ = transfer;
-    }
-    tail_ = transfer;
-  }
-  void pop() {
-    head_ = head_->next;
-    if (!head_) tail_ = nullptr;
-  }
-  void clear() { head_ = tail_ = nullptr; }
-
- private:
-  Transfer* head_ = nullptr;
-  Transfer* tail_ = nullptr;
-};
 
 struct Connection {
   net::Socket socket;
@@ -87,13 +54,13 @@ struct Connection {
   bool writable = true;
   bool closed = false;   // the peer closed its side (EOF seen)
 
-  TransferQueue sends;
-  DataHeader send_header;
+  IntrusiveFifo<Transfer> sends;
+  FrameHeader send_header;
   size_t send_header_done = 0;
   bool send_started = false;
 
-  TransferQueue recvs;
-  DataHeader recv_header;
+  IntrusiveFifo<Transfer> recvs;
+  FrameHeader recv_header;
   size_t recv_header_done = 0;
   bool recv_header_checked = false;
 };
@@ -207,17 +174,16 @@ class TcpTransport final : public Transport {
     while (connection.writable && !connection.sends.empty()) {
       Transfer& transfer = *connection.sends.front();
       if (!connection.send_started) {
-        connection.send_header.bytes = transfer.bytes;
-        connection.send_header.descriptor = transfer.descriptor;
+        connection.send_header = FrameHeader::for_transfer(transfer);
         connection.send_header_done = 0;
         connection.send_started = true;
       }
       iovec parts[2];
       int count = 0;
-      if (connection.send_header_done < sizeof(DataHeader)) {
+      if (connection.send_header_done < sizeof(FrameHeader)) {
         parts[count++] = {reinterpret_cast<char*>(&connection.send_header) +
                               connection.send_header_done,
-                          sizeof(DataHeader) - connection.send_header_done};
+                          sizeof(FrameHeader) - connection.send_header_done};
       }
       if (transfer.done < transfer.bytes) {
         parts[count++] = {static_cast<char*>(transfer.data) + transfer.done,
@@ -237,10 +203,10 @@ class TcpTransport final : public Transport {
         }
         data_lost(connection.peer, fmt::format("sending to it failed: {}", std::strerror(errno)));
       }
-      size_t header_part = std::min<size_t>(sent, sizeof(DataHeader) - connection.send_header_done);
+      size_t header_part = std::min<size_t>(sent, sizeof(FrameHeader) - connection.send_header_done);
       connection.send_header_done += header_part;
       transfer.done += sent - header_part;
-      if (connection.send_header_done == sizeof(DataHeader) && transfer.done == transfer.bytes) {
+      if (connection.send_header_done == sizeof(FrameHeader) && transfer.done == transfer.bytes) {
         connection.sends.pop();
         connection.send_started = false;
         transfer.complete = true;
@@ -257,14 +223,14 @@ class TcpTransport final : public Transport {
     }
     while (connection.readable && !connection.closed) {
       Transfer* transfer = connection.recvs.front();
-      bool header_pending = connection.recv_header_done < sizeof(DataHeader);
+      bool header_pending = connection.recv_header_done < sizeof(FrameHeader);
       if (!header_pending && !transfer) break;  // the next message waits for its receive
       iovec parts[2];
       int count = 0;
       if (header_pending) {
         parts[count++] = {reinterpret_cast<char*>(&connection.recv_header) +
                               connection.recv_header_done,
-                          sizeof(DataHeader) - connection.recv_header_done};
+                          sizeof(FrameHeader) - connection.recv_header_done};
       }
       if (transfer && transfer->done < transfer->bytes) {
         parts[count++] = {static_cast<char*>(transfer->data) + transfer->done,
@@ -295,11 +261,11 @@ class TcpTransport final : public Transport {
         }
       }
       size_t header_part =
-          header_pending ? std::min<size_t>(received, sizeof(DataHeader) - connection.recv_header_done)
+          header_pending ? std::min<size_t>(received, sizeof(FrameHeader) - connection.recv_header_done)
                          : 0;
       connection.recv_header_done += header_part;
       if (transfer) transfer->done += received - header_part;
-      if (connection.recv_header_done < sizeof(DataHeader) || !transfer) continue;
+      if (connection.recv_header_done < sizeof(FrameHeader) || !transfer) continue;
       if (!connection.recv_header_checked) {
         check_header(connection, *transfer);
         connection.recv_header_checked = true;
@@ -314,8 +280,8 @@ class TcpTransport final : public Transport {
   }
 
   void check_header(const Connection& connection, const Transfer& transfer) {
-    const DataHeader& header = connection.recv_header;
-    if (header.magic != kDataMagic) {
+    const FrameHeader& header = connection.recv_header;
+    if (!header.well_formed()) {
       log::warn("tcp: rank {} sent a malformed frame (magic {:#x}); dropping it", connection.peer,
                 header.magic);
       throw Error(Status::kPeerLost,
@@ -323,19 +289,7 @@ class TcpTransport final : public Transport {
                               "connection was dropped",
                               connection.peer, header.magic, rank_));
     }
-    if (!(header.descriptor == transfer.descriptor)) {
-      throw Error(Status::kMismatch,
-                  fmt::format("ranks disagree: rank {} called {} but rank {} called {}", rank_,
-                              describe(transfer.descriptor), connection.peer,
-                              describe(header.descriptor)));
-    }
-    if (header.bytes != transfer.bytes) {
-      throw Error(Status::kMismatch,
-                  fmt::format("ranks disagree in {}: rank {} sent a message of {} bytes where rank "
-                              "{} expected {} (is KOLO_SEGMENT_BYTES the same on every rank?)",
-                              describe(transfer.descriptor), connection.peer, header.bytes, rank_,
-                              transfer.bytes));
-    }
+    check_frame(rank_, transfer, header);
   }
 
   // ---- shutdown -------------------------------------------------------------------------------

@@ -22,19 +22,19 @@
 // authenticated) under kolo/<context>/ucx-worker/<rank>, and every rank creates an endpoint to
 // every rank, itself included.
 //
-// Messages. The k-th message from rank s to rank r is two UCP tagged messages: a 64-byte header
-// (magic, payload length, the OpDescriptor of the collective) and, unless empty, the payload.
+// Messages. The k-th message from rank s to rank r is two UCP tagged messages: its frame header
+// (transport/framing.hpp) and, unless empty, the payload.
 // Tags spell (header or payload, s, k) xor the pair's key, so the k-th receive posted for a peer
 // takes exactly the k-th message that peer sent, as over TCP. A receive posts both at once: the
 // payload straight into the caller's buffer (UCX's rendezvous protocol moves large payloads
 // zero-copy: a CMA read within a host, RDMA with memory registrations that UCX's registration
 // cache keeps for reused buffers), the header into a slot of this transport. The transfer
 // completes only after the header was checked against the receiver's own descriptor and length,
-// with the same messages as the TCP transport, so ranks that disagree get KOLO_ERR_MISMATCH. A
+// by check_frame(), as on every transport, so ranks that disagree get KOLO_ERR_MISMATCH. A
 // payload longer than expected is cut short by UCX (truncated), never written past the buffer.
 //
 // Peers on this host. Unless KOLO_UCX_SHM=0, every message to a peer on the same host goes
-// through kolo's own rings in shared memory instead (shm_channel.hpp: two memcpy()s through
+// through kolo's own rings in shared memory instead (transport/shm/: two memcpy()s through
 // 256 KiB slots, faster here than UCX's per-message CMA read), set up over the authenticated
 // control socket right after the keys; such a peer gets no UCX message at all, so ordering
 // between the two paths never arises. progress() pumps the rings beside the worker, and before
@@ -86,20 +86,13 @@
 #include "core/log.hpp"
 #include "net/socket.hpp"
 #include "transport/control_channel.hpp"
+#include "transport/framing.hpp"
 #include "transport/mesh.hpp"
-#include "transport/ucx/shm_channel.hpp"
+#include "transport/shm/shm_channel.hpp"
 
 namespace kolo {
 namespace {
 
-constexpr uint32_t kHeaderMagic = 0x55434f4b;  // "KOCU"
-
-struct MessageHeader {
-  uint32_t magic = kHeaderMagic;
-  uint32_t reserved = 0;
-  uint64_t bytes = 0;
-  OpDescriptor descriptor;
-};
 
 // Tag bits: 63 payload (1) or header (0); 40..62 the sending rank; 0..39 the message number
 // between the pair (wrapping is harmless: only messages in flight at once must differ).
@@ -209,7 +202,7 @@ struct Operation {
   bool header_checked = false;
   bool queued = false;
   Operation* next = nullptr;  // in the free list or the completion queue
-  MessageHeader header;
+  FrameHeader header;
   Part parts[2];  // 0: header, 1: payload
 };
 
@@ -255,10 +248,8 @@ class UcxTransport final : public Transport {
       Peer& peer = peers_[transfer.peer];
       const uint64_t sequence = peer.sent++;
       Operation& operation = acquire(transfer, false);
-      operation.header = MessageHeader{};
-      operation.header.bytes = transfer.bytes;
-      operation.header.descriptor = transfer.descriptor;
-      start_send(operation, 0, &operation.header, sizeof(MessageHeader),
+      operation.header = FrameHeader::for_transfer(transfer);
+      start_send(operation, 0, &operation.header, sizeof(FrameHeader),
                  message_tag(false, rank_, sequence, peer.key));
       if (transfer.bytes > 0) {
         start_send(operation, 1, transfer.data, transfer.bytes,
@@ -281,7 +272,7 @@ class UcxTransport final : public Transport {
       Peer& peer = peers_[transfer.peer];
       const uint64_t sequence = peer.received++;
       Operation& operation = acquire(transfer, true);
-      start_receive(operation, 0, &operation.header, sizeof(MessageHeader),
+      start_receive(operation, 0, &operation.header, sizeof(FrameHeader),
                     message_tag(false, transfer.peer, sequence, peer.key));
       if (transfer.bytes > 0) {
         start_receive(operation, 1, transfer.data, transfer.bytes,
@@ -333,7 +324,7 @@ class UcxTransport final : public Transport {
         if (armed != UCS_OK) throw_ucx("ucp_worker_arm", armed);
         if (shm_.any()) {
           // Ask the peers for a doorbell, then look once more: what they published before they
-          // could see the request is found now (see shm_channel.hpp).
+          // could see the request is found now (see transport/shm/shm_channel.hpp).
           shm_.prepare_sleep();
           moved = false;
           const bool completed = shm_.pump(moved);
@@ -402,7 +393,7 @@ class UcxTransport final : public Transport {
     std::vector<PeerSockets> sockets =
         connect_mesh(config, store, rank_, size_, context, "ucx-control", 0);
     exchange_keys(sockets, deadline);
-    // 2b. Rings in shared memory for the peers on this host (shm_channel.hpp).
+    // 2b. Rings in shared memory for the peers on this host (transport/shm/).
     shm_.connect(sockets, config.ucx_shm, ShmChannel::copy_mode(config.ucx_shm_copy), deadline);
     const auto control_ready = Clock::now();
 
@@ -660,24 +651,15 @@ class UcxTransport final : public Transport {
   void queue(Operation* operation) {
     if (operation->queued) return;
     operation->queued = true;
-    operation->next = nullptr;
-    if (completed_tail_) {
-      completed_tail_->next = operation;
-    } else {
-      completed_head_ = operation;
-    }
-    completed_tail_ = operation;
+    completed_.push(operation);
   }
 
   // Checks and completes what the callbacks queued; true when a transfer completed.
   bool process_completions() {
     bool completed = false;
-    while (completed_head_) {
-      Operation& operation = *completed_head_;
-      completed_head_ = operation.next;
-      if (!completed_head_) completed_tail_ = nullptr;
+    while (!completed_.empty()) {
+      Operation& operation = *completed_.pop();
       operation.queued = false;
-      operation.next = nullptr;
       if (operation.transfer == nullptr) continue;
       if (advance(operation)) completed = true;
     }
@@ -720,16 +702,15 @@ class UcxTransport final : public Transport {
   void check_header(const Operation& operation) {
     const Transfer& transfer = *operation.transfer;
     const Operation::Part& part = operation.parts[0];
-    const MessageHeader& header = operation.header;
-    if (part.status != UCS_OK || part.length != sizeof(MessageHeader) ||
-        header.magic != kHeaderMagic) {
+    const FrameHeader& header = operation.header;
+    if (part.status != UCS_OK || part.length != sizeof(FrameHeader) || !header.well_formed()) {
       log::warn("ucx: rank {} sent a malformed message header (magic {:#x}, {} bytes: {})",
                 transfer.peer, header.magic, part.length, ucs_status_string(part.status));
       throw Error(Status::kPeerLost,
                   fmt::format("rank {} sent a malformed message (magic {:#x}) to rank {}",
                               transfer.peer, header.magic, rank_));
     }
-    check_message_descriptor(rank_, transfer, header.descriptor, header.bytes);
+    check_frame(rank_, transfer, header);
   }
 
   // ---- control --------------------------------------------------------------------------------
@@ -895,8 +876,7 @@ class UcxTransport final : public Transport {
   Clock::duration pure_spin_;
   std::vector<std::unique_ptr<Operation>> operations_;
   Operation* free_ = nullptr;
-  Operation* completed_head_ = nullptr;
-  Operation* completed_tail_ = nullptr;
+  IntrusiveFifo<Operation> completed_;
   Clock::time_point next_control_check_{};
   std::optional<Error> failure_;
 };

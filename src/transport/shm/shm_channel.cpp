@@ -1,4 +1,6 @@
-#include "transport/ucx/shm_channel.hpp"
+// kolo's shared-memory rings between two ranks of one host: set-up, the copies in and out, and
+// the doorbells (shm_channel.hpp says how and why).
+#include "transport/shm/shm_channel.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -17,6 +19,7 @@
 #include "core/log.hpp"
 #include "net/socket.hpp"
 #include "transport/control_channel.hpp"
+#include "transport/framing.hpp"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -25,7 +28,6 @@
 namespace kolo {
 namespace {
 
-constexpr uint32_t kHeaderMagic = 0x4d48534b;           // "KSHM": a message header in a ring
 constexpr uint64_t kSegmentMagic = 0x6b6f6c6f73686d31;  // "kolosh m1"
 constexpr uint32_t kHelloMagic = 0x4f4c4548;            // "HELO"
 constexpr size_t kAlign = 64;
@@ -33,13 +35,7 @@ constexpr size_t kCapacity = ShmChannel::kSlotBytes * ShmChannel::kSlots;
 constexpr size_t kHeaderPage = 4096;
 constexpr size_t kSegmentBytes = kHeaderPage + 2 * kCapacity;
 
-struct alignas(kAlign) MessageHeader {
-  uint32_t magic = kHeaderMagic;
-  uint32_t reserved = 0;
-  uint64_t bytes = 0;
-  OpDescriptor descriptor;
-};
-static_assert(sizeof(MessageHeader) == kAlign);
+static_assert(sizeof(FrameHeader) == kAlign, "a frame header lies whole within the ring");
 
 // One direction's counters, each on its own cache line so that producer and consumer do not
 // share one.
@@ -131,23 +127,6 @@ uint64_t round_up(uint64_t value) {
 
 }  // namespace
 
-void check_message_descriptor(int rank, const Transfer& transfer,
-                              const OpDescriptor& sent_descriptor, uint64_t sent_bytes) {
-  if (!(sent_descriptor == transfer.descriptor)) {
-    throw Error(
-        Status::kMismatch,
-        fmt::format("ranks disagree: rank {} called {} but rank {} called {}", rank,
-                    describe(transfer.descriptor), transfer.peer, describe(sent_descriptor)));
-  }
-  if (sent_bytes != transfer.bytes) {
-    throw Error(Status::kMismatch,
-                fmt::format("ranks disagree in {}: rank {} sent a message of {} bytes where rank "
-                            "{} expected {} (is KOLO_SEGMENT_BYTES the same on every rank?)",
-                            describe(transfer.descriptor), transfer.peer, sent_bytes, rank,
-                            transfer.bytes));
-  }
-}
-
 // One peer's segment as this rank sees it: the ring it writes, the ring it reads, and the
 // transfers queued on each.
 struct ShmChannel::Link {
@@ -168,12 +147,10 @@ struct ShmChannel::Link {
   bool far() const { return far_votes > 0; }
   void vote_far(bool slow) { far_votes = std::clamp(far_votes + (slow ? 1 : -1), -32, 32); }
 
-  Transfer* send_first = nullptr;
-  Transfer* send_last = nullptr;
-  bool header_sent = false;  // for send_first
-  Transfer* recv_first = nullptr;
-  Transfer* recv_last = nullptr;
-  bool header_checked = false;  // for recv_first
+  IntrusiveFifo<Transfer> sends;
+  bool header_sent = false;  // for the first of sends
+  IntrusiveFifo<Transfer> recvs;
+  bool header_checked = false;  // for the first of recvs
   size_t pending = 0;
 
   bool consumer_flag = false;  // this rank set in->consumer_waiting
@@ -191,21 +168,6 @@ struct ShmChannel::Link {
     in = &header->rings[lower ? 1 : 0];
     out_data = data + (lower ? 0 : kCapacity);
     in_data = data + (lower ? kCapacity : 0);
-  }
-
-  static void push(Transfer*& first, Transfer*& last, Transfer& transfer) {
-    transfer.next = nullptr;
-    if (last) {
-      last->next = &transfer;
-    } else {
-      first = &transfer;
-    }
-    last = &transfer;
-  }
-
-  static void pop(Transfer*& first, Transfer*& last) {
-    first = first->next;
-    if (!first) last = nullptr;
   }
 };
 
@@ -384,7 +346,7 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled, 
 // prepared to sleep the flags are raised again before the first look.
 bool ShmChannel::post_send(Transfer& transfer) {
   Link& link = *links_[transfer.peer];
-  Link::push(link.send_first, link.send_last, transfer);
+  link.sends.push(&transfer);
   ++link.pending;
   if (sleeping_) prepare_sleep();
   bool completed = false;
@@ -397,7 +359,7 @@ bool ShmChannel::post_send(Transfer& transfer) {
 
 bool ShmChannel::post_recv(Transfer& transfer) {
   Link& link = *links_[transfer.peer];
-  Link::push(link.recv_first, link.recv_last, transfer);
+  link.recvs.push(&transfer);
   ++link.pending;
   if (sleeping_) prepare_sleep();
   bool completed = false;
@@ -415,8 +377,8 @@ bool ShmChannel::pump(bool& moved) {
     for (int peer = 0; peer < size_; ++peer) {
       Link* link = links_[peer].get();
       if (!link || link->pending == 0) continue;
-      if (link->send_first) any = send_piece(peer, *link, completed) || any;
-      if (link->recv_first) any = receive_piece(peer, *link, completed) || any;
+      if (!link->sends.empty()) any = send_piece(peer, *link, completed) || any;
+      if (!link->recvs.empty()) any = receive_piece(peer, *link, completed) || any;
     }
     if (any) moved = true;
     if (!any || completed) return completed;
@@ -426,7 +388,7 @@ bool ShmChannel::pump(bool& moved) {
 // Writes the header of the first queued send (if not yet written) and one piece of its payload,
 // at most a slot long, and publishes them. True when anything moved.
 bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
-  Transfer* transfer = link.send_first;
+  Transfer* transfer = link.sends.front();
   if (!transfer) return false;
   const bool sample = copy_ == Copy::kAuto;
   const auto before =
@@ -443,10 +405,8 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
   uint64_t space = kCapacity - (link.head - tail);
   uint64_t head = link.head;
   if (!link.header_sent) {
-    if (space < sizeof(MessageHeader)) return false;
-    MessageHeader header;
-    header.bytes = transfer->bytes;
-    header.descriptor = transfer->descriptor;
+    if (space < sizeof(FrameHeader)) return false;
+    const FrameHeader header = FrameHeader::for_transfer(*transfer);
     std::memcpy(link.out_data + head % kCapacity, &header, sizeof(header));
     head += sizeof(header);
     space -= sizeof(header);
@@ -465,7 +425,7 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
   if (head == link.head) return false;
   if (transfer->done == transfer->bytes) {
     head = round_up(head);
-    Link::pop(link.send_first, link.send_last);
+    link.sends.pop();
     link.header_sent = false;
     --link.pending;
     transfer->complete = true;
@@ -484,7 +444,7 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
 // read) and copies one piece of its payload, at most a slot long. True when anything
 // moved.
 bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
-  Transfer* transfer = link.recv_first;
+  Transfer* transfer = link.recvs.front();
   if (!transfer) return false;
   const uint64_t head = link.in->head.load(std::memory_order_seq_cst);
   if (head < link.tail || head - link.tail > kCapacity) {
@@ -493,17 +453,17 @@ bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
   uint64_t available = head - link.tail;
   uint64_t tail = link.tail;
   if (!link.header_checked) {
-    if (available < sizeof(MessageHeader)) return false;
-    MessageHeader header;  // copied out first: the peer cannot change it after the check
+    if (available < sizeof(FrameHeader)) return false;
+    FrameHeader header;  // copied out first: the peer cannot change it after the check
     std::memcpy(&header, link.in_data + tail % kCapacity, sizeof(header));
-    if (header.magic != kHeaderMagic) {
+    if (!header.well_formed()) {
       log::warn("ucx: rank {} wrote a malformed message header (magic {:#x}) into its ring", peer,
                 header.magic);
       throw Error(Status::kPeerLost,
                   fmt::format("rank {} sent a malformed message (magic {:#x}) to rank {}", peer,
                               header.magic, rank_));
     }
-    check_message_descriptor(rank_, *transfer, header.descriptor, header.bytes);
+    check_frame(rank_, *transfer, header);
     tail += sizeof(header);
     available -= sizeof(header);
     link.header_checked = true;
@@ -528,7 +488,7 @@ bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
   if (tail == link.tail) return false;
   if (transfer->done == transfer->bytes) {
     tail = round_up(tail);
-    Link::pop(link.recv_first, link.recv_last);
+    link.recvs.pop();
     link.header_checked = false;
     --link.pending;
     transfer->complete = true;
@@ -549,11 +509,11 @@ void ShmChannel::prepare_sleep() {
   sleeping_ = true;
   for (auto& link : links_) {
     if (!link || link->pending == 0) continue;
-    if (link->recv_first) {
+    if (!link->recvs.empty()) {
       link->in->consumer_waiting.store(1, std::memory_order_seq_cst);
       link->consumer_flag = true;
     }
-    if (link->send_first) {
+    if (!link->sends.empty()) {
       link->out->producer_waiting.store(1, std::memory_order_seq_cst);
       link->producer_flag = true;
     }
@@ -574,8 +534,8 @@ void ShmChannel::end_sleep() {
 void ShmChannel::forget() {
   for (auto& link : links_) {
     if (!link) continue;
-    link->send_first = link->send_last = nullptr;
-    link->recv_first = link->recv_last = nullptr;
+    link->sends.clear();
+    link->recvs.clear();
     link->pending = 0;
   }
 }

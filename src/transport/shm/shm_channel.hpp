@@ -26,7 +26,7 @@
 //
 // Messages. A ring is a byte stream: the producer owns `head`, the consumer owns `tail`, both
 // counting bytes since the start, so `head - tail` bytes are readable and the rest is free. A
-// message is a 64-byte header (magic, payload length, the OpDescriptor) and the payload, padded
+// message is a frame (transport/framing.hpp: a 64-byte header, then the payload), padded
 // to 64 bytes so that every header lies whole within the ring. A copy is at most a slot
 // long and never crosses the end of the ring, and each is published at once (a store of head or
 // tail), so the consumer copies one slot's worth out while the producer fills the next. (Cutting
@@ -70,11 +70,6 @@
 namespace kolo {
 
 class ControlChannel;
-
-// The receiver's checks of an incoming message header, shared by the UCX and shared-memory paths
-// so that both report a disagreement in the same words. Throws kolo::Error(kMismatch).
-void check_message_descriptor(int rank, const Transfer& transfer,
-                              const OpDescriptor& sent_descriptor, uint64_t sent_bytes);
 
 class ShmChannel {
  public:
