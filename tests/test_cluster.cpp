@@ -203,6 +203,69 @@ TEST_CASE("every collective, split and named operation across hosts over TCP", "
   }
 }
 
+// Over UCX, each peer on this host through kolo's rings and each other one through UCX's TCP:
+// never UCX's shared memory, which would bypass the links (the hosts share one kernel).
+void expect_ucx_paths(std::vector<Process>& ranks, const Program& program, int hosts,
+                      int per_host) {
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    ProcessResult result = ranks[rank].wait(300);
+    INFO("rank " << rank << " output:\n" << result.output);
+    CHECK(result.exit_code == 0);
+    CHECK(contains(result.output, program.marker));
+    CHECK(contains(result.output, fmt::format("{} node(s), transport ucx", hosts)));
+    CHECK(contains(result.output, "UCX's shared-memory transports left out (UCX_TLS=^sm)"));
+    std::smatch lanes;
+    REQUIRE(std::regex_search(result.output, lanes, std::regex("reaches its peers through (.*)")));
+    CHECK(contains(lanes[1], "tcp/eth0"));
+    CHECK_FALSE(contains(lanes[1], "memory"));  // cma/memory, sysv/memory, posix/memory
+    for (size_t peer = 0; peer < ranks.size(); ++peer) {
+      if (peer == rank) continue;
+      bool same_host = peer / per_host == rank / per_host;
+      CHECK(contains(result.output,
+                     fmt::format("reaches rank {} through {}", peer,
+                                 same_host ? "kolo's shared-memory ring" : "UCX (another host)")));
+    }
+  }
+}
+
+TEST_CASE("collectives, a split and named operations across hosts over UCX", "[cluster][ucx]") {
+  for (const char* name : {"allreduce", "allgather", "split", "fusion"}) {
+    for (const Shape& shape : {kShapes[0], kShapes[3]}) {
+      DYNAMIC_SECTION(name << ", " << shape.hosts << " hosts x " << shape.per_host << " ranks") {
+        const Program& program = kPrograms.at(name);
+        Cluster cluster(shape.hosts);
+        std::vector<std::string> args = program.args;
+        args[0] = built_program(args[0]);
+        auto ranks = start_ranks(cluster, shape.per_host, shape.launcher, args,
+                                 {{"KOLO_TRANSPORT", "ucx"}, {"UCX_TLS", ""}});
+        expect_ucx_paths(ranks, program, shape.hosts, shape.per_host);
+      }
+    }
+  }
+}
+
+TEST_CASE("UCX's shared memory between hosts, if asked for, does not stall waits",
+          "[cluster][ucx]") {
+  // UCX_TLS=all lets UCX reach the other namespace through shared memory, whose wake-ups do not
+  // cross namespaces; waits must notice and look often instead of sleeping 100 ms each.
+  Cluster cluster(2);
+  auto ranks = start_ranks(cluster, 1, Launcher::kTorchrun,
+                           {built_program("tests/kolo_test_worker"), "allreduce", "quick"},
+                           {{"KOLO_TRANSPORT", "ucx"}, {"UCX_TLS", "all"}});
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    ProcessResult result = ranks[rank].wait(300);
+    INFO("rank " << rank << " output:\n" << result.output);
+    CHECK(result.exit_code == 0);
+    CHECK(contains(result.output, "allreduce checks passed"));
+    CHECK(contains(result.output, "UCX_TLS=all kept"));
+    std::smatch lanes;
+    REQUIRE(std::regex_search(result.output, lanes, std::regex("reaches its peers through (.*)")));
+    if (contains(lanes[1], "memory")) {
+      CHECK(contains(result.output, "UCX's wake-ups do not arrive"));
+    }
+  }
+}
+
 TEST_CASE("a bracketed IPv6 address in KOLO_ADDR", "[cluster][tcp]") {
   Cluster cluster(2);
   auto ranks = start_ranks(cluster, 1, Launcher::kSlurm,

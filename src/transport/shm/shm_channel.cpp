@@ -204,9 +204,11 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled, 
       throw control_.lost(peer, "it sent a malformed start-up message");
     }
     theirs.host[sizeof(theirs.host) - 1] = '\0';
+    const bool other_host = host != theirs.host;
+    other_hosts_ += other_host ? 1 : 0;
     if (!enabled || !theirs.enabled) {
       why[peer] = "KOLO_UCX_SHM=0";
-    } else if (host != theirs.host) {
+    } else if (other_host) {
       why[peer] = "another host";
     } else {
       candidate[peer] = true;

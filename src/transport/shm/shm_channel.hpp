@@ -97,6 +97,8 @@ class ShmChannel {
 
   bool connected(int peer) const { return links_[peer] != nullptr; }
   bool any() const { return connected_count_ > 0; }
+  // Whether some peer is on another host (host name and boot id differ), known after connect().
+  bool any_other_host() const { return other_hosts_ > 0; }
   // Transfers posted to `peer` and not complete yet.
   size_t pending(int peer) const;
 
@@ -132,6 +134,7 @@ class ShmChannel {
   ControlChannel& control_;
   std::vector<std::unique_ptr<Link>> links_;
   int connected_count_ = 0;
+  int other_hosts_ = 0;
   bool sleeping_ = false;
   Copy copy_ = Copy::kAuto;
 };

@@ -112,9 +112,9 @@ uint64_t message_tag(bool payload, int source, uint64_t sequence, uint64_t pair_
 // it waits for would otherwise hold the CPU for the whole spin while the peer cannot send
 // (measured on 2 cores with one busy process beside a 2-rank job: 8-byte allreduce in 12-18 us
 // with yields, 55-115 us with a plain 30 us spin, 25-30 us without spinning; TCP 24-40 us). When
-// this host runs more ranks than this process may use CPUs, there is no plain spin at all. A
-// wake-up is missed by nothing, but the sleep is bounded anyway so that a peer's goodbye is
-// re-examined.
+// this host runs more ranks than this process may use CPUs, there is no plain spin at all. The
+// sleep is bounded so that a peer's goodbye is re-examined, and shortened to a millisecond once a
+// wake-up is found missing (missed_wake_up).
 //
 // With kolo's shared-memory rings, the next piece of a pipeline comes within a 256 KiB copy
 // (tens of microseconds), so the same spin covers it. A 1 ms spin after each copy helped with
@@ -338,19 +338,33 @@ class UcxTransport final : public Transport {
         // control channel wakes a sleeping caller.
         if (deadline.expired()) return;
         pollfd waiting[2] = {{event_fd_, POLLIN, 0}, {control_.fd(), POLLIN, 0}};
-        int ready = ::poll(waiting, 2, std::min(deadline.remaining_ms(), kMaxSleepMs));
+        const bool bounded_by_us = deadline.remaining_ms() > max_sleep_ms_;
+        int ready = ::poll(waiting, 2, std::min(deadline.remaining_ms(), max_sleep_ms_));
         if (ready < 0 && errno != EINTR) {
           throw Error(Status::kSystem, fmt::format("poll failed: {}", std::strerror(errno)));
         }
         serve_control();
-        while (ucp_worker_progress(worker_) != 0) {
-        }
+        bool progressed = false;
+        while (ucp_worker_progress(worker_) != 0) progressed = true;
+        if (ready == 0 && bounded_by_us && progressed) missed_wake_up();
         process_completions();
         shm_.end_sleep();
         if (shm_.any()) shm_.pump(moved);
         return leave_awake();  // one wake-up (or the deadline): the caller looks at its transfers
       }
     });
+  }
+
+  // The sleep ran to its bound with no wake-up, yet UCX had work: the transports in use do not
+  // signal the event fd here (seen with UCX's shared memory between network namespaces). Waits
+  // then look every millisecond instead of sleeping up to kMaxSleepMs.
+  void missed_wake_up() {
+    if (max_sleep_ms_ == 1) return;
+    max_sleep_ms_ = 1;
+    log::warn("ucx: rank {}: UCX's wake-ups do not arrive (it reaches its peers through {}); "
+              "waits now look every millisecond. Between containers or network namespaces of one "
+              "machine, leave UCX_TLS unset so that kolo keeps UCX off shared memory",
+              rank_, describe_lanes());
   }
 
   // Readable while progress() has something to do: UCX's event fd (reliable only while the
@@ -458,12 +472,43 @@ class UcxTransport final : public Transport {
         ms(worker_ready - control_ready), ms(Clock::now() - worker_ready));
   }
 
+  // Which UCX transports: UCX_TLS where it names some. Otherwise all of them, except that peers
+  // on another host (by kolo's reckoning: host name and boot id, transport/shm/) must be reached
+  // over the network, though UCX may see them as reachable through shared memory or CMA
+  // (containers or network namespaces on one kernel), whose wake-ups need not cross from one
+  // namespace to the other. In a job that spans hosts, kolo's rings carry the traffic of this
+  // host, so UCX's own shared-memory transports are left out. An empty UCX_TLS counts as unset,
+  // as an empty KOLO_* variable does (UCX itself would start with no transport).
+  void choose_transports(ucp_config_t* ucx_config) {
+    const char* chosen = std::getenv("UCX_TLS");
+    const bool other_hosts = shm_.any_other_host();
+    if (chosen != nullptr && *chosen != '\0') {
+      if (other_hosts) {
+        log::info("ucx: rank {}: UCX_TLS={} kept; peers on other hosts may then be reached "
+                  "through shared memory where UCX can",
+                  rank_, chosen);
+      }
+      return;
+    }
+    const char* transports = other_hosts ? "^sm" : "all";
+    ucs_status_t status = ucp_config_modify(ucx_config, "TLS", transports);
+    if (status != UCS_OK) {
+      throw_ucx(fmt::format("choosing UCX's transports (TLS={})", transports).c_str(), status);
+    }
+    if (other_hosts) {
+      log::info("ucx: rank {}: peers on other hosts: UCX's shared-memory transports left out "
+                "(UCX_TLS=^sm)",
+                rank_);
+    }
+  }
+
   // The UCP context and worker (UCX_* variables apply); returns the worker's address.
   std::vector<uint8_t> start_worker(const Config& config) {
     install_peer_death_filter();
     ucp_config_t* ucx_config = nullptr;
     ucs_status_t status = ucp_config_read(nullptr, nullptr, &ucx_config);  // reads UCX_* variables
     if (status != UCS_OK) throw_ucx("reading the UCX configuration (UCX_* variables)", status);
+    choose_transports(ucx_config);
     ucp_params_t params{};
     params.field_mask =
         UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS | UCP_PARAM_FIELD_NAME;
@@ -874,6 +919,7 @@ class UcxTransport final : public Transport {
   net::Socket readiness_;
   bool awake_set_ = false;
   Clock::duration pure_spin_;
+  int max_sleep_ms_ = kMaxSleepMs;  // 1 once a wake-up was found missing (missed_wake_up)
   std::vector<std::unique_ptr<Operation>> operations_;
   Operation* free_ = nullptr;
   IntrusiveFifo<Operation> completed_;
