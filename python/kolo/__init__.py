@@ -13,6 +13,9 @@ beside the installed package, else in the build tree of the checkout (build/capi
 """
 
 import atexit
+import os
+import secrets
+import socket
 import threading
 
 from . import _capi
@@ -40,13 +43,47 @@ def init(**config):
     """Joins the job and makes the world communicator, which it returns; a second call returns
     the same one. Keyword arguments (rank, size, local_rank, local_size, addr, secret, timeout)
     override the environment (KOLO_RANK, KOLO_SIZE, KOLO_ADDR, ..., or what kolorun, mpirun,
-    srun or torchrun export). Blocks until every rank has joined, at most the timeout. Raises
+    srun or torchrun export; under torchrun, whose store holds MASTER_PORT, kolo's address and secret
+are exchanged through torchrun's store). Blocks until every rank has joined, at most the timeout. Raises
     ConfigError naming the variable to set, KoloTimeoutError, KoloSystemError."""
     global _world
     with _lock:
         if _world is None or _world.closed:
+            if "addr" not in config and not os.environ.get("KOLO_ADDR") and \
+                    os.environ.get("TORCHELASTIC_RUN_ID"):
+                config.update(_torchrun_rendezvous(config.get("timeout")))
             _world = Communicator.create(**config)
         return _world
+
+
+def _torchrun_rendezvous(timeout):
+    """Under torchrun, MASTER_PORT is taken by torchrun's own store: rank 0 picks a free port
+    for kolo's store and a job secret, and publishes them in torchrun's store, where the other
+    ranks read them."""
+    try:
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+    except ImportError as error:
+        raise ConfigError(f"launched by torchrun, whose store holds MASTER_PORT, but torch "
+                          f"cannot be imported to share kolo's address ({error}): set "
+                          f"KOLO_ADDR=host:port with another port") from None
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not host or not port:
+        raise ConfigError("launched by torchrun, but MASTER_ADDR or MASTER_PORT is not set")
+    store = TCPStore(host, int(port), is_master=False,
+                     timeout=timedelta(seconds=float(timeout or
+                                                     os.environ.get("KOLO_TIMEOUT", 300))))
+    prefix = "kolo/{}/{}/".format(os.environ["TORCHELASTIC_RUN_ID"],
+                                  os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if os.environ.get("RANK") == "0":
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("", 0))
+            free_port = probe.getsockname()[1]
+        store.set(prefix + "addr", f"{host}:{free_port}")
+        store.set(prefix + "secret", secrets.token_hex(16))
+    return {"addr": store.get(prefix + "addr").decode(),
+            "secret": store.get(prefix + "secret").decode()}
 
 
 def is_initialized():

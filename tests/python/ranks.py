@@ -38,13 +38,16 @@ def test_environment(extra=None):
 
 def run(n, module_file, function, timeout=120, env=None, args=None, expect_failure=False,
         launcher=None):
-    """Runs function(**args) of module_file on n ranks with kolorun and returns their combined
-    output. Raises AssertionError naming the failing ranks (or the timeout) unless
+    """Runs function(**args) of module_file on n ranks with kolorun (or launcher, a command that
+    starts a Python script on every rank, such as torchrun) and returns their combined output. Raises AssertionError naming the failing ranks (or the timeout) unless
     expect_failure, in which case it returns (exit status, output)."""
-    command = launcher or [kolorun_path(), "-np", str(n), "--timeout", str(timeout),
-                           "--grace", "3"]
-    command = command + [PYTHON, os.path.join(HERE, "rank_main.py"),
-                         os.path.abspath(module_file), function, json.dumps(args or {})]
+    rank_command = [os.path.join(HERE, "rank_main.py"), os.path.abspath(module_file), function,
+                    json.dumps(args or {})]
+    if launcher:  # a launcher that runs a Python script itself (torchrun)
+        command = launcher + rank_command
+    else:
+        command = [kolorun_path(), "-np", str(n), "--timeout", str(timeout), "--grace", "3",
+                   PYTHON] + rank_command
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env=test_environment(env), start_new_session=True)
     try:

@@ -6,7 +6,9 @@
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-CPU tensors throughout; GPU tensors only for the synchronous allreduce and broadcast, through
+Importing it also registers the torch.distributed backend "kolo", so that
+torch.distributed.init_process_group("kolo") and DistributedDataParallel run on kolo. CPU tensors
+throughout; GPU tensors only for the synchronous allreduce and broadcast, through
 kolo's stream-ordered calls. The README's Python section has a table of Horovod's API against
 this one.
 """
@@ -24,6 +26,9 @@ from .ops import (Adasum, Average, Max, Min, ProcessSet, Product, Sum, add_proce
                   remove_process_set, shutdown, size, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
+from . import process_group as _process_group
+
+_process_group.register()
 
 __all__ = [
     "Compression", "allgather_object", "broadcast_object", "broadcast_optimizer_state",
