@@ -39,8 +39,9 @@ def test_environment(extra=None):
 def run(n, module_file, function, timeout=120, env=None, args=None, expect_failure=False,
         launcher=None):
     """Runs function(**args) of module_file on n ranks with kolorun (or launcher, a command that
-    starts a Python script on every rank, such as torchrun) and returns their combined output. Raises AssertionError naming the failing ranks (or the timeout) unless
-    expect_failure, in which case it returns (exit status, output)."""
+    starts a Python script on every rank, such as torchrun) and returns their combined output.
+    Raises AssertionError naming the failing ranks (or the timeout) unless expect_failure, in
+    which case it returns (exit status, output)."""
     rank_command = [os.path.join(HERE, "rank_main.py"), os.path.abspath(module_file), function,
                     json.dumps(args or {})]
     if launcher:  # a launcher that runs a Python script itself (torchrun)
@@ -48,6 +49,22 @@ def run(n, module_file, function, timeout=120, env=None, args=None, expect_failu
     else:
         command = [kolorun_path(), "-np", str(n), "--timeout", str(timeout), "--grace", "3",
                    PYTHON] + rank_command
+    status, text = run_command(command, timeout, env)
+    if expect_failure:
+        return status, text
+    if status != 0:
+        failed = sorted(set(int(r) for r in re.findall(r"RANK (\d+) FAILED", text)))
+        who = f"ranks {failed} failed" if failed else "no rank reported a failure"
+        if status == "timeout" or status == 124:
+            who += f"; the job ran past {timeout} s and was killed"
+        raise AssertionError(f"{function} on {n} ranks: {who} (exit status {status}); "
+                             f"output:\n{text[-6000:]}")
+    return text
+
+
+def run_command(command, timeout, env=None):
+    """Runs a job's command in a process group of its own; returns (exit status or "timeout",
+    output). Kills the whole group afterwards, whatever happened."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                env=test_environment(env), start_new_session=True)
     try:
@@ -62,14 +79,4 @@ def run(n, module_file, function, timeout=120, env=None, args=None, expect_failu
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    text = output.decode(errors="replace")
-    if expect_failure:
-        return status, text
-    if status != 0:
-        failed = sorted(set(int(r) for r in re.findall(r"RANK (\d+) FAILED", text)))
-        who = f"ranks {failed} failed" if failed else "no rank reported a failure"
-        if status == "timeout" or status == 124:
-            who += f"; the job ran past {timeout} s and was killed"
-        raise AssertionError(f"{function} on {n} ranks: {who} (exit status {status}); "
-                             f"output:\n{text[-6000:]}")
-    return text
+    return status, output.decode(errors="replace")
