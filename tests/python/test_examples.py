@@ -57,3 +57,12 @@ def test_horovod_style_example_under_torchrun():
 def test_ddp_example_under_torchrun():
     output = _run(_torchrun(2) + [os.path.join(EXAMPLES, "ddp_digits.py"), "--epochs", "4"])
     assert _final_accuracy(output) > 0.85, output[-2000:]
+
+
+def test_benchmark_runs():
+    """bench/python_step_perf.py on small gradients: all three methods run and are reported."""
+    output = _run(_kolorun(2) + [os.path.join(ranks.CHECKOUT, "bench", "python_step_perf.py"),
+                                 "--model", "resnet50", "--steps", "1", "--warmup", "0",
+                                 "--max-tensor-bytes", "64K"])
+    for method in ("local", "kolo-hooks", "ddp-gloo", "ddp-kolo"):
+        assert method in output, output
