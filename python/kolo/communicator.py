@@ -12,6 +12,7 @@ kolo's message.
 
 import ctypes
 import itertools
+import os
 import threading
 
 import numpy as np
@@ -319,7 +320,14 @@ class Communicator:
         if timeout is not None:
             config.timeout_s = float(timeout)
         handle = ctypes.c_void_p()
-        status = lib.kolo_comm_init(ctypes.byref(config), ctypes.byref(handle))
+        # KOLO_LIBRARY is the Python package's variable; libkolo would warn that it does not know
+        # it, so it is hidden from libkolo while the configuration is read.
+        library_variable = os.environ.pop("KOLO_LIBRARY", None)
+        try:
+            status = lib.kolo_comm_init(ctypes.byref(config), ctypes.byref(handle))
+        finally:
+            if library_variable is not None:
+                os.environ["KOLO_LIBRARY"] = library_variable
         if status != _capi.SUCCESS:
             message = lib.kolo_comm_last_error(None)
             raise error_for(status, message.decode(errors="replace") if message else "")
@@ -585,14 +593,22 @@ class Communicator:
     def raw_allreduce_async(self, name, send, recv, count, dtype, op, prescale=1.0,
                             postscale=1.0, keep=None, result=None):
         """kolo_allreduce_async on raw addresses; returns a Handle whose wait() returns
-        `result`. `keep` is held until the operation completes. Does not block."""
+        `result`. `keep` is held until the operation completes. name is a str or its UTF-8
+        bytes. Does not block."""
         if self._orphans:
             self._reap_orphans()
-        options = _capi.AsyncOptions(prescale, postscale)
+        if prescale == 1.0 and postscale == 1.0:
+            options = None
+        else:
+            options = _capi.AsyncOptions(prescale, postscale)
         request = ctypes.c_void_p()
-        status = lib.kolo_allreduce_async(self._live(), name.encode(), send, recv, count, dtype,
-                                          op, ctypes.byref(options), ctypes.byref(request))
-        return self._submitted(status, request, name, (keep, options), result)
+        status = lib.kolo_allreduce_async(self._live(), name if isinstance(name, bytes)
+                                          else name.encode(), send, recv, count, dtype, op,
+                                          ctypes.byref(options) if options else None,
+                                          ctypes.byref(request))
+        if status != _capi.SUCCESS:
+            self._check(status)
+        return Handle(self, request, name, (keep, options), result)
 
     def raw_broadcast_async(self, name, buf, count, dtype, root, keep=None, result=None):
         """kolo_broadcast_async on a raw address; returns a Handle. Does not block."""

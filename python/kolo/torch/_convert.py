@@ -11,9 +11,15 @@ _SUPPORTED = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch
               torch.uint8, torch.int32, torch.int64)
 
 
+_SUPPORTED_SET = frozenset(_SUPPORTED)
+
+
 def check_tensor(tensor, what="tensor"):
     """Raises for what kolo.torch cannot communicate: a non-tensor, a GPU tensor on a path kolo
     has no device call for, an unsupported dtype."""
+    if type(tensor) is torch.Tensor and tensor.dtype in _SUPPORTED_SET and not tensor.is_cuda \
+            and tensor.layout is torch.strided:
+        return  # the common case, checked cheaply (it runs once per gradient and step)
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"{what} must be a torch.Tensor, not {type(tensor).__name__}")
     if tensor.device.type != "cpu":

@@ -213,10 +213,12 @@ def mpi_threads_supported():
 
 
 def mpi_built():
+    """False: kolo does not use MPI (it starts under mpirun all the same)."""
     return False
 
 
 def gloo_built():
+    """False: kolo has its own transports (torch's gloo is separate)."""
     return False
 
 

@@ -24,6 +24,11 @@ from .compression import Compression
 from .functions import allgather_object
 from .ops import Average, Sum, _comm, _world, allreduce_async_, global_process_set, synchronize
 
+_KOLO_DTYPES = {torch.float32: kolo.FLOAT32, torch.float64: kolo.FLOAT64,
+                torch.float16: kolo.FLOAT16, torch.bfloat16: kolo.BFLOAT16,
+                torch.int8: kolo.INT8, torch.uint8: kolo.UINT8, torch.int32: kolo.INT32,
+                torch.int64: kolo.INT64}
+
 
 def _describe(name, parameter):
     return (name, tuple(parameter.shape), str(parameter.dtype), bool(parameter.requires_grad))
@@ -105,7 +110,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._allreduce_delay = {p: backward_passes_per_step for _, p in named_parameters}
         self._should_synchronize = True
         self._synchronized = False
+        self._fast_submit = None
         if process_set.included():
+            comm = process_set.communicator()
+            prescale, postscale = 1.0, 1.0
+            if op == Average and gradient_predivide_factor != 1.0:
+                prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
+            encoded = {p: name.encode() for p, name in self._parameter_names.items()}
+            self._fast_submit = lambda p: (encoded[p], comm, prescale, postscale)
             self._register_hooks()
 
     def _register_hooks(self):
@@ -137,6 +149,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _submit(self, p):
         if p.grad is None:  # a parameter that took no part in this step: reduce zeros
             p.grad = torch.zeros_like(p)
+        grad = p.grad
+        if self._compression is Compression.none and self._fast_submit is not None and \
+                grad.is_contiguous() and not grad.is_cuda and grad.dtype in _KOLO_DTYPES:
+            # The common case, once per gradient and step: straight to kolo, in place.
+            name, comm, prescale, postscale = self._fast_submit(p)
+            handle = comm.raw_allreduce_async(
+                name, grad.data_ptr() or None, grad.data_ptr() or None, grad.numel(),
+                _KOLO_DTYPES[grad.dtype], self._op, prescale, postscale, keep=grad,
+                result=grad)
+            return handle, (grad, None)
         compressed, context = self._compression.compress(p.grad)
         prescale, postscale = 1.0, 1.0
         if self._op == Average and self._gradient_predivide_factor != 1.0:

@@ -78,8 +78,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         super().__init__(rank, size)
         timeout_s = timeout.total_seconds() if isinstance(timeout, timedelta) else None
         if rank == 0:
-            host = os.environ.get("KOLO_BACKEND_HOST") or os.environ.get("MASTER_ADDR") or \
-                socket.gethostname()
+            host = os.environ.get("MASTER_ADDR") or socket.gethostname()
             store.set("kolo/addr", f"{host}:{_free_port()}")
             store.set("kolo/secret", secrets.token_hex(16))
         address = store.get("kolo/addr").decode()
@@ -88,12 +87,14 @@ class ProcessGroupKolo(dist.ProcessGroup):
                                          timeout=timeout_s)
 
     def getBackendName(self):
+        """"kolo"."""
         return "kolo"
 
-    def _get_backend_name(self):
-        return "kolo"
+    _get_backend_name = getBackendName
 
     def allreduce(self, tensors, opts=None):
+        """Reduces each tensor in place with opts.reduceOp (SUM, AVG, MIN, MAX, PRODUCT). Blocks
+        until done; returns a completed Work."""
         op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         for tensor in _tensors(tensors, "allreduce tensor"):
             array, dtype = as_array(tensor)
@@ -101,9 +102,11 @@ class ProcessGroupKolo(dist.ProcessGroup):
         return _CompletedWork(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
+        """As allreduce, one tensor after the other."""
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
+        """Copies opts.rootRank's tensors into every rank's, in place. Blocks until done."""
         root = opts.rootRank if opts is not None else 0
         for tensor in _tensors(tensors, "broadcast tensor"):
             array, dtype = as_array(tensor)
@@ -111,6 +114,8 @@ class ProcessGroupKolo(dist.ProcessGroup):
         return _CompletedWork(tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        """Fills output_tensors[i][r] with rank r's input_tensors[i] (same shapes on every
+        rank). Blocks until done."""
         for outputs, tensor in zip(output_tensors, _tensors(input_tensors, "allgather tensor")):
             if len(outputs) != self._comm.size:
                 raise InvalidArgumentError(f"allgather needs {self._comm.size} output tensors, "
@@ -127,10 +132,13 @@ class ProcessGroupKolo(dist.ProcessGroup):
         return _CompletedWork(output_tensors)
 
     def _allgather_base(self, output, input, opts=None):
+        """allgather into one tensor of size x input's shape (rank order). Blocks."""
         self.allgather([list(output.chunk(self._comm.size))], [input], opts)
         return _CompletedWork(output)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        """output_tensors[i] receives the reduction over the ranks of their
+        input_tensors[i][rank]. Blocks until done."""
         op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         for output, inputs in zip(_tensors(output_tensors, "reduce_scatter output"),
                                   input_tensors):
@@ -144,16 +152,19 @@ class ProcessGroupKolo(dist.ProcessGroup):
         return _CompletedWork(output_tensors)
 
     def barrier(self, opts=None):
+        """Returns once every rank of the group has entered it."""
         self._comm.barrier()
         return _CompletedWork()
 
     def send(self, tensors, dst_rank, tag=0):
+        """Sends each tensor to dst_rank (kolo_send: blocks until the receiver has it)."""
         for tensor in _tensors(tensors, "send tensor"):
             array, dtype = as_array(tensor)
             self._comm.send(array, dst_rank, tag=tag, dtype=dtype)
         return _CompletedWork()
 
     def recv(self, tensors, src_rank, tag=0):
+        """Receives each tensor from src_rank (same shapes, dtype and tag). Blocks."""
         for tensor in _tensors(tensors, "recv tensor"):
             array, dtype = as_array(tensor)
             self._comm.recv(array, src_rank, tag=tag, dtype=dtype)
