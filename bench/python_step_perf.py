@@ -13,7 +13,9 @@ takes turns between:
   ddp-kolo     DistributedDataParallel on the "kolo" torch.distributed backend;
   local        the same backward pass without any communication.
 Time is the slowest rank's step, the median over the measured steps; comm = step - local (the
-communication a step adds). The `vs gloo` column is ddp-gloo's comm time over this method's.
+communication a step adds). The `vs gloo` column is ddp-gloo's comm time over this method's;
+`hooks ms` is the wall time spent in the DistributedOptimizer's submissions during a step
+(Python, ctypes and kolo's submit call), the slowest rank's median.
 """
 
 import argparse
@@ -139,7 +141,7 @@ def main():
         print(f"# N = {world.size}, {args.steps} measured steps after {args.warmup} warm-up, "
               f"median of the slowest rank; torch {torch.__version__}")
         print(f"{'model':<22}{'tensors':>8}{'MB':>8}  {'method':<11}{'step ms':>9}"
-              f"{'comm ms':>9}{'vs gloo':>9}")
+              f"{'comm ms':>9}{'vs gloo':>9}{'hooks ms':>9}")
     for model_name in args.model.split(","):
         shapes = MODELS[model_name]()
         if args.max_tensor_bytes:
@@ -161,10 +163,25 @@ def main():
             local.zero_grad(set_to_none=False)
             local(scale).backward()
 
+        # The wall time spent in the hooks' submissions (Python, ctypes and kolo's submit call).
+        submitting = [0.0]
+        submit = optimizer._submit
+
+        def timed_submit(p):
+            start = time.perf_counter()
+            try:
+                return submit(p)
+            finally:
+                submitting[0] += time.perf_counter() - start
+        optimizer._submit = timed_submit
+        hook_times = []
+
         def step_hooks():
+            submitting[0] = 0.0
             optimizer.zero_grad(set_to_none=False)
             hooked(scale).backward()
             optimizer.synchronize()
+            hook_times.append(submitting[0])
 
         def step_ddp(module):
             def run():
@@ -184,14 +201,16 @@ def main():
                 if step >= args.warmup:
                     times[name].append(elapsed)
         median = {name: statistics.median(values) * 1e3 for name, values in times.items()}
+        hooks_ms = slowest(statistics.median(hook_times[args.warmup:]), world) * 1e3
         comm = {name: max(median[name] - median["local"], 1e-9) for name in median}
         if world.rank == 0:
             label = model_name + (f" < {args.max_tensor_bytes}" if args.max_tensor_bytes else "")
             for name in ("local", "kolo-hooks", "ddp-gloo", "ddp-kolo"):
                 ratio = "" if name == "local" else f"{comm['ddp-gloo'] / comm[name]:.2f}x"
+                hooks = f"{hooks_ms:.1f}" if name == "kolo-hooks" else ""
                 print(f"{label:<22}{len(shapes):>8}{megabytes:>8.1f}  {name:<11}"
                       f"{median[name]:>9.1f}{'' if name == 'local' else f'{comm[name]:.1f}':>9}"
-                      f"{ratio:>9}", flush=True)
+                      f"{ratio:>9}{hooks:>9}", flush=True)
         del local, hooked, optimizer, ddp_gloo, ddp_kolo
     dist.destroy_process_group()
     hvd.shutdown()
