@@ -211,7 +211,6 @@ def main():
                 print(f"{label:<22}{len(shapes):>8}{megabytes:>8.1f}  {name:<11}"
                       f"{median[name]:>9.1f}{'' if name == 'local' else f'{comm[name]:.1f}':>9}"
                       f"{ratio:>9}{hooks:>9}", flush=True)
-        del local, hooked, optimizer, ddp_gloo, ddp_kolo
     dist.destroy_process_group()
     hvd.shutdown()
 

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKOUT = os.path.dirname(os.path.dirname(HERE))

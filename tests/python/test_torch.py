@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ranks
-from reference import DTYPES, from_float64, rank_input, reduce
+from reference import DTYPES, rank_input, reduce
 
 TORCH_OPS = {"sum": "Sum", "avg": "Average", "min": "Min", "max": "Max", "prod": "Product"}
 
