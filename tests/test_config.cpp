@@ -564,10 +564,11 @@ TEST_CASE("the table of known variables is complete and well formed", "[config]"
         "KOLO_TIMEOUT", "KOLO_TCP_STREAMS", "KOLO_SOCKET_IFNAME", "KOLO_SEGMENT_BYTES",
         "KOLO_TRANSPORT", "KOLO_BIND", "KOLO_DEBUG", "KOLO_CYCLE_TIME_MS", "KOLO_CACHE_CAPACITY",
         "KOLO_FUSION_THRESHOLD", "KOLO_STALL_WARNING_S", "KOLO_STALL_ABORT_S", "KOLO_TIMELINE",
-        "KOLO_GPU_BACKEND", "KOLO_UCX_SHM", "KOLO_UCX_SHM_COPY", "KOLO_SECRET_FILE"}) {
+        "KOLO_GPU_BACKEND", "KOLO_UCX_SHM", "KOLO_UCX_SHM_COPY", "KOLO_SECRET_FILE",
+        "KOLO_LIBRARY"}) {
     CHECK(names.count(name) == 1);
   }
-  CHECK(names.size() == 23);
+  CHECK(names.size() == 24);
 }
 
 TEST_CASE("the README's table of variables lists exactly the known ones", "[config]") {

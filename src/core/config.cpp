@@ -59,6 +59,8 @@ const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_STALL_WARNING_S", "60", "seconds before warning about a stalled tensor, 0 = never"},
     {"KOLO_STALL_ABORT_S", "0", "seconds before failing a stalled tensor, 0 = never"},
     {"KOLO_TIMELINE", "(off)", "file to write a Chrome-trace timeline to"},
+    {"KOLO_LIBRARY", "(see the README)",
+     "the libkolo.so that the Python package loads; the library itself does not read it"},
 };
 
 // A value and where it came from, so that errors can say both.

@@ -1,0 +1,178 @@
+"""kolo for Python: collective communication on numpy arrays over kolo's C ABI (ctypes).
+
+    import numpy as np, kolo
+    kolo.init()                                   # from KOLO_* / launcher variables (kolorun)
+    total = kolo.allreduce(np.ones(4, np.float32), op=kolo.SUM)
+    handle = kolo.allreduce_async_(grad, name="fc.weight.grad", op=kolo.AVG)
+    kolo.synchronize(handle)
+    kolo.shutdown()
+
+The module-level functions act on the world communicator made by init(); kolo.Communicator (from
+kolo.init() or Communicator.split) has the same methods. libkolo is found through KOLO_LIBRARY, else
+beside the installed package, else in the build tree of the checkout (build/capi/libkolo.so).
+"""
+
+import atexit
+import os
+import secrets
+import socket
+import threading
+
+from . import _capi
+from .communicator import (AVERAGE, AVG, BFLOAT16, DTYPE_NAMES, FLOAT16, FLOAT32, FLOAT64, INT8,
+                           INT32, INT64, MAX, MIN, OP_NAMES, PROD, SUM, UINT8, Communicator,
+                           Handle, split_rows)
+from .errors import (CancelledError, ConfigError, InternalError, InvalidArgumentError,
+                     KoloError, KoloSystemError, KoloTimeoutError, MismatchError, PeerLostError,
+                     UnsupportedError)
+
+COLOR_NONE = _capi.COLOR_NONE
+library_path = _capi.library_path
+__version__ = "{}.{}.{}".format(_capi.library_version // 10000, _capi.library_version // 100 % 100,
+                                _capi.library_version % 100)
+
+_world = None
+_lock = threading.Lock()
+
+
+class NotInitializedError(ValueError):
+    """A kolo function that needs the world communicator was called before kolo.init()."""
+
+
+def init(**config):
+    """Joins the job and makes the world communicator, which it returns; a second call returns
+    the same one. Keyword arguments (rank, size, local_rank, local_size, addr, secret, timeout)
+    override the environment (KOLO_RANK, KOLO_SIZE, KOLO_ADDR, ..., or what kolorun, mpirun,
+    srun or torchrun export; under torchrun, whose store holds MASTER_PORT, kolo's address and secret
+are exchanged through torchrun's store). Blocks until every rank has joined, at most the timeout. Raises
+    ConfigError naming the variable to set, KoloTimeoutError, KoloSystemError."""
+    global _world
+    with _lock:
+        if _world is None or _world.closed:
+            if "addr" not in config and not os.environ.get("KOLO_ADDR") and \
+                    os.environ.get("TORCHELASTIC_RUN_ID"):
+                config.update(_torchrun_rendezvous(config.get("timeout")))
+            _world = Communicator.create(**config)
+        return _world
+
+
+def _torchrun_rendezvous(timeout):
+    """Under torchrun, MASTER_PORT is taken by torchrun's own store: rank 0 picks a free port
+    for kolo's store and a job secret, and publishes them in torchrun's store, where the other
+    ranks read them."""
+    try:
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+    except ImportError as error:
+        raise ConfigError(f"launched by torchrun, whose store holds MASTER_PORT, but torch "
+                          f"cannot be imported to share kolo's address ({error}): set "
+                          f"KOLO_ADDR=host:port with another port") from None
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not host or not port:
+        raise ConfigError("launched by torchrun, but MASTER_ADDR or MASTER_PORT is not set")
+    store = TCPStore(host, int(port), is_master=False,
+                     timeout=timedelta(seconds=float(timeout or
+                                                     os.environ.get("KOLO_TIMEOUT", 300))))
+    prefix = "kolo/{}/{}/".format(os.environ["TORCHELASTIC_RUN_ID"],
+                                  os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if os.environ.get("RANK") == "0":
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("", 0))
+            free_port = probe.getsockname()[1]
+        store.set(prefix + "addr", f"{host}:{free_port}")
+        store.set(prefix + "secret", secrets.token_hex(16))
+    return {"addr": store.get(prefix + "addr").decode(),
+            "secret": store.get(prefix + "secret").decode()}
+
+
+def is_initialized():
+    """True between init() and shutdown()."""
+    return _world is not None and not _world.closed
+
+
+def world():
+    """The world communicator. Raises NotInitializedError before init()."""
+    if _world is None or _world.closed:
+        raise NotInitializedError("kolo has not been initialised: call kolo.init() first")
+    return _world
+
+
+def shutdown():
+    """Leaves the job: closes the world communicator (pending named operations fail with
+    CancelledError). Does not wait for other ranks. Harmless when not initialised; also run at
+    interpreter exit."""
+    global _world
+    with _lock:
+        if _world is not None:
+            _world.shutdown()
+        _world = None
+
+
+atexit.register(shutdown)
+
+
+def rank():
+    """This process's rank in the world communicator."""
+    return world().rank
+
+
+def size():
+    """The number of ranks in the world communicator."""
+    return world().size
+
+
+def local_rank():
+    """This process's rank among the ranks on its machine."""
+    return world().local_rank
+
+
+def local_size():
+    """The number of ranks on this machine."""
+    return world().local_size
+
+
+def _forward(name):
+    method = getattr(Communicator, name)
+
+    def function(*args, **kwargs):
+        return getattr(world(), name)(*args, **kwargs)
+
+    function.__name__ = name
+    function.__qualname__ = name
+    function.__doc__ = (method.__doc__ or "") + "\n\nOn the world communicator (kolo.init())."
+    return function
+
+
+for _name in ("allreduce", "allreduce_", "broadcast", "broadcast_", "allgather",
+              "reduce_scatter", "alltoall", "reduce", "send", "recv", "barrier", "split",
+              "allreduce_async", "allreduce_async_", "grouped_allreduce_async",
+              "grouped_allreduce_async_", "broadcast_async", "broadcast_async_",
+              "allgather_async", "fusion_stats", "set_fusion_threshold"):
+    globals()[_name] = _forward(_name)
+del _name
+
+
+def poll(handle):
+    """True once the named operation of `handle` has completed. Never blocks."""
+    return handle.poll()
+
+
+def synchronize(handle):
+    """Waits for the named operation of `handle` (bounded by KOLO_TIMEOUT) and returns its
+    result; raises its KoloError."""
+    return handle.wait()
+
+
+__all__ = [
+    "init", "is_initialized", "shutdown", "world", "rank", "size", "local_rank", "local_size",
+    "allreduce", "allreduce_", "broadcast", "broadcast_", "allgather", "reduce_scatter",
+    "alltoall", "reduce", "send", "recv", "barrier", "split", "allreduce_async",
+    "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_", "broadcast_async",
+    "broadcast_async_", "allgather_async", "fusion_stats", "set_fusion_threshold", "poll",
+    "synchronize", "Communicator", "Handle", "split_rows", "SUM", "AVG", "AVERAGE", "MIN",
+    "MAX", "PROD", "FLOAT32", "FLOAT64", "FLOAT16", "BFLOAT16", "INT8", "UINT8", "INT32",
+    "INT64", "DTYPE_NAMES", "OP_NAMES", "COLOR_NONE", "KoloError", "InvalidArgumentError",
+    "KoloTimeoutError", "PeerLostError", "MismatchError", "InternalError", "KoloSystemError",
+    "ConfigError", "UnsupportedError", "CancelledError", "NotInitializedError",
+]

@@ -1,0 +1,44 @@
+"""Horovod's PyTorch API on kolo: `import kolo.torch as hvd` in a Horovod training script.
+
+    import kolo.torch as hvd
+    hvd.init()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+Importing it also registers the torch.distributed backend "kolo", so that
+torch.distributed.init_process_group("kolo") and DistributedDataParallel run on kolo. CPU tensors
+throughout; GPU tensors only for the synchronous allreduce and broadcast, through
+kolo's stream-ordered calls. The README's Python section has a table of Horovod's API against
+this one.
+"""
+
+from .compression import Compression
+from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                        broadcast_parameters)
+from .ops import (Adasum, Average, Max, Min, ProcessSet, Product, Sum, add_process_set,
+                  allgather, allgather_async, allreduce, allreduce_, allreduce_async,
+                  allreduce_async_, alltoall, barrier, broadcast, broadcast_, broadcast_async,
+                  broadcast_async_, cross_rank, cross_size, global_process_set, gloo_built,
+                  grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                  grouped_allreduce_async_, init, is_initialized, join, local_rank, local_size,
+                  mpi_built, mpi_threads_supported, nccl_built, poll, rank, reducescatter,
+                  remove_process_set, shutdown, size, synchronize)
+from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
+from . import process_group as _process_group
+
+_process_group.register()
+
+__all__ = [
+    "Compression", "allgather_object", "broadcast_object", "broadcast_optimizer_state",
+    "broadcast_parameters", "Adasum", "Average", "Max", "Min", "ProcessSet", "Product", "Sum",
+    "add_process_set", "allgather", "allgather_async", "allreduce", "allreduce_",
+    "allreduce_async", "allreduce_async_", "alltoall", "barrier", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "cross_rank", "cross_size", "global_process_set",
+    "gloo_built", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "init", "is_initialized", "join", "local_rank", "local_size",
+    "mpi_built", "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
+    "remove_process_set", "shutdown", "size", "synchronize", "DistributedOptimizer",
+    "SyncBatchNorm",
+]

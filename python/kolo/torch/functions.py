@@ -1,0 +1,106 @@
+"""Horovod's helpers for starting training consistently: broadcast_parameters,
+broadcast_optimizer_state, broadcast_object and allgather_object."""
+
+import io
+import pickle
+
+import numpy as np
+import torch
+
+from .ops import _comm, broadcast_, broadcast_async_, global_process_set, synchronize
+
+
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
+    """Copies root_rank's parameters into every rank's, in place: params is a state_dict (its
+    entries are taken sorted by name) or a list of (name, tensor) such as
+    model.named_parameters(). Each tensor is broadcast by name, all at once, so ranks whose
+    models differ get MismatchError naming the tensor. Blocks until done."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    else:
+        items = list(params)
+        if items and not (isinstance(items[0], tuple) and len(items[0]) == 2):
+            raise ValueError("params must be a state_dict or a list of (name, tensor) pairs")
+    handles = []
+    for name, tensor in items:
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"parameter {name!r} is a {type(tensor).__name__}, not a tensor")
+        handles.append(broadcast_async_(tensor, root_rank, name=f"broadcast.parameter.{name}",
+                                        process_set=process_set))
+    for handle in handles:
+        synchronize(handle)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Returns root_rank's obj on every rank (pickled on the root; tensors inside are pickled
+    too). Every rank calls it in the same order; obj is ignored except on the root. Blocks (two
+    collectives: the length, then the bytes)."""
+    comm = _comm(process_set)
+    if comm.rank == root_rank:
+        buffer = io.BytesIO()
+        pickle.dump(obj, buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy()
+        length = np.array([payload.size], np.int64)
+    else:
+        length = np.zeros(1, np.int64)
+    comm.broadcast_(length, root=root_rank)
+    if comm.rank != root_rank:
+        payload = np.empty(int(length[0]), np.uint8)
+    comm.broadcast_(payload, root=root_rank)
+    if comm.rank == root_rank:
+        return obj
+    return pickle.loads(payload.tobytes())
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Returns the list of every rank's obj, in rank order (each pickled). Blocks (two
+    collectives)."""
+    comm = _comm(process_set)
+    payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),
+                            dtype=np.uint8).copy()
+    gathered, lengths = comm.allgather_rows(payload)
+    objects, offset = [], 0
+    for length in lengths:
+        objects.append(pickle.loads(gathered[offset:offset + length].tobytes()))
+        offset += length
+    return objects
+
+
+def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+    """Makes every rank's optimizer state (its state_dict: hyper-parameters of every parameter
+    group and per-parameter state such as momentum buffers or Adam's moments) equal root_rank's.
+    The structure and scalars travel pickled, the state tensors by broadcast in place. Every
+    rank's optimizer must have the same parameter groups. Blocks until done."""
+    comm = _comm(process_set)
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("LBFGS keeps state that cannot be broadcast this way")
+    state_dict = optimizer.state_dict()
+    if comm.rank == root_rank:
+        layout = {"param_groups": state_dict["param_groups"], "state": {}}
+        for index, entries in state_dict["state"].items():
+            layout["state"][index] = {
+                key: ("tensor", tuple(value.shape), value.dtype)
+                if isinstance(value, torch.Tensor) else ("value", value)
+                for key, value in entries.items()}
+    else:
+        layout = None
+    layout = broadcast_object(layout, root_rank, process_set=process_set)
+    new_state = {}
+    for index in sorted(layout["state"]):
+        entries = {}
+        for key in sorted(layout["state"][index]):
+            kind = layout["state"][index][key]
+            if kind[0] == "value":
+                entries[key] = kind[1]
+                continue
+            if comm.rank == root_rank:
+                tensor = state_dict["state"][index][key].detach().contiguous().clone()
+            else:
+                tensor = torch.empty(kind[1], dtype=kind[2])
+            broadcast_(tensor, root_rank, process_set=process_set)
+            entries[key] = tensor
+        new_state[index] = entries
+    if comm.rank != root_rank:
+        optimizer.load_state_dict({"state": new_state, "param_groups": layout["param_groups"]})

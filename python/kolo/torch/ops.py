@@ -1,0 +1,771 @@
+"""Horovod's PyTorch operations on kolo: the same names, signatures and semantics, on CPU tensors.
+
+How calls map onto kolo:
+  - a synchronous operation without a name (allreduce(t), broadcast(t, 0), ...) is an ordered
+    kolo collective: every rank makes the same calls in the same order, as they do in a training
+    script, and it costs no negotiation;
+  - a synchronous operation with a name, and every asynchronous one, is a named operation of
+    kolo's fusion engine: ranks may submit in any order, tensors are fused, and a tensor that
+    ranks submit differently fails with MismatchError naming it on every rank. Unnamed
+    asynchronous operations get automatic names ("allreduce.noname.7"), which requires every
+    rank to submit its unnamed operations in the same order, as in Horovod.
+Synchronous out-of-place operations are autograd functions whose gradients are Horovod's.
+"""
+
+import zlib
+
+import numpy as np
+import torch
+
+import kolo
+from .. import _capi
+from ..errors import InvalidArgumentError, UnsupportedError
+from ._convert import as_array, check_tensor, from_array
+
+Sum = kolo.SUM
+Average = kolo.AVG
+Min = kolo.MIN
+Max = kolo.MAX
+Product = kolo.PROD
+Adasum = "Adasum"  # named so that scripts that mention it import; using it raises
+
+
+# ---- process sets ------------------------------------------------------------------------------
+
+class ProcessSet:
+    """A subset of the ranks that runs collectives of its own (Horovod's ProcessSet), backed by a
+    kolo sub-communicator. Make it with ProcessSet(ranks), then register it on every rank with
+    init(process_sets=[...]) or add_process_set(); pass it as process_set= to operations."""
+
+    def __init__(self, ranks=None):
+        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
+        self.process_set_id = None
+        self._comm = None
+
+    def _bind(self, comm, ranks, process_set_id):
+        self._comm = comm
+        self.ranks = ranks
+        self.process_set_id = process_set_id
+
+    def included(self):
+        """True if this rank belongs to the set. Raises ValueError if the set is not
+        registered."""
+        self._registered()
+        return self._comm is not None
+
+    def size(self):
+        """The number of ranks in the set."""
+        self._registered()
+        return len(self.ranks)
+
+    def rank(self):
+        """This rank's index in the set; ValueError if it is not a member."""
+        return self.communicator().rank
+
+    def _registered(self):
+        if self.process_set_id is None:
+            raise ValueError("this process set is not registered: pass it to "
+                             "kolo.torch.init(process_sets=...) or add_process_set() first")
+
+    def communicator(self):
+        """The kolo Communicator of the set (for this rank). Raises ValueError when the set is
+        not registered or this rank is not a member."""
+        self._registered()
+        if self._comm is None or self._comm.closed:
+            raise ValueError(f"rank {kolo.rank()} is not a member of the process set "
+                             f"{self.ranks}")
+        return self._comm
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet()
+_process_sets = {}
+_cross = {"size": 1, "rank": 0}
+
+
+def init(comm=None, process_sets=None):
+    """Joins the job (kolo.init(): KOLO_* variables, kolorun, mpirun, srun or torchrun) and
+    registers the process sets given. comm (an MPI communicator or a list of ranks in Horovod) is
+    not supported: start the ranks that should train together. Blocks until every rank has
+    joined, bounded by KOLO_TIMEOUT."""
+    if comm is not None:
+        raise NotImplementedError("kolo.torch.init(comm=...) is not supported: kolo joins every "
+                                  "rank the launcher started; use a ProcessSet for a subset")
+    world = kolo.init()
+    if global_process_set.process_set_id is None or global_process_set._comm is not world:
+        global_process_set._bind(world, list(range(world.size)), 0)
+        _process_sets.clear()
+        _process_sets[0] = global_process_set
+        # cross rank/size: the nodes, counted by the ranks that are first on their node
+        firsts = world.allgather(np.array([1 if world.local_rank == 0 else 0], np.int64))
+        _cross["size"] = max(1, int(firsts.sum()))
+        _cross["rank"] = max(0, int(firsts[:world.rank + 1].sum()) - 1)
+    for process_set in process_sets or []:
+        add_process_set(process_set)
+
+
+def add_process_set(process_set):
+    """Registers a ProcessSet (or a list of ranks) on every rank: a collective on all ranks, which
+    must pass the same ranks in the same order of calls. Returns the ProcessSet. Blocks until
+    every member has connected. Raises ValueError for ranks out of range or repeated, and
+    MismatchError when ranks pass different sets."""
+    world = _world()
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    ranks = process_set.ranks
+    if ranks is None or not ranks or len(set(ranks)) != len(ranks) or \
+            any(r < 0 or r >= world.size for r in ranks):
+        raise ValueError(f"a process set needs distinct ranks in [0, {world.size}), not {ranks}")
+    if process_set.process_set_id is not None:
+        raise ValueError(f"{process_set} is already registered")
+    digest = np.array([zlib.crc32(np.array(ranks, np.int64).tobytes())], np.int64)
+    everyone = world.allgather(digest)
+    if np.any(everyone != everyone[0]):
+        differ = [r for r in range(world.size) if everyone[r] != everyone[0]]
+        raise kolo.MismatchError(f"add_process_set: ranks {differ} passed other ranks than "
+                                 f"rank 0 (this rank passed {ranks})")
+    member = world.rank in ranks
+    comm = world.split(0 if member else kolo.COLOR_NONE, ranks.index(world.rank) if member
+                       else 0)
+    process_set_id = max(_process_sets) + 1
+    process_set._bind(comm, ranks, process_set_id)
+    _process_sets[process_set_id] = process_set
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Unregisters a process set and closes its communicator (on every rank). Returns True if it
+    was registered. Does not block."""
+    if process_set is global_process_set:
+        raise ValueError("the global process set cannot be removed")
+    if _process_sets.pop(process_set.process_set_id, None) is None:
+        return False
+    if process_set._comm is not None:
+        process_set._comm.shutdown()
+    process_set._bind(None, process_set.ranks, None)
+    return True
+
+
+def _world():
+    if not kolo.is_initialized():
+        raise ValueError("kolo.torch has not been initialised; call kolo.torch.init() first")
+    return kolo.world()
+
+
+def _comm(process_set):
+    _world()
+    return (process_set or global_process_set).communicator()
+
+
+def shutdown():
+    """Leaves the job (closes every communicator). Pending operations fail with
+    CancelledError."""
+    for process_set in list(_process_sets.values()):
+        if process_set is not global_process_set and process_set._comm is not None:
+            process_set._comm.shutdown()
+    _process_sets.clear()
+    global_process_set._bind(None, None, None)
+    kolo.shutdown()
+
+
+def is_initialized():
+    """True between init() and shutdown()."""
+    return kolo.is_initialized()
+
+
+def size():
+    """The number of ranks."""
+    return _world().size
+
+
+def rank():
+    """This process's rank."""
+    return _world().rank
+
+
+def local_size():
+    """The number of ranks on this machine."""
+    return _world().local_size
+
+
+def local_rank():
+    """This process's rank on its machine."""
+    return _world().local_rank
+
+
+def cross_size():
+    """The number of machines (nodes) of the job."""
+    _world()
+    return _cross["size"]
+
+
+def cross_rank():
+    """This rank's node index (ranks are assumed to be numbered node by node, as launchers do)."""
+    _world()
+    return _cross["rank"]
+
+
+def mpi_threads_supported():
+    """kolo needs no MPI: always False (there is no MPI underneath)."""
+    return False
+
+
+def mpi_built():
+    """False: kolo does not use MPI (it starts under mpirun all the same)."""
+    return False
+
+
+def gloo_built():
+    """False: kolo has its own transports (torch's gloo is separate)."""
+    return False
+
+
+def nccl_built():
+    """Whether libkolo was built with NCCL is not exposed by the C ABI; False."""
+    return False
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+def _resolve_op(average, op):
+    if average is not None:
+        if op is not None:
+            raise ValueError("average and op cannot both be given; op=Average replaces average")
+        return Average if average else Sum
+    if op is None:
+        return Average
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not implemented in kolo; use Average or Sum")
+    if op not in (Sum, Average, Min, Max, Product):
+        raise InvalidArgumentError(f"unknown op {op!r}: use Sum, Average, Min, Max or Product")
+    return op
+
+
+class _Handle:
+    """The handle of an asynchronous kolo.torch operation: poll(handle) and synchronize(handle)
+    (or handle.poll(), handle.wait()). wait() returns the output tensor."""
+
+    def __init__(self, inner, finish):
+        self._inner = inner
+        self._finish = finish
+        self._done = False
+        self._value = None
+
+    def poll(self):
+        """True once the operation has completed. Never blocks."""
+        return self._inner.poll()
+
+    def wait(self):
+        """Blocks (bounded by KOLO_TIMEOUT) and returns the output; raises its KoloError."""
+        if not self._done:
+            self._value = self._finish(self._inner.wait())
+            self._done = True
+        return self._value
+
+    synchronize = wait
+
+
+def poll(handle):
+    """True if the asynchronous operation of handle has completed. Never blocks."""
+    return handle.poll()
+
+
+def synchronize(handle):
+    """Waits for the asynchronous operation of handle (bounded by KOLO_TIMEOUT) and returns its
+    output tensor. Raises its KoloError (e.g. MismatchError naming the tensor and the ranks)."""
+    return handle.wait()
+
+
+def _require_tensor(tensor, what="tensor"):
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidArgumentError(f"{what} must be a torch.Tensor, not {type(tensor).__name__}")
+    return tensor
+
+
+def _contiguous_target(tensor):
+    """A contiguous tensor (outside autograd) sharing tensor's memory where it can, and a
+    function that copies it back into tensor when it could not and returns tensor."""
+    base = tensor.detach()
+    if base.is_contiguous():
+        return base, lambda *_: tensor
+    work = base.contiguous()
+
+    def copy_back(*_):
+        base.copy_(work)
+        return tensor
+    return work, copy_back
+
+
+def _device_allreduce(tensor, output, op, prescale, postscale, comm):
+    """allreduce of a GPU tensor with kolo's stream-ordered call on torch's current stream."""
+    kind = _convert_dtype(tensor)
+    stream = torch.cuda.current_stream(tensor.device).cuda_stream
+    comm._check(_capi.lib.kolo_allreduce_scaled_on_stream(
+        comm._live(), tensor.data_ptr(), output.data_ptr(), tensor.numel(), kind, op,
+        float(prescale), float(postscale), stream))
+    return output
+
+
+def _device_broadcast(tensor, root, comm):
+    kind = _convert_dtype(tensor)
+    stream = torch.cuda.current_stream(tensor.device).cuda_stream
+    comm._check(_capi.lib.kolo_broadcast_on_stream(comm._live(), tensor.data_ptr(),
+                                                    tensor.numel(), kind, int(root), stream))
+    return tensor
+
+
+def _convert_dtype(tensor):
+    table = {torch.float32: kolo.FLOAT32, torch.float64: kolo.FLOAT64,
+             torch.float16: kolo.FLOAT16, torch.bfloat16: kolo.BFLOAT16, torch.int8: kolo.INT8,
+             torch.uint8: kolo.UINT8, torch.int32: kolo.INT32, torch.int64: kolo.INT64}
+    if tensor.dtype not in table:
+        raise InvalidArgumentError(f"tensor has dtype {tensor.dtype}, which kolo does not have")
+    return table[tensor.dtype]
+
+
+# ---- allreduce ----------------------------------------------------------------------------------
+
+def _allreduce_into(tensor, output, name, op, prescale, postscale, process_set):
+    """Reduces tensor into output (both contiguous; the same tensor: in place). Blocks."""
+    comm = _comm(process_set)
+    if tensor.is_cuda:
+        if name is not None:
+            raise UnsupportedError("named (fused) operations take CPU tensors only; GPU tensors "
+                                   "use kolo's stream-ordered allreduce: pass no name")
+        return _device_allreduce(tensor, output, op, prescale, postscale, comm)
+    check_tensor(tensor)
+    source, dtype = as_array(tensor)
+    target, _ = as_array(output)
+    if name is None:
+        comm.raw_allreduce(source.ctypes.data if source.size else None,
+                           target.ctypes.data if target.size else None, source.size,
+                           kolo.communicator.kolo_dtype_of(source, dtype), op, prescale,
+                           postscale)
+    else:
+        comm.raw_allreduce_async(name, source.ctypes.data if source.size else None,
+                                 target.ctypes.data if target.size else None, source.size,
+                                 kolo.communicator.kolo_dtype_of(source, dtype), op, prescale,
+                                 postscale, keep=(source, target)).wait()
+    return output
+
+
+class _AllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale, postscale, process_set):
+        ctx.op, ctx.prescale, ctx.postscale, ctx.process_set = op, prescale, postscale, \
+            process_set
+        source = tensor.detach().contiguous()
+        return _allreduce_into(source, torch.empty_like(source), name, op, prescale, postscale,
+                               process_set)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        if ctx.op not in (Sum, Average):
+            raise NotImplementedError("the gradient of an allreduce is defined for Sum and "
+                                      "Average only")
+        grad = grad_output.contiguous()
+        result = _allreduce_into(grad, torch.empty_like(grad), None, ctx.op, ctx.prescale,
+                                 ctx.postscale, ctx.process_set)
+        return result, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=global_process_set):
+    """Returns a new tensor: the reduction (op: Average by default, Sum, Min, Max, Product) of
+    tensor over the ranks of process_set, each input multiplied by prescale_factor and the result
+    by postscale_factor. Differentiable: the gradient is the allreduce of the gradient. The input
+    is only read. Blocks until done. Raises KoloError subclasses (MismatchError when ranks
+    disagree), InvalidArgumentError for a bad dtype or op."""
+    _require_tensor(tensor)
+    from .compression import Compression
+    compression = compression or Compression.none
+    op = _resolve_op(average, op)
+    compressed, context = compression.compress(tensor)
+    reduced = _AllreduceFunction.apply(compressed, name, op, prescale_factor, postscale_factor,
+                                       process_set)
+    return compression.decompress(reduced, context)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """allreduce in place: tensor receives the result and is returned. Not differentiable.
+    Blocks until done."""
+    _require_tensor(tensor)
+    op = _resolve_op(average, op)
+    work, finish = _contiguous_target(tensor)
+    _allreduce_into(work, work, name, op, prescale_factor, postscale_factor, process_set)
+    return finish(work)
+
+
+def _submit_allreduce(tensor, output, name, op, prescale, postscale, process_set, finish):
+    comm = _comm(process_set)
+    check_tensor(tensor)
+    source, dtype = as_array(tensor)
+    target, _ = as_array(output)
+    name = comm._name(name, "allreduce")
+    inner = comm.raw_allreduce_async(
+        name, source.ctypes.data if source.size else None,
+        target.ctypes.data if target.size else None, source.size,
+        kolo.communicator.kolo_dtype_of(source, dtype), op, prescale, postscale,
+        keep=(source, target, tensor, output))
+    return _Handle(inner, lambda _: finish(output))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Submits the allreduce of a copy of tensor under name (any order across ranks) and returns
+    a handle at once; synchronize(handle) returns the new tensor. Raises InvalidArgumentError at
+    once for bad arguments or a name still pending."""
+    _require_tensor(tensor)
+    op = _resolve_op(average, op)
+    source = tensor.detach().contiguous().clone()
+    return _submit_allreduce(source, source, name, op, prescale_factor, postscale_factor,
+                             process_set, lambda output: output)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """allreduce_async in place: tensor must not be used until synchronize(handle), which
+    returns it holding the result."""
+    _require_tensor(tensor)
+    op = _resolve_op(average, op)
+    work, finish = _contiguous_target(tensor)
+    return _submit_allreduce(work, work, name, op, prescale_factor, postscale_factor,
+                             process_set, finish)
+
+
+# ---- grouped allreduce -----------------------------------------------------------------------
+
+def _group_names(comm, name, n):
+    base = comm._name(name, "grouped_allreduce")
+    return [f"{base}.{i}" for i in range(n)]
+
+
+def _submit_group(tensors, outputs, name, op, prescale, postscale, process_set):
+    comm = _comm(process_set)
+    if not tensors:
+        raise InvalidArgumentError("grouped_allreduce needs at least one tensor")
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1:
+        raise InvalidArgumentError(f"grouped_allreduce needs tensors of one dtype, not "
+                                   f"{sorted(str(d) for d in dtypes)}")
+    arrays = []
+    for i, (tensor, output) in enumerate(zip(tensors, outputs)):
+        check_tensor(tensor, f"tensor {i}")
+        arrays.append((as_array(tensor), as_array(output)[0]))
+    kind = kolo.communicator.kolo_dtype_of(arrays[0][0][0], arrays[0][0][1])
+    return comm.raw_allreduce_group_async(
+        _group_names(comm, name, len(tensors)),
+        [a[0][0].ctypes.data if a[0][0].size else None for a in arrays],
+        [a[1].ctypes.data if a[1].size else None for a in arrays],
+        [a[0][0].size for a in arrays], kind, op, prescale, postscale,
+        keep=(arrays, tensors, outputs))
+
+
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
+        ctx.op, ctx.prescale, ctx.postscale, ctx.process_set = op, prescale, postscale, \
+            process_set
+        sources = [t.detach().contiguous() for t in tensors]
+        outputs = [s.clone() for s in sources]
+        _submit_group(outputs, outputs, name, op, prescale, postscale, process_set).wait()
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if ctx.op not in (Sum, Average):
+            raise NotImplementedError("the gradient of an allreduce is defined for Sum and "
+                                      "Average only")
+        outputs = [g.contiguous().clone() for g in grads]
+        _submit_group(outputs, outputs, None, ctx.op, ctx.prescale, ctx.postscale,
+                      ctx.process_set).wait()
+        return (None, None, None, None, None) + tuple(outputs)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=None, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set):
+    """Reduces a list of tensors of one dtype together (one fused kolo collective) and returns
+    the list of new tensors. Differentiable. Blocks until done."""
+    if not isinstance(tensors, (list, tuple)):
+        raise InvalidArgumentError("tensors must be a list of tensors")
+    for i, tensor in enumerate(tensors):
+        _require_tensor(tensor, f"tensor {i}")
+    from .compression import Compression
+    compression = compression or Compression.none
+    op = _resolve_op(average, op)
+    compressed = [compression.compress(t) for t in tensors]
+    reduced = _GroupedAllreduceFunction.apply(name, op, prescale_factor, postscale_factor,
+                                              process_set, *[c[0] for c in compressed])
+    return [compression.decompress(r, c[1]) for r, c in zip(reduced, compressed)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    """grouped_allreduce in place; returns the tensors. Blocks until done."""
+    if not isinstance(tensors, (list, tuple)):
+        raise InvalidArgumentError("tensors must be a list of tensors")
+    for i, tensor in enumerate(tensors):
+        _require_tensor(tensor, f"tensor {i}")
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Submits a grouped allreduce of copies; synchronize(handle) returns the new tensors."""
+    if not isinstance(tensors, (list, tuple)):
+        raise InvalidArgumentError("tensors must be a list of tensors")
+    for i, tensor in enumerate(tensors):
+        _require_tensor(tensor, f"tensor {i}")
+    op = _resolve_op(average, op)
+    outputs = [t.detach().contiguous().clone() for t in tensors]
+    inner = _submit_group(outputs, outputs, name, op, prescale_factor, postscale_factor,
+                          process_set)
+    return _Handle(inner, lambda _: outputs)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    """Submits a grouped allreduce in place; synchronize(handle) returns the tensors."""
+    if not isinstance(tensors, (list, tuple)):
+        raise InvalidArgumentError("tensors must be a list of tensors")
+    for i, tensor in enumerate(tensors):
+        _require_tensor(tensor, f"tensor {i}")
+    op = _resolve_op(average, op)
+    works = [_contiguous_target(t) for t in tensors]
+    inner = _submit_group([w for w, _ in works], [w for w, _ in works], name, op,
+                          prescale_factor, postscale_factor, process_set)
+    return _Handle(inner, lambda _: [finish() for _, finish in works])
+
+
+# ---- allgather -------------------------------------------------------------------------------
+
+def _allgather(tensor, name, process_set):
+    comm = _comm(process_set)
+    check_tensor(tensor)
+    source, dtype = as_array(tensor.detach().contiguous())
+    if name is None:
+        result, rows = comm.allgather_rows(source, dtype)
+    else:
+        handle = comm.allgather_async(source, name=name, dtype=dtype)
+        result = handle.wait()
+        rows = handle.rows_per_rank()
+    return from_array(result, tensor.dtype), rows
+
+
+class _AllgatherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        output, rows = _allgather(tensor, name, process_set)
+        ctx.rows, ctx.process_set = rows, process_set
+        ctx.rank = _comm(process_set).rank
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = grad_output.contiguous()
+        summed = _allreduce_into(grad, torch.empty_like(grad), None, Sum, 1.0, 1.0,
+                                 ctx.process_set)
+        start = sum(ctx.rows[:ctx.rank])
+        return summed.narrow(0, start, ctx.rows[ctx.rank]), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Returns a new tensor: every rank's tensor concatenated along the first dimension in rank
+    order (first dimensions may differ; the others must agree, else MismatchError on every
+    rank). Differentiable: the gradient is this rank's slice of the summed gradient. Blocks."""
+    _require_tensor(tensor)
+    if tensor.dim() == 0:
+        raise InvalidArgumentError("allgather needs a tensor of at least one dimension")
+    return _AllgatherFunction.apply(tensor, name, process_set)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Submits an allgather of a copy of tensor; synchronize(handle) returns the gathered
+    tensor. Does not block."""
+    _require_tensor(tensor)
+    comm = _comm(process_set)
+    check_tensor(tensor)
+    if tensor.dim() == 0:
+        raise InvalidArgumentError("allgather needs a tensor of at least one dimension")
+    source, dtype = as_array(tensor.detach().contiguous().clone())
+    inner = comm.allgather_async(source, name=name, dtype=dtype)
+    return _Handle(inner, lambda result: from_array(result, tensor.dtype))
+
+
+# ---- broadcast -------------------------------------------------------------------------------
+
+def _broadcast_inplace(tensor, root_rank, name, process_set):
+    comm = _comm(process_set)
+    if tensor.is_cuda:
+        if name is not None:
+            raise UnsupportedError("named (fused) operations take CPU tensors only")
+        return _device_broadcast(tensor, root_rank, comm)
+    check_tensor(tensor)
+    array, dtype = as_array(tensor)
+    if name is None:
+        comm.broadcast_(array, root=root_rank, dtype=dtype)
+    else:
+        comm.broadcast_async_(array, root=root_rank, name=name, dtype=dtype).wait()
+    return tensor
+
+
+class _BroadcastFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return _broadcast_inplace(tensor.detach().contiguous().clone(), root_rank, name,
+                                  process_set)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = grad_output.contiguous()
+        reduced = _allreduce_into(grad, torch.empty_like(grad), None, Average, 1.0, 1.0,
+                                  ctx.process_set)
+        if _comm(ctx.process_set).rank != ctx.root_rank:
+            reduced.zero_()
+        return reduced, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns a new tensor holding root_rank's tensor (every rank passes one of the same shape
+    and dtype). Differentiable as in Horovod: the root's gradient is the average of the ranks'
+    gradients, the others' zero. Blocks. InvalidArgumentError for a root outside the set."""
+    _require_tensor(tensor)
+    return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """broadcast in place: tensor receives root_rank's values and is returned. Blocks."""
+    _require_tensor(tensor)
+    work, finish = _contiguous_target(tensor)
+    _broadcast_inplace(work, root_rank, name, process_set)
+    return finish()
+
+
+def _submit_broadcast(work, root_rank, name, process_set, finish):
+    comm = _comm(process_set)
+    check_tensor(work)
+    array, dtype = as_array(work)
+    inner = comm.broadcast_async_(array, root=root_rank, name=name, dtype=dtype)
+    return _Handle(inner, finish)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Submits a broadcast of a copy of tensor from root_rank; synchronize(handle) returns the
+    new tensor."""
+    _require_tensor(tensor)
+    work = tensor.detach().contiguous().clone()
+    return _submit_broadcast(work, root_rank, name, process_set, lambda _: work)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Submits a broadcast into tensor itself; synchronize(handle) returns it."""
+    _require_tensor(tensor)
+    work, finish = _contiguous_target(tensor)
+    return _submit_broadcast(work, root_rank, name, process_set, finish)
+
+
+# ---- alltoall and reducescatter ------------------------------------------------------------
+
+def _alltoall(tensor, splits, process_set):
+    comm = _comm(process_set)
+    check_tensor(tensor)
+    source, dtype = as_array(tensor.detach().contiguous())
+    result, received = comm.alltoall(source, splits=splits, dtype=dtype)
+    return from_array(result, tensor.dtype), received.tolist()
+
+
+class _AlltoallFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, process_set):
+        output, received = _alltoall(tensor, splits, process_set)
+        ctx.received, ctx.process_set = received, process_set
+        received_splits = torch.tensor(received, dtype=torch.int32)
+        ctx.mark_non_differentiable(received_splits)
+        return output, received_splits
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_splits):
+        grad, _ = _alltoall(grad_output, ctx.received, ctx.process_set)
+        return grad, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Sends splits[p] rows (first-dimension slices, in rank order) of tensor to rank p and
+    returns what every rank sent here, concatenated in rank order; with splits given, returns
+    (tensor, received_splits). splits None: the first dimension divided evenly (a multiple of
+    the set's size). Differentiable. Blocks (two collectives). name is accepted and unused."""
+    _require_tensor(tensor)
+    if tensor.dim() == 0:
+        raise InvalidArgumentError("alltoall needs a tensor of at least one dimension")
+    if isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+    output, received = _AlltoallFunction.apply(tensor, splits, process_set)
+    return output if splits is None else (output, received)
+
+
+class _ReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, op, prescale, postscale, process_set):
+        comm = _comm(process_set)
+        check_tensor(tensor)
+        source = tensor.detach().contiguous()
+        if prescale != 1.0:
+            source = source * prescale
+        array, dtype = as_array(source)
+        result = from_array(comm.reduce_scatter(array, op=op, dtype=dtype), tensor.dtype)
+        if postscale != 1.0:
+            result = result * postscale
+        ctx.op, ctx.scale, ctx.process_set = op, prescale * postscale, process_set
+        return result
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        if ctx.op not in (Sum, Average):
+            raise NotImplementedError("the gradient of reducescatter is defined for Sum and "
+                                      "Average only")
+        grad, _ = _allgather(grad_output.contiguous(), None, ctx.process_set)
+        scale = ctx.scale / (_comm(ctx.process_set).size if ctx.op == Average else 1)
+        return grad * scale, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=None, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces tensor (the same shape on every rank) with op (Average or Sum) and returns this
+    rank's share of the first dimension: rows // size each, one more for the first rows % size
+    ranks. Differentiable. Blocks. name is accepted and unused."""
+    _require_tensor(tensor)
+    from .compression import Compression
+    compression = compression or Compression.none
+    if op not in (Sum, Average, Min, Max, Product):
+        raise InvalidArgumentError(f"unknown op {op!r}")
+    if tensor.dim() == 0:
+        raise InvalidArgumentError("reducescatter needs a tensor of at least one dimension")
+    compressed, context = compression.compress(tensor)
+    result = _ReducescatterFunction.apply(compressed, op, prescale_factor, postscale_factor,
+                                          process_set)
+    return compression.decompress(result, context)
+
+
+# ---- barrier and join ------------------------------------------------------------------------
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank of process_set has entered the barrier. Blocks (bounded)."""
+    _comm(process_set).barrier()
+
+
+def join(device=-1):
+    """Not implemented: Horovod's join lets ranks that ran out of data stop submitting while the
+    others go on, the joined ranks contributing zeros to collectives they never called. kolo's
+    engine has no such mode yet; give every rank the same number of batches (e.g. drop the last
+    partial batch, or use torch.utils.data.distributed.DistributedSampler with drop_last)."""
+    raise NotImplementedError(
+        "kolo.torch.join is not implemented: kolo's fusion engine cannot yet complete "
+        "collectives for ranks that stopped submitting. Give every rank the same number of "
+        "batches (DistributedSampler(drop_last=True), or truncate to the smallest rank's count "
+        "found with allreduce(op=Min)).")

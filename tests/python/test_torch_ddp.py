@@ -1,0 +1,150 @@
+"""The torch.distributed backend "kolo" (registered by `import kolo.torch`) on 1, 2 and 4 ranks:
+torch.distributed's collectives against references, DistributedDataParallel training equal to
+one process on the global batch, and the Horovod API and DDP under torchrun."""
+
+import os
+import socket
+
+import pytest
+
+import ranks
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _init(port):
+    import torch.distributed as dist
+    import kolo.torch  # noqa: F401  registers "kolo"
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun: its variables and its store
+        dist.init_process_group("kolo")
+        return dist
+    # Under kolorun: rank 0 opens torch's store on a port the kernel picks, and tells the others
+    # through kolo's own world communicator, so that no port is guessed.
+    from datetime import timedelta
+
+    import numpy as np
+    import kolo
+    world = kolo.init()
+    store = dist.TCPStore("127.0.0.1", 0, world.size, True, timeout=timedelta(seconds=60),
+                          wait_for_workers=False) if world.rank == 0 else None
+    port = world.broadcast(np.array([store.port if store else 0], np.int64), root=0)[0]
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", int(port), world.size, False,
+                              timeout=timedelta(seconds=60))
+    dist.init_process_group("kolo", store=store, rank=world.rank, world_size=world.size)
+    return dist
+
+
+def rank_collectives(port):
+    import torch
+    dist = _init(port)
+    n, me = dist.get_world_size(), dist.get_rank()
+    assert dist.get_backend() == "kolo"
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+                  torch.uint8, torch.int32, torch.int64):
+        for op, reference in ((dist.ReduceOp.SUM, lambda v: sum(v)),
+                              (dist.ReduceOp.MAX, max), (dist.ReduceOp.MIN, min)):
+            t = torch.full((5,), me + 1, dtype=dtype)
+            dist.all_reduce(t, op=op)
+            expected = reference([r + 1 for r in range(n)])
+            assert torch.equal(t, torch.full((5,), expected, dtype=dtype)), (dtype, op, t)
+        t = torch.full((3,), me, dtype=dtype)
+        dist.broadcast(t, src=n - 1)
+        assert torch.equal(t, torch.full((3,), n - 1, dtype=dtype))
+        out = [torch.zeros(2, dtype=dtype) for _ in range(n)]
+        dist.all_gather(out, torch.full((2,), me, dtype=dtype))
+        assert all(torch.equal(o, torch.full((2,), r, dtype=dtype)) for r, o in enumerate(out))
+        out = torch.zeros(2, dtype=dtype)
+        dist.reduce_scatter(out, [torch.full((2,), me + p, dtype=dtype) for p in range(n)])
+        assert torch.equal(out, torch.full((2,), sum(r + me for r in range(n)), dtype=dtype))
+    dist.barrier()
+    if n > 1:  # a ring of messages, even ranks sending first
+        data = torch.arange(4, dtype=torch.float32) + me
+        got = torch.zeros(4)
+        if me % 2 == 0:
+            dist.send(data, (me + 1) % n)
+            dist.recv(got, (me - 1) % n)
+        else:
+            dist.recv(got, (me - 1) % n)
+            dist.send(data, (me + 1) % n)
+        assert torch.equal(got, torch.arange(4, dtype=torch.float32) + (me - 1) % n)
+    dist.destroy_process_group()
+
+
+def rank_ddp_training(port):
+    import torch
+    dist = _init(port)
+    n, me = dist.get_world_size(), dist.get_rank()
+    steps, local_batch = 5, 3
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(steps, local_batch * n, 6, generator=generator)
+    y = torch.randn(steps, local_batch * n, 2, generator=generator)
+
+    def make_model(seed):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(),
+                                   torch.nn.Linear(12, 2))
+    model = make_model(seed=me)  # DDP broadcasts rank 0's weights at construction
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0001)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        optimizer.zero_grad()
+        shard = slice(me * local_batch, (me + 1) * local_batch)
+        torch.nn.functional.mse_loss(ddp(x[step, shard]), y[step, shard]).backward()
+        optimizer.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = [torch.zeros_like(flat) for _ in range(n)]
+    dist.all_gather(everyone, flat)
+    for r in range(n):
+        assert torch.equal(everyone[r], flat), f"rank {r}'s parameters differ from rank {me}'s"
+    reference = make_model(seed=0)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        reference_optimizer.zero_grad()
+        torch.nn.functional.mse_loss(reference(x[step]), y[step]).backward()
+        reference_optimizer.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-5), (p - q).abs().max()
+    dist.destroy_process_group()
+
+
+def rank_horovod_api_under_torchrun():
+    import torch
+    import kolo.torch as hvd
+    hvd.init()
+    assert hvd.size() == int(os.environ["WORLD_SIZE"]) and hvd.rank() == int(os.environ["RANK"])
+    got = hvd.allreduce(torch.ones(3) * hvd.rank(), op=hvd.Sum)
+    assert got.tolist() == [sum(range(hvd.size()))] * 3
+    hvd.shutdown()
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_torch_distributed_collectives(n):
+    ranks.run(n, __file__, "rank_collectives", args={"port": 0})
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_ddp_training_matches_the_global_batch(n):
+    ranks.run(n, __file__, "rank_ddp_training", args={"port": 0})
+
+
+def _torchrun(n):
+    # Debian's torchrun fails with its default --redirects under Python 3.11 (the value 0 no
+    # longer maps to a member of its Std flag); 1 (stdout) works.
+    return [ranks.PYTHON, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1",
+            "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
+            "--master_port", str(_free_port())]
+
+
+@pytest.mark.parametrize("n", [2])
+def test_ddp_under_torchrun(n):
+    ranks.run(n, __file__, "rank_ddp_training", args={"port": 0}, launcher=_torchrun(n))
+
+
+@pytest.mark.parametrize("n", [2])
+def test_horovod_api_under_torchrun(n):
+    ranks.run(n, __file__, "rank_horovod_api_under_torchrun", launcher=_torchrun(n))
