@@ -175,8 +175,9 @@ KOLO_API kolo_status_t kolo_comm_local_size(kolo_comm_t comm, int *local_size);
 /*
  * The message of the last failure on comm (or, with comm == NULL, of the last failed
  * kolo_comm_init on this thread), naming the operation and the ranks involved; "" if nothing has
- * failed. The string belongs to kolo and stays valid until the next call on the same communicator
- * (or, for NULL, the next kolo_comm_init on this thread).
+ * failed. The string belongs to kolo; it is this thread's copy, valid until this thread calls
+ * kolo_comm_last_error again (for NULL: until its next kolo_comm_init), whatever other threads do
+ * on the communicator meanwhile, and after the communicator is destroyed.
  */
 KOLO_API const char *kolo_comm_last_error(kolo_comm_t comm);
 
@@ -567,8 +568,8 @@ KOLO_API kolo_status_t kolo_request_wait(kolo_request_t request);
 /*
  * The message of the request's error ("" on success or while pending, unless a wait timed out),
  * naming the tensor and the ranks involved; or, right after kolo_request_counts refused with
- * KOLO_ERR_INVALID_ARGUMENT, why it did. Valid until the next kolo_request_* call on this
- * request; NULL request: "".
+ * KOLO_ERR_INVALID_ARGUMENT, why it did. The string is this thread's copy, valid until this
+ * thread calls kolo_request_last_error again, even after the request is freed; NULL request: "".
  */
 KOLO_API const char *kolo_request_last_error(kolo_request_t request);
 

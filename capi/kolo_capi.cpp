@@ -30,7 +30,6 @@ struct kolo_comm {
 struct kolo_request {
   std::shared_ptr<kolo::fusion::Request> request;
   std::mutex error_mutex;
-  std::string last_error;
   std::string call_error;  // why kolo_request_counts refused, until the next call on the request
 };
 
@@ -186,10 +185,14 @@ kolo_status_t kolo_comm_local_size(kolo_comm_t comm, int* local_size) {
   return query(comm, local_size, "kolo_comm_local_size", [](auto& c) { return c.local_size(); });
 }
 
+// Another thread may record a new error on the same communicator at any moment: the caller gets
+// this thread's own copy, which only its own next call replaces.
 const char* kolo_comm_last_error(kolo_comm_t comm) {
   if (!comm) return init_error.c_str();
+  thread_local std::string copy;
   std::lock_guard<std::mutex> lock(comm->error_mutex);
-  return comm->last_error.c_str();
+  copy = comm->last_error;
+  return copy.c_str();
 }
 
 kolo_status_t kolo_allreduce(kolo_comm_t comm, const void* sendbuf, void* recvbuf, uint64_t count,
@@ -481,10 +484,10 @@ kolo_status_t kolo_request_counts(kolo_request_t request, uint64_t* counts, int 
 
 const char* kolo_request_last_error(kolo_request_t request) {
   if (!request) return "";
+  thread_local std::string copy;  // as in kolo_comm_last_error
   std::lock_guard<std::mutex> lock(request->error_mutex);
-  request->last_error =
-      request->call_error.empty() ? request->request->message() : request->call_error;
-  return request->last_error.c_str();
+  copy = request->call_error.empty() ? request->request->message() : request->call_error;
+  return copy.c_str();
 }
 
 kolo_status_t kolo_request_free(kolo_request_t request) {

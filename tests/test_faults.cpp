@@ -85,6 +85,14 @@ TEST_CASE("invalid arguments are refused before anything is sent", "[faults][arg
   }
 }
 
+TEST_CASE("the last error a thread holds survives another thread's error", "[faults][arguments]") {
+  auto job = start_job(1, {"error_threads"});
+  auto results = job.wait(60);
+  INFO("output:\n" << results[0].output);
+  CHECK(results[0].exit_code == 0);
+  CHECK(contains(results[0].output, "error-thread checks passed"));
+}
+
 TEST_CASE("a rank that never arrives gives KOLO_ERR_TIMEOUT within KOLO_TIMEOUT",
           "[faults][timeout]") {
   auto job = start_job(3, {"stall", "30"}, {{"KOLO_TIMEOUT", "2"}});

@@ -282,6 +282,38 @@ int run_badargs(kolo_comm_t comm) {
   return 0;
 }
 
+// kolo_comm_last_error from two threads: the message one thread holds stays intact while another
+// thread records a new error on the same communicator.
+int run_error_threads(kolo_comm_t comm) {
+  std::vector<float> data(8, 1.0f);
+  if (kolo_allreduce(comm, nullptr, data.data(), 8, KOLO_FLOAT32, KOLO_SUM) !=
+      KOLO_ERR_INVALID_ARGUMENT) {
+    fail("a NULL sendbuf was accepted");
+  }
+  const char* held = kolo_comm_last_error(comm);
+  const std::string first = held;
+  std::thread other([&] {
+    if (kolo_broadcast(comm, data.data(), 8, KOLO_FLOAT32, g_size + 7) !=
+        KOLO_ERR_INVALID_ARGUMENT) {
+      fail("a root out of range was accepted");
+    }
+    const std::string seen = kolo_comm_last_error(comm);
+    if (seen == first || seen.find("root") == std::string::npos) {
+      fail(fmt::format("the other thread read '{}' after its own error", seen));
+    }
+  });
+  other.join();
+  if (first != held) {
+    fail(fmt::format("the message this thread held changed from '{}' to '{}'", first, held));
+  }
+  const std::string now = kolo_comm_last_error(comm);
+  if (now.find("root") == std::string::npos) {
+    fail(fmt::format("the communicator's last error is '{}', not the broadcast's", now));
+  }
+  fmt::print("rank {}: error-thread checks passed\n", g_rank);
+  return 0;
+}
+
 // Allreduces 4 MiB in a loop for `seconds` (or until a failure) and reports how it ended:
 // "status <NAME> after <t> s since last success: <message>".
 int run_loop(kolo_comm_t comm, double seconds) {
@@ -358,6 +390,8 @@ int main(int argc, char** argv) {
     result = run_badargs(comm);
   else if (scenario == "stall")
     result = run_stall(comm, std::atof(argument.c_str()));
+  else if (scenario == "error_threads")
+    result = run_error_threads(comm);
   else if (scenario == "loop")
     result = run_loop(comm, argument.empty() ? 5.0 : std::atof(argument.c_str()));
   else
