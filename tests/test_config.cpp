@@ -596,6 +596,19 @@ TEST_CASE("process_environment reads the real environment", "[config]") {
 
 // ---- Status names ----------------------------------------------------------------------------
 
+TEST_CASE("status_from_wire accepts exactly the statuses of kolo_status_t", "[status]") {
+  kolo::Status status = Status::kInternal;
+  for (int64_t value = 0; value <= 9; ++value) {
+    CHECK(kolo::status_from_wire(value, status));
+    CHECK(static_cast<int64_t>(status) == value);
+  }
+  for (int64_t value : {int64_t{-1}, int64_t{10}, int64_t{64}, int64_t{1} << 40}) {
+    status = Status::kTimeout;
+    CHECK_FALSE(kolo::status_from_wire(value, status));
+    CHECK(status == Status::kTimeout);  // left alone
+  }
+}
+
 TEST_CASE("status_name for every status", "[status]") {
   // The C enumerator each status mirrors, value for value (capi/kolo.h).
   std::vector<std::pair<Status, std::string>> enumerators = {

@@ -190,6 +190,14 @@ TEST_CASE("negotiation messages round-trip and malformed ones are refused", "[fu
   longer.push_back(0);
   CHECK(refused(longer, true));
   CHECK(refused(bytes, true, 64));  // bit 70 beyond a cache of 64
+  // An error whose status is no kolo_status_t (nor success) is refused, not handed to a caller.
+  for (int status : {0, -1, 10, 64}) {
+    ResponseList odd;
+    odd.errors.push_back({"t", static_cast<Status>(status), "m"});
+    encode(odd, bytes);
+    INFO("status " << status);
+    CHECK(refused(bytes, false));
+  }
   // A name length far beyond what is left, and beyond kMaxNameBytes.
   RequestList one = announcing({allreduce(std::string(kMaxNameBytes, 'n'), 1)});
   encode(one, bytes);

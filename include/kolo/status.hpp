@@ -2,6 +2,7 @@
 // the operation and the ranks involved. The C ABI turns it back into a kolo_status_t.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -22,6 +23,11 @@ enum class Status : int {
 };
 
 const char* status_name(Status status);
+
+// The status that a number read from the wire (a peer's abort, a fused response's error, a
+// split's outcome) stands for; false when it stands for none, so that a broken or hostile peer
+// cannot hand a caller a value outside kolo_status_t.
+bool status_from_wire(int64_t value, Status& status);
 
 class Error : public std::runtime_error {
  public:

@@ -139,7 +139,9 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
 
   if (failure) throw Error(failure->status(), fmt::format("split: {}", failure->what()));
   if (outcome[0] != 0) {
-    throw Error(static_cast<Status>(outcome[0]),
+    Status status = Status::kInternal;  // what a number that is no status becomes
+    status_from_wire(outcome[0], status);
+    throw Error(status,
                 fmt::format("split: rank {} of the parent communicator could not join its new "
                             "communicator, so no rank gets one (see that rank's error)",
                             outcome[1]));

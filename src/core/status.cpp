@@ -32,4 +32,13 @@ const char* status_name(Status status) {
   return "unknown kolo status";
 }
 
+bool status_from_wire(int64_t value, Status& status) {
+  if (value < static_cast<int64_t>(Status::kSuccess) ||
+      value > static_cast<int64_t>(Status::kCancelled)) {
+    return false;
+  }
+  status = static_cast<Status>(value);
+  return true;
+}
+
 }  // namespace kolo

@@ -198,8 +198,9 @@ ResponseList decode_responses(const uint8_t* data, size_t size, int ranks,
   for (ResponseError& error : list.errors) {
     error.key = reader.get_string("key length", kMaxNameBytes);
     int32_t status = reader.get<int32_t>("status");
-    if (status <= 0 || status > 64) reader.malformed(fmt::format("status {}", status));
-    error.status = static_cast<Status>(status);
+    if (!status_from_wire(status, error.status) || error.status == Status::kSuccess) {
+      reader.malformed(fmt::format("status {}", status));
+    }
     error.message = reader.get_string("message length", kMaxErrorText);
   }
   uint32_t batches = reader.get_count("batch count", 5, ~uint32_t{0});

@@ -108,9 +108,10 @@ void ControlChannel::handle_frame(int peer) {
     return;
   }
   if (header.kind == kControlWake) return;  // its whole purpose was to end a poll()
-  Status status = static_cast<Status>(header.status);
-  if (header.kind != kControlAbort || status == Status::kSuccess) {
-    throw lost(peer, "it sent an unknown control frame");
+  Status status = Status::kSuccess;
+  if (header.kind != kControlAbort) throw lost(peer, "it sent an unknown control frame");
+  if (!status_from_wire(header.status, status) || status == Status::kSuccess) {
+    throw lost(peer, "it sent a malformed control frame");
   }
   if (header.origin < 0 || header.origin >= size_) {
     throw lost(peer, "it sent a malformed control frame");
