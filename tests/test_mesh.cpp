@@ -1,5 +1,6 @@
-// The connection mesh (transport/mesh.hpp) between two ranks run as threads of this process, with
-// a real rendezvous store: strangers that connect and never answer must not delay it.
+// Transport set-up and control, without a job: the connection mesh (transport/mesh.hpp) between
+// two ranks run as threads of this process, with a real rendezvous store (strangers that connect
+// and never answer must not delay it), and the control channel over a loopback pair.
 #include <fmt/format.h>
 #include <sys/socket.h>
 
@@ -7,12 +8,14 @@
 #include <chrono>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bootstrap/store.hpp"
 #include "core/config.hpp"
 #include "kolo/status.hpp"
 #include "net/socket.hpp"
+#include "transport/control_channel.hpp"
 #include "transport/mesh.hpp"
 
 using kolo::Config;
@@ -94,4 +97,40 @@ TEST_CASE("a connection reset before it is accepted is dropped, not fatal", "[me
   std::vector<PeerSockets> peers1 = rank1.get();
   CHECK(peers1[0].control.valid());
   CHECK(rank0[1].control.valid());
+}
+
+TEST_CASE("control frames cut short by a full socket arrive whole and in order", "[control]") {
+  net::Socket listener = net::listen_on({"127.0.0.1", 0});
+  net::Socket connecting = net::connect_to(net::local_endpoint(listener), Deadline(5));
+  net::Socket accepted = net::accept_from(listener, Deadline(5));
+  int small = 4096;
+  ::setsockopt(connecting.fd(), SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+  ::setsockopt(accepted.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  kolo::ControlChannel sender(0, 2), receiver(1, 2);
+  sender.attach(1, std::move(connecting));
+  receiver.attach(0, std::move(accepted));
+
+  // Doorbells until the sockets are full: one then waits out its 0.2 s and is cut short.
+  for (int rung = 0; rung < 100000; ++rung) {
+    auto start = std::chrono::steady_clock::now();
+    sender.ring_doorbell(1);
+    if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(150)) break;
+  }
+  const std::string cause = "rank 0 failed: " + std::string(1000, 'x');
+  sender.tell_peers(kolo::Error(kolo::Status::kMismatch, cause));
+
+  // The receiver drains, the sender finishes what it still has: the ABORT must come out intact.
+  std::string seen;
+  for (int round = 0; round < 2000 && seen.empty(); ++round) {
+    try {
+      receiver.serve();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // window updates
+      sender.serve();
+    } catch (const kolo::Error& error) {
+      CHECK(error.status() == kolo::Status::kMismatch);
+      seen = error.what();
+    }
+  }
+  CHECK(seen.find(cause) != std::string::npos);
+  CHECK(seen.find("malformed") == std::string::npos);
 }

@@ -43,6 +43,9 @@ void ControlChannel::attach(int peer, net::Socket socket) {
 }
 
 void ControlChannel::serve() {
+  for (Link& link : links_) {
+    if (!link.unsent.empty()) flush(link, Deadline(0));
+  }
   std::array<epoll_event, 64> events;
   for (;;) {
     int ready = ::epoll_wait(epoll_.fd(), events.data(), events.size(), 0);
@@ -157,12 +160,36 @@ void ControlChannel::send_frame(int peer, uint32_t kind, Status status, int orig
   header.status = static_cast<int32_t>(status);
   header.origin = origin;
   header.length = static_cast<uint32_t>(std::min(text.size(), kMaxText));
-  std::string frame(reinterpret_cast<const char*>(&header), sizeof(header));
-  frame.append(text, 0, header.length);
-  try {
-    net::send_all(link.socket, frame.data(), frame.size(), Deadline(0.2));
-  } catch (const Error&) {
-    // The peer is gone or stuck; it will learn of the failure through its own timeout.
+  if (link.unsent.size() + sizeof(header) + header.length > kMaxUnsent) {
+    log::warn("rank {} has read none of {} bytes of control frames; closing its control "
+              "connection",
+              peer, link.unsent.size());
+    ::shutdown(link.socket.fd(), SHUT_RDWR);  // so that the peer, if it wakes, sees it too
+    close_link(peer);
+    return;
+  }
+  link.unsent.append(reinterpret_cast<const char*>(&header), sizeof(header));
+  link.unsent.append(text, 0, header.length);
+  // A peer that is stuck keeps what is unsent for later; one that is gone drops it.
+  flush(link, Deadline(0.2));
+}
+
+void ControlChannel::flush(Link& link, const Deadline& deadline) noexcept {
+  while (!link.unsent.empty() && link.socket.valid() && !link.closed) {
+    ssize_t sent = ::send(link.socket.fd(), link.unsent.data(), link.unsent.size(),
+                          MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (sent > 0) {
+      link.unsent.erase(0, static_cast<size_t>(sent));
+      continue;
+    }
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd writable{link.socket.fd(), POLLOUT, 0};
+      if (deadline.expired() || ::poll(&writable, 1, deadline.remaining_ms()) <= 0) return;
+      continue;
+    }
+    link.unsent.clear();  // the connection failed: the peer is gone
+    return;
   }
 }
 

@@ -7,6 +7,8 @@
 //   GOODBYE  a rank destroys its communicator normally.
 //   WAKE     a doorbell, no more: a peer moved data for this rank through shared memory while this
 //            rank slept in poll() (see transport/shm/shm_channel.hpp). serve() just consumes it.
+// Frames go out whole and in order: what a full socket leaves unsent is sent before the next frame
+// (and whenever serve() runs), never dropped halfway.
 // The socket is always read, so a peer whose control socket closes without a goodbye was lost
 // (killed, crashed): the kernel closes a dead process's sockets, and every rank learns of it within
 // one wake-up. A host that vanishes is caught by TCP keepalive and TCP_USER_TIMEOUT within ~10 s.
@@ -90,13 +92,22 @@ class ControlChannel {
     size_t header_done = 0;
     std::array<char, kMaxText> text{};
     size_t text_done = 0;
+    // Bytes of frames not sent yet: a frame that a full socket cut short is finished before any
+    // later frame starts, so that the peer never reads half a frame followed by another.
+    std::string unsent;
   };
+  // More unsent bytes than this mean the peer has read nothing for thousands of frames: it is
+  // stuck or gone, and its control connection is closed.
+  static constexpr size_t kMaxUnsent = 64 << 10;
 
   void serve_link(int peer);
   void handle_frame(int peer);
   void close_link(int peer);
   void send_frame(int peer, uint32_t kind, Status status, int origin,
                   const std::string& text) noexcept;
+  // Sends what the link has unsent until it is all out or the deadline passes; a failed socket
+  // drops it (the peer is gone).
+  static void flush(Link& link, const Deadline& deadline) noexcept;
 
   int rank_;
   int size_;
