@@ -171,7 +171,20 @@ TEST_CASE("torchrun's variables, with MASTER_ADDR and MASTER_PORT", "[config]") 
   CHECK(config.size == 4);
   CHECK(config.local_rank == 1);
   CHECK(config.local_size == 2);
-  CHECK(config.addr == "node7:29400");
+  CHECK(config.addr == "node7:29401");  // torchrun's own store holds MASTER_PORT
+
+  SECTION("without torchrun's agent, MASTER_PORT is kolo's") {
+    env.erase("TORCHELASTIC_RUN_ID");
+    env["KOLO_RANK"] = "3";
+    env["KOLO_SIZE"] = "4";
+    CHECK(resolve(env).addr == "node7:29400");
+  }
+  SECTION("no port after MASTER_PORT=65535") {
+    env["MASTER_PORT"] = "65535";
+    Failure failure = resolve_failure(env);
+    CHECK(failure.status == Status::kConfig);
+    CHECK_THAT(failure.message, Contains("65535") && Contains("KOLO_ADDR"));
+  }
 
   SECTION("torchrun inside an srun step: torchrun is the innermost launcher") {
     env["SLURM_PROCID"] = "1";
@@ -182,7 +195,7 @@ TEST_CASE("torchrun's variables, with MASTER_ADDR and MASTER_PORT", "[config]") 
   }
   SECTION("a bare IPv6 MASTER_ADDR gets brackets") {
     env["MASTER_ADDR"] = "fe80::1";
-    CHECK(resolve(env).addr == "[fe80::1]:29400");
+    CHECK(resolve(env).addr == "[fe80::1]:29401");
   }
   SECTION("KOLO_ADDR beats MASTER_ADDR") {
     env["KOLO_ADDR"] = "node0:1234";

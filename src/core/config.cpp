@@ -350,6 +350,15 @@ void resolve_address(const ConfigOverrides& overrides, const Environment& env, C
   auto master_port = from_env(env, "MASTER_PORT");
   if (master_addr && master_port) {
     int port = integer_in_range(*master_port, 1, 65535, "a TCP port from 1 to 65535");
+    // Under torchrun (TORCHELASTIC_RUN_ID), the elastic agent's own store listens on MASTER_PORT:
+    // kolo's store takes the port after it.
+    if (from_env(env, "TORCHELASTIC_RUN_ID")) {
+      if (port == 65535) {
+        fail("kolo: under torchrun MASTER_PORT=65535 leaves no port for kolo's store after "
+             "torchrun's own; set KOLO_ADDR=host:port");
+      }
+      ++port;
+    }
     std::string host(trim(master_addr->text));
     // A bare IPv6 address needs brackets to be told apart from the port.
     bool bare_ipv6 = host.find(':') != std::string::npos && host.front() != '[';
