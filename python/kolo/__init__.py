@@ -43,9 +43,10 @@ def init(**config):
     """Joins the job and makes the world communicator, which it returns; a second call returns
     the same one. Keyword arguments (rank, size, local_rank, local_size, addr, secret, timeout)
     override the environment (KOLO_RANK, KOLO_SIZE, KOLO_ADDR, ..., or what kolorun, mpirun,
-    srun or torchrun export; under torchrun, whose store holds MASTER_PORT, kolo's address and secret
-are exchanged through torchrun's store). Blocks until every rank has joined, at most the timeout. Raises
-    ConfigError naming the variable to set, KoloTimeoutError, KoloSystemError."""
+    srun or torchrun export; under torchrun, whose store holds MASTER_PORT, kolo's address and
+    secret are exchanged through torchrun's store). Blocks until every rank has joined, at most
+    the timeout. Raises ConfigError naming the variable to set, KoloTimeoutError,
+    KoloSystemError."""
     global _world
     with _lock:
         if _world is None or _world.closed:
