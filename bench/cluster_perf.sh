@@ -27,8 +27,8 @@
 #   -b, --build DIR         the build directory (default: build)
 #   allreduce_perf flags    default: -b 256K -e 64M -f 4 -n 5 -w 1
 #
-# Needs root (it makes network namespaces). Its hosts get addresses in KOLO_CLUSTER_SUBNET
-# (default here 10.78.0, and KOLO_CLUSTER_SUBNET6 fd78), so that it can run beside the tests'
+# Needs root (it makes network namespaces). Its hosts get addresses in CLUSTER_SUBNET
+# (default here 10.78.0, and CLUSTER_SUBNET6 fd78), so that it can run beside the tests'
 # cluster (10.77.0). Example, one of the README's measurements (section "Across hosts"):
 #
 #   sh scripts/build.sh && sh bench/cluster_perf.sh -k 3 -o bench/results/cluster_perf_4x2.tsv 4 2 1gbit
@@ -106,8 +106,8 @@ perf=$build/bench/allreduce_perf
 [ "$(id -u)" = 0 ] || fail "needs root (network namespaces)"
 
 # The subnet matters to `up` only; the ranks must not see it (kolo warns of unknown KOLO_*).
-cluster="env KOLO_CLUSTER_SUBNET=${KOLO_CLUSTER_SUBNET:-10.78.0}
-  KOLO_CLUSTER_SUBNET6=${KOLO_CLUSTER_SUBNET6:-fd78} sh scripts/cluster.sh"
+cluster="env CLUSTER_SUBNET=${CLUSTER_SUBNET:-10.78.0}
+  CLUSTER_SUBNET6=${CLUSTER_SUBNET6:-fd78} sh scripts/cluster.sh"
 logs=$(mktemp -d "${TMPDIR:-/tmp}/kolo-cluster-perf.XXXXXX")
 finish() {
   status=$?
@@ -150,7 +150,7 @@ run() {  # output transport settings...
     for local_rank in $(seq 0 $((per_host - 1))); do
       out="$output.rank$rank"
       [ "$rank" = 0 ] && out=$output
-      env -u KOLO_CLUSTER_SUBNET -u KOLO_CLUSTER_SUBNET6 "$@" KOLO_TRANSPORT="$transport" KOLO_SECRET="$secret" KOLO_TIMEOUT=60 \
+      env -u CLUSTER_SUBNET -u CLUSTER_SUBNET6 "$@" KOLO_TRANSPORT="$transport" KOLO_SECRET="$secret" KOLO_TIMEOUT=60 \
         RANK=$rank WORLD_SIZE=$ranks LOCAL_RANK=$local_rank LOCAL_WORLD_SIZE=$per_host \
         MASTER_ADDR="${name}1" MASTER_PORT=$port \
         timeout 900 sh scripts/cluster.sh exec "$name" "$host" "$perf" $perf_flags </dev/null >"$out" 2>&1 &

@@ -14,8 +14,8 @@
 #   cluster.sh down NAME               kills every process on the hosts and removes everything
 #
 # Needs root and `ip netns`. `up` first removes what an earlier cluster of the same NAME left.
-# KOLO_CLUSTER_SUBNET (default 10.77.0) is the /24 the hosts get addresses in: .1, .2, …; they
-# also get IPv6 addresses KOLO_CLUSTER_SUBNET6::1, ::2, … (default fd77, a unique local prefix).
+# CLUSTER_SUBNET (default 10.77.0) is the /24 the hosts get addresses in: .1, .2, …; they
+# also get IPv6 addresses CLUSTER_SUBNET6::1, ::2, … (default fd77, a unique local prefix).
 set -eu
 
 usage() {
@@ -30,8 +30,8 @@ shift 2
 case "$name" in
   *[!a-z0-9]* | "") echo "cluster.sh: NAME must be lower-case letters and digits: '$name'" >&2; exit 2 ;;
 esac
-subnet=${KOLO_CLUSTER_SUBNET:-10.77.0}
-subnet6=${KOLO_CLUSTER_SUBNET6:-fd77}
+subnet=${CLUSTER_SUBNET:-10.77.0}
+subnet6=${CLUSTER_SUBNET6:-fd77}
 state=/run/kolo-cluster/$name
 switch=$name-switch
 

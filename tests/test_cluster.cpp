@@ -28,7 +28,7 @@ namespace {
 const char* kClusterName = "kolotest";
 
 std::string cluster_script() {
-  const char* path = std::getenv("KOLO_CLUSTER_SCRIPT");
+  const char* path = std::getenv("TESTS_CLUSTER_SCRIPT");
   return path != nullptr ? path : "scripts/cluster.sh";
 }
 

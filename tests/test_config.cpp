@@ -585,7 +585,7 @@ TEST_CASE("the table of known variables is complete and well formed", "[config]"
 }
 
 TEST_CASE("the README's table of variables lists exactly the known ones", "[config]") {
-  const char* root = std::getenv("KOLO_SOURCE_ROOT");
+  const char* root = std::getenv("TESTS_SOURCE_DIR");
   REQUIRE(root != nullptr);  // set by meson test
   std::ifstream readme(std::string(root) + "/README.md");
   REQUIRE(readme);
