@@ -189,7 +189,8 @@ KOLO_API const char *kolo_comm_last_error(kolo_comm_t comm);
  * reads sendbuf and writes recvbuf only during the call. Blocks until done.
  *
  * The result is bitwise identical on every rank and in every run for the same inputs. Uses the
- * ring algorithm: reduce-scatter then allgather, each rank sending 2(N-1)/N of the buffer.
+ * ring algorithm (reduce-scatter then allgather, each rank sending 2(N-1)/N of the buffer), or for
+ * buffers of at most 32 KiB times N bytes recursive doubling (log2 N exchanges of the buffer).
  *
  * Returns KOLO_ERR_INVALID_ARGUMENT for a NULL comm, a NULL buffer with count > 0, partially
  * overlapping buffers, or an unknown dtype or op (nothing is sent); KOLO_ERR_MISMATCH if the ranks
@@ -406,8 +407,8 @@ KOLO_API kolo_status_t kolo_comm_split(kolo_comm_t comm, int color, int key,
  * CPU and sends nothing.
  *
  * Results are bitwise the same whether a tensor is fused with others or reduced alone, on every
- * rank and in every run. (They use the ring schedule; kolo_allreduce uses another for buffers of
- * 64 KiB or less, so its results on those may differ in the last bit.)
+ * rank and in every run. (They use the ring schedule; kolo_allreduce uses recursive doubling for
+ * buffers of at most 32 KiB times N bytes, so its results on those may differ in the last bit.)
  *
  * Named operations use connections of their own: they may be used while other threads make
  * ordered calls (kolo_allreduce, ...) on the same communicator, and never disturb them.

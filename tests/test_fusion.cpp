@@ -12,6 +12,7 @@
 #include <regex>
 #include <set>
 
+#include "flavour.hpp"
 #include "job.hpp"
 
 using kolo::test::start_job;
@@ -24,10 +25,13 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
+// Under a transport flavour the ranks log at INFO, for expect_all_pass to check the path; a test
+// that kills a rank runs as before, without it (`log_flavour` false).
 std::vector<kolo::test::ProcessResult> run(int size, const std::vector<std::string>& args,
                                            const std::map<std::string, std::string>& env = {},
-                                           double timeout_s = 120) {
-  auto job = start_job(size, args, env, kWorker);
+                                           double timeout_s = 120, bool log_flavour = true) {
+  auto job = start_job(size, args, log_flavour ? kolo::test::with_flavour_logging(env) : env,
+                       kWorker);
   return job.wait(timeout_s);
 }
 
@@ -38,6 +42,7 @@ void expect_all_pass(const std::vector<kolo::test::ProcessResult>& results,
     CHECK_FALSE(results[rank].timed_out);
     CHECK(results[rank].exit_code == 0);
     CHECK(contains(results[rank].output, marker));
+    kolo::test::check_flavour(results[rank].output, results.size());
   }
 }
 
@@ -285,7 +290,7 @@ TEST_CASE("named allgathers: too small a capacity, disagreeing ranks, bad argume
 TEST_CASE("a lost rank fails every pending request, naming it", "[fusion][errors][peerlost]") {
   for (int n : {2, 3}) {
     DYNAMIC_SECTION("N = " << n) {
-      auto results = run(n, {"peerlost"}, {}, 60);
+      auto results = run(n, {"peerlost"}, {}, 60, false);
       for (int rank = 0; rank < n; ++rank) {
         INFO("rank " << rank << " output:\n" << results[rank].output);
         CHECK_FALSE(results[rank].timed_out);

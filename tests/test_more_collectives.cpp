@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "faults.hpp"
+#include "flavour.hpp"
 #include "job.hpp"
 
 using kolo::test::contains;
@@ -17,9 +18,12 @@ namespace {
 
 const char* kWorker = "tests/kolo_test_collectives";
 
+// Under a transport flavour the ranks log at INFO, for expect_all_pass to check the path; the
+// fault tests that kill or starve a rank run as before, without it (`log_flavour` false).
 kolo::test::Job start(int size, const std::vector<std::string>& args,
-                      const std::map<std::string, std::string>& env = {}) {
-  return kolo::test::start_job(size, args, env, kWorker);
+                      const std::map<std::string, std::string>& env = {}, bool log_flavour = true) {
+  return kolo::test::start_job(size, args,
+                               log_flavour ? kolo::test::with_flavour_logging(env) : env, kWorker);
 }
 
 void expect_all_pass(const std::vector<kolo::test::ProcessResult>& results, const char* marker) {
@@ -28,6 +32,7 @@ void expect_all_pass(const std::vector<kolo::test::ProcessResult>& results, cons
     CHECK_FALSE(results[rank].timed_out);
     CHECK(results[rank].exit_code == 0);
     CHECK(contains(results[rank].output, marker));
+    kolo::test::check_flavour(results[rank].output, results.size());
   }
 }
 
@@ -163,7 +168,7 @@ TEST_CASE("a rank killed while a split communicator runs: KOLO_ERR_PEER_LOST on 
   };
   for (Case c : {Case{4, 1}, Case{5, 2}, Case{3, 0}}) {
     DYNAMIC_SECTION("N = " << c.size << ", rank " << c.victim << " killed") {
-      auto job = start(c.size, {"lost", "4"});
+      auto job = start(c.size, {"lost", "4"}, {}, false);
       for (int attempt = 0; attempt < 600; ++attempt) {
         bool all = true;
         for (auto& rank : job.ranks) all = all && contains(rank.output_so_far(), "looping");
@@ -198,7 +203,7 @@ TEST_CASE("a rank killed while a split communicator runs: KOLO_ERR_PEER_LOST on 
 
 TEST_CASE("a receive whose send never comes ends with KOLO_ERR_TIMEOUT within KOLO_TIMEOUT",
           "[faults][timeout_sendrecv]") {
-  auto job = start(2, {"recv_timeout", "4"}, {{"KOLO_TIMEOUT", "2"}});
+  auto job = start(2, {"recv_timeout", "4"}, {{"KOLO_TIMEOUT", "2"}}, false);
   auto receiver = job.ranks[1].wait(30);
   INFO("rank 1 output:\n" << receiver.output);
   CHECK(receiver.exit_code == 3);

@@ -5,9 +5,10 @@
 // a rank that leaves while everyone is idle says BYE instead, where its peers expect a message.
 // Each message is a fixed MessageHeader followed, when payload_bytes > 0, by a payload message
 // of exactly that many bytes (the transport matches messages between two ranks in order, so the
-// receiver posts the payload once it has read the header). Payloads are little-endian fields
-// written and read one by one; every length and count read is bounded before anything is
-// allocated, and a malformed payload is an error naming the sender, never a crash.
+// receiver posts the payload once it has read the header). Payloads are fields in the host's byte
+// order (every rank of a job runs the same build on the same kind of machine), written and read
+// one by one; every length and count read is bounded before anything is allocated, and a
+// malformed payload is an error naming the sender, never a crash.
 //
 // A spec is kind, dtype, op (u8 each), root (i32), prescale, postscale (f64), the member count
 // (u32) and per member its name (u32 length, bytes) and count (u64); an allgather adds its

@@ -81,13 +81,11 @@ std::string host_identity() {
 }
 
 // Copies a piece into a ring, with plain stores while the consumer's core shares a cache with
-// this one, and from kStreamBytes on with non-temporal stores while it does not. Measured at
-// N = 2, runs alternated with bench/cache_pingpong: when a cache line took 74-95 ns to go to the
-// other CPU and back, plain copies gave busbw 6.3-7.9 GB/s at 16-256 MiB and streamed ones 4.6-5.6
-// (the consumer then reads from memory instead of a shared cache); when it took 340-376 ns (a
-// virtual machine's two CPUs on core complexes with an L3 each, for minutes at a time) plain
-// copies gave 1.8-2.1 GB/s, every line fetched out of the other complex's cache, and streamed
-// ones 6.7-9. Which case holds is read off the ring itself (Link::far, below). The fence orders
+// this one, and from kStreamBytes on with non-temporal stores while it does not: with a shared
+// cache, plain copies leave the piece where the consumer reads it; without one, every line a
+// plain copy wrote is fetched out of the other cache, and streamed stores, which go to memory,
+// win (README, "Measurements behind the UCX transport"). Which case holds is read off the ring
+// itself (Link::far, below). The fence orders
 // the streamed stores before the store of `head` that publishes them.
 constexpr size_t kStreamBytes = size_t{16} << 10;
 // A load of the consumer's counter that finds a new value fetches its cache line from the

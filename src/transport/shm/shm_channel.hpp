@@ -1,11 +1,10 @@
 // kolo's own shared-memory data path between two ranks of one host, beside UCX.
 //
-// Why. Within a host UCX moves large messages with one CMA copy (process_vm_readv), about 5 GB/s
-// each way here when two processes exchange buffers, with much of the time spent pinning pages
-// and walking page tables on every call. Two plain memcpy()s through a ring of shared slots
-// that stays mapped for the life of the communicator ran 6.1–6.5 GB/s each way
-// (bench/intra_host_copy), and a ring allreduce at N = 2 spends most of its time in these
-// copies.
+// Why. Within a host UCX moves large messages with one CMA copy (process_vm_readv), which pins
+// pages and walks page tables on every call. Two plain memcpy()s through a ring of shared slots
+// that stays mapped for the life of the communicator move more bytes a second (bench/
+// intra_host_copy; the README's "Measurements behind the UCX transport" has the figures), and a
+// ring allreduce at N = 2 spends most of its time in these copies.
 //
 // The segment. Each pair of ranks on one host shares one segment, created by the lower rank
 // (shm_open with a random name, mode 0600, O_EXCL, the memory reserved with posix_fallocate so
@@ -16,13 +15,10 @@
 // rings, one per direction, each of kSlots slots of kSlotBytes (8 × 256 KiB): a header page
 // with the two rings' counters, each on its own cache line, then the two data areas.
 //
-// Why so small. A ring that holds 2 MiB stays in the last-level cache (32 MiB here) beside the
-// caller's buffers, so a piece is usually read out of the cache it was just written into. With
-// 8 × 1 MiB rings (16 MiB a pair) a 16 MiB allreduce at N = 2 touched 48 MiB in all: eight
-// interleaved runs gave busbw medians of 6.83 / 5.71 / 5.52 GB/s (16 / 64 / 256 MiB) with
-// 8 × 256 KiB against 4.58 / 4.71 / 4.66 with 8 × 1 MiB. Rings of 1-4 MiB with 128-512 KiB
-// pieces were within noise of each other, 512 KiB rings with 64 KiB pieces slower (4.3-4.6).
-// N = 4 gained 1.2-1.35× too. A segment is 4 MiB of /dev/shm per pair.
+// Why so small. A ring that holds 2 MiB stays in the last-level cache beside the caller's
+// buffers, so a piece is usually read out of the cache it was just written into; larger rings
+// push the caller's buffers out of it and measured slower (README, "Measurements behind the UCX
+// transport"). A segment is 4 MiB of /dev/shm per pair.
 //
 // Messages. A ring is a byte stream: the producer owns `head`, the consumer owns `tail`, both
 // counting bytes since the start, so `head - tail` bytes are readable and the rest is free. A

@@ -110,18 +110,14 @@ uint64_t message_tag(bool payload, int source, uint64_t sequence, uint64_t pair_
 // microsecond), then keep polling but call sched_yield() between polls until kSpin, then sleep in
 // poll(). Yielding matters on a busy machine: a spinning rank that shares its CPU with the peer
 // it waits for would otherwise hold the CPU for the whole spin while the peer cannot send
-// (measured on 2 cores with one busy process beside a 2-rank job: 8-byte allreduce in 12-18 us
-// with yields, 55-115 us with a plain 30 us spin, 25-30 us without spinning; TCP 24-40 us). When
-// this host runs more ranks than this process may use CPUs, there is no plain spin at all. The
-// sleep is bounded so that a peer's goodbye is re-examined, and shortened to a millisecond once a
-// wake-up is found missing (missed_wake_up).
+// (README, "Measurements behind the UCX transport"). When this host runs more ranks than this
+// process may use CPUs, there is no plain spin at all. The sleep is bounded so that a peer's
+// goodbye is re-examined, and shortened to a millisecond once a wake-up is found missing
+// (missed_wake_up).
 //
 // With kolo's shared-memory rings, the next piece of a pipeline comes within a 256 KiB copy
-// (tens of microseconds), so the same spin covers it. A 1 ms spin after each copy helped with
-// 1 MiB slots (16 MiB, N = 2: 4.42 against 2.96 GB/s) but not with 256 KiB ones: equal medians
-// at quiet times, and in this virtual machine's slow spells (seconds in which both ranks keep
-// their CPUs busy and move a third of the usual bytes) 12 of 24 benchmark rows were slow with
-// it against 3 of 24 without, in the same interleaved rounds.
+// (tens of microseconds), so the same spin covers it; a longer spin after each copy measured no
+// better with 256 KiB slots (README, "Measurements behind the UCX transport").
 constexpr auto kPureSpin = std::chrono::microseconds(5);
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr int kMaxSleepMs = 100;

@@ -1,0 +1,214 @@
+// The rendezvous store's client (bootstrap/store.hpp; the wire protocol is in store_protocol.hpp):
+// one authenticated connection, a request and its reply at a time, every wait bounded.
+#include "bootstrap/store.hpp"
+
+#include <fmt/format.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include "bootstrap/store_protocol.hpp"
+#include "core/deadline.hpp"
+#include "core/log.hpp"
+#include "kolo/status.hpp"
+#include "net/auth.hpp"
+
+namespace kolo {
+
+using namespace store_protocol;
+
+// ---- client ------------------------------------------------------------------------------------
+
+struct StoreClient::Impl {
+  net::Endpoint endpoint;
+  std::string where;  // "the rendezvous store at host:port"
+  std::string secret;
+  int rank = -1;
+  double timeout_s = 0;
+  net::Socket socket;
+  // After the server went away or spoke nonsense, every later call fails at once with this
+  // instead of waiting out its timeout against a store that is not coming back.
+  std::string broken;
+
+  void connect(const Deadline& deadline) {
+    socket = net::connect_to(endpoint, deadline);
+    net::Hello hello;
+    hello.purpose = net::kPurposeStore;
+    hello.rank = rank;
+    net::authenticate_as_client(socket, secret, hello, deadline);
+  }
+
+  // Sends one request and reads the reply's status byte within the call's timeout, then lets
+  // read_payload read the rest. Any failure leaves the connection in an unknown state, so it is
+  // closed: after a timeout the next call reconnects (the server drops the parked request when
+  // it sees the old connection go); after anything else the client stays broken.
+  template <typename ReadPayload>
+  auto transact(const std::string& what, const std::vector<uint8_t>& request,
+                ReadPayload read_payload) {
+    if (!broken.empty()) {
+      throw Error(Status::kPeerLost, fmt::format("cannot go on {}: {}", what, broken));
+    }
+    Deadline deadline(timeout_s);
+    std::string refusal;
+    try {
+      if (!socket.valid()) connect(deadline);
+      net::send_all(socket, request.data(), request.size(), deadline);
+      uint8_t code = 0;
+      net::recv_all(socket, &code, 1, deadline);
+      if (code == kReplyOk) return read_payload(deadline);
+      if (code != kReplyError) {
+        throw Error(Status::kMismatch,
+                    fmt::format("{} answered with an unknown reply code {}", where, code));
+      }
+      uint8_t length_bytes[4];
+      net::recv_all(socket, length_bytes, 4, deadline);
+      uint32_t length = decode_u32(length_bytes);
+      if (length > kMaxErrorBytes) {
+        throw Error(Status::kMismatch,
+                    fmt::format("{} sent an error message of {} bytes", where, length));
+      }
+      refusal.resize(length);
+      net::recv_all(socket, refusal.data(), length, deadline);
+    } catch (const Error& error) {
+      socket.close();
+      std::string message;
+      switch (error.status()) {
+        case Status::kTimeout:
+          throw Error(Status::kTimeout,
+                      fmt::format("timed out after {:g} s {} in {}", timeout_s, what, where));
+        case Status::kPeerLost:
+          message = fmt::format("{} (served by rank 0) closed the connection while {} [{}]", where,
+                                what, error.what());
+          break;
+        default:
+          message = fmt::format("{} in {}: {}", what, where, error.what());
+          break;
+      }
+      broken = message;
+      throw Error(error.status(), message);
+    }
+    throw Error(Status::kInvalidArgument, fmt::format("{} refused {}: {}", where, what, refusal));
+  }
+
+  void check_key(const std::string& key, const char* operation) const {
+    if (key.empty() || key.size() > kStoreMaxKeyBytes) {
+      throw Error(Status::kInvalidArgument,
+                  fmt::format("store {}: key of {} bytes; keys are 1 to {} bytes", operation,
+                              key.size(), kStoreMaxKeyBytes));
+    }
+  }
+};
+
+StoreClient::StoreClient(const net::Endpoint& endpoint, const std::string& secret, int rank,
+                         double timeout_s)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->endpoint = endpoint;
+  impl_->where = fmt::format("the rendezvous store at {}", endpoint.to_string());
+  impl_->secret = secret;
+  impl_->rank = rank;
+  impl_->timeout_s = timeout_s;
+  try {
+    impl_->connect(Deadline(timeout_s));
+  } catch (const Error& error) {
+    throw Error(error.status(),
+                fmt::format("rank {} could not connect to {} (served by rank 0; is KOLO_ADDR "
+                            "right and is rank 0 running?): {}",
+                            rank, impl_->where, error.what()));
+  }
+}
+
+StoreClient::~StoreClient() = default;
+
+void StoreClient::set(const std::string& key, const std::vector<uint8_t>& value) {
+  impl_->check_key(key, "set");
+  if (value.size() > kStoreMaxValueBytes) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("store set: the value for key '{}' has {} bytes; the limit is {}", key,
+                            value.size(), kStoreMaxValueBytes));
+  }
+  std::vector<uint8_t> request{static_cast<uint8_t>(Op::kSet)};
+  request.reserve(9 + key.size() + value.size());
+  append_key(request, key);
+  append_u32(request, static_cast<uint32_t>(value.size()));
+  append_bytes(request, value.data(), value.size());
+  impl_->transact(fmt::format("setting key '{}'", key), request, [](const Deadline&) {});
+}
+
+std::vector<uint8_t> StoreClient::get(const std::string& key) {
+  impl_->check_key(key, "get");
+  std::vector<uint8_t> request{static_cast<uint8_t>(Op::kGet)};
+  append_key(request, key);
+  Impl& impl = *impl_;
+  return impl.transact(
+      fmt::format("waiting for key '{}'", key), request, [&](const Deadline& deadline) {
+        uint8_t length_bytes[4];
+        net::recv_all(impl.socket, length_bytes, 4, deadline);
+        uint32_t length = decode_u32(length_bytes);
+        if (length > kStoreMaxValueBytes) {
+          throw Error(Status::kMismatch, fmt::format("{} sent a value of {} bytes for key '{}'",
+                                                     impl.where, length, key));
+        }
+        std::vector<uint8_t> value(length);
+        net::recv_all(impl.socket, value.data(), length, deadline);
+        return value;
+      });
+}
+
+void StoreClient::wait(const std::vector<std::string>& keys) {
+  if (keys.empty()) return;
+  if (keys.size() > kMaxWaitKeys) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("store wait: {} keys; the limit is {}", keys.size(), kMaxWaitKeys));
+  }
+  std::vector<uint8_t> request{static_cast<uint8_t>(Op::kWait)};
+  append_u32(request, static_cast<uint32_t>(keys.size()));
+  for (const auto& key : keys) {
+    impl_->check_key(key, "wait");
+    append_key(request, key);
+  }
+  if (request.size() > kMaxRequestBytes) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("store wait: the keys take {} bytes; the limit is {}", request.size(),
+                            kMaxRequestBytes));
+  }
+  std::string what = keys.size() == 1 ? fmt::format("waiting for key '{}'", keys.front())
+                                      : fmt::format("waiting for keys {}", quote_keys(keys));
+  impl_->transact(what, request, [](const Deadline&) {});
+}
+
+int64_t StoreClient::add(const std::string& key, int64_t delta) {
+  impl_->check_key(key, "add");
+  std::vector<uint8_t> request{static_cast<uint8_t>(Op::kAdd)};
+  append_key(request, key);
+  append_u64(request, static_cast<uint64_t>(delta));
+  Impl& impl = *impl_;
+  return impl.transact(fmt::format("adding {} to key '{}'", delta, key), request,
+                       [&](const Deadline& deadline) {
+                         uint8_t sum[8];
+                         net::recv_all(impl.socket, sum, 8, deadline);
+                         return static_cast<int64_t>(decode_u64(sum));
+                       });
+}
+
+void StoreClient::set_string(const std::string& key, const std::string& value) {
+  set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+std::string StoreClient::get_string(const std::string& key) {
+  std::vector<uint8_t> value = get(key);
+  return std::string(value.begin(), value.end());
+}
+
+}  // namespace kolo

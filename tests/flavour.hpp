@@ -1,0 +1,57 @@
+// The transport flavour a multi-process test runs in, and the check that it really ran on it.
+//
+// tests/meson.build runs test_more_collectives and test_fusion again with KOLO_TRANSPORT=ucx and
+// the variables of each UCX flavour in the test's environment, which every rank inherits. Were
+// those variables ignored, the tests would still pass over TCP; so under a flavour the ranks log
+// at INFO (with_flavour_logging), and every passing rank's log must name the transport and, when
+// the rank has peers, the path of that flavour (check_flavour), as tests/test_ucx.cpp checks its
+// own runs.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <regex>
+#include <string>
+
+namespace kolo::test {
+
+struct TransportFlavour {
+  std::string transport;  // as "communicator ready: ... transport <name>" says
+  std::string path;       // a regular expression: the log line that shows the flavour's path
+};
+
+// The flavour of this test process's environment; none without KOLO_TRANSPORT=ucx.
+inline std::optional<TransportFlavour> flavour_of_environment() {
+  auto is = [](const char* name, const char* value) {
+    const char* set = std::getenv(name);
+    return set != nullptr && std::string(set) == value;
+  };
+  if (!is("KOLO_TRANSPORT", "ucx")) return std::nullopt;
+  if (is("KOLO_UCX_SHM", "0")) {
+    return TransportFlavour{"ucx", is("UCX_TLS", "tcp") ? "reaches its peers through .*tcp/lo"
+                                                        : "reaches its peers through .*/memory"};
+  }
+  if (is("KOLO_UCX_SHM_COPY", "stream")) {
+    return TransportFlavour{"ucx", "through kolo's shared-memory ring .*streamed copies"};
+  }
+  return TransportFlavour{"ucx", "reaches rank [0-9]+ through kolo's shared-memory ring"};
+}
+
+// The ranks' environment, with KOLO_DEBUG=INFO under a flavour (unless the test sets a level).
+inline std::map<std::string, std::string> with_flavour_logging(
+    std::map<std::string, std::string> env) {
+  if (flavour_of_environment() && !env.count("KOLO_DEBUG")) env["KOLO_DEBUG"] = "INFO";
+  return env;
+}
+
+// Under a flavour, the log of a rank of a job of `ranks` names its transport and path.
+inline void check_flavour(const std::string& output, size_t ranks) {
+  const std::optional<TransportFlavour> flavour = flavour_of_environment();
+  if (!flavour) return;
+  CHECK(output.find("transport " + flavour->transport) != std::string::npos);
+  if (ranks > 1) CHECK(std::regex_search(output, std::regex(flavour->path)));
+}
+
+}  // namespace kolo::test
