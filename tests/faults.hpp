@@ -36,6 +36,26 @@ inline double seconds_to_failure(const std::string& output) {
   return std::stod(match[1]);
 }
 
+// Every rank of the job but `victim` fails with KOLO_ERR_PEER_LOST naming it, within `bound_s`
+// of `since` by this clock and by the rank's own report.
+inline void expect_survivors_report_lost(Job& job, int victim,
+                                         std::chrono::steady_clock::time_point since,
+                                         double bound_s) {
+  for (int rank = 0; rank < static_cast<int>(job.ranks.size()); ++rank) {
+    if (rank == victim) continue;
+    auto result = job.ranks[rank].wait(30 + bound_s);
+    double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    INFO("rank " << rank << " output:\n" << result.output);
+    CHECK_FALSE(result.timed_out);
+    CHECK(result.exit_code == 3);
+    CHECK(contains(result.output, "KOLO_ERR_PEER_LOST"));
+    CHECK(contains(result.output, "rank " + std::to_string(victim)));
+    CHECK(elapsed < bound_s);
+    CHECK(seconds_to_failure(result.output) < bound_s);
+  }
+}
+
 // Kills rank `victim` of a job whose ranks loop on collectives ("loop" worker mode) once they all
 // loop, and checks that every survivor fails with KOLO_ERR_PEER_LOST naming it within 10 s.
 inline void kill_and_expect_peer_lost(Job& job, int victim) {
@@ -43,22 +63,8 @@ inline void kill_and_expect_peer_lost(Job& job, int victim) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   auto killed_at = std::chrono::steady_clock::now();
   job.ranks[victim].kill(SIGKILL);
-  for (int rank = 0; rank < static_cast<int>(job.ranks.size()); ++rank) {
-    auto result = job.ranks[rank].wait(30);
-    if (rank == victim) {
-      CHECK(result.signal == SIGKILL);
-      continue;
-    }
-    double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-    INFO("rank " << rank << " output:\n" << result.output);
-    CHECK_FALSE(result.timed_out);
-    CHECK(result.exit_code == 3);
-    CHECK(contains(result.output, "KOLO_ERR_PEER_LOST"));
-    CHECK(contains(result.output, "rank " + std::to_string(victim)));
-    CHECK(elapsed < 10.0);
-    CHECK(seconds_to_failure(result.output) < 10.0);
-  }
+  expect_survivors_report_lost(job, victim, killed_at, 10.0);
+  CHECK(job.ranks[victim].wait(30).signal == SIGKILL);
 }
 
 }  // namespace kolo::test
