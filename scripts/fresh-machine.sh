@@ -8,6 +8,7 @@
 # Slow (the root, every package, a full build and the whole suite: tens of minutes) and not part of
 # CI; run it whenever the dependencies change. The mounts live in a private mount namespace
 # (unshare), so they vanish with it whatever happens, and a trap unmounts them on any exit as well.
+# The root gets the /etc/hosts a Debian installer writes (debootstrap writes none).
 # The root is deleted at the end unless KEEP_ROOT=1; the logs stay in ROOT.logs/.
 set -eu
 cd "$(dirname "$0")/.."
@@ -37,6 +38,9 @@ if [ "${KOLO_FRESH_INSIDE:-}" != 1 ]; then
   }
   git clone -q "$source_dir" "$root/root/kolo"
   cp /etc/resolv.conf "$root/etc/resolv.conf"
+  # What Debian's installer writes and debootstrap does not: the machine's own name resolves.
+  printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' \
+    "$(hostname)" >"$root/etc/hosts"
   status=0
   KOLO_FRESH_INSIDE=1 unshare --mount --propagation private sh "$0" "$root" || status=$?
   mkdir -p "$root.logs"
@@ -52,12 +56,14 @@ fi
 
 # Inside the private mount namespace.
 cleanup() {
-  for mount_point in dev/shm dev sys proc; do
+  for mount_point in dev/shm dev sys proc ""; do
     umount -l "$root/$mount_point" 2>/dev/null || true
   done
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
+# The root a mount point of its own, as / is on a machine: `ip netns` (the cluster tests) needs it.
+mount --bind "$root" "$root"
 mount -t proc proc "$root/proc"
 mount -t sysfs sysfs "$root/sys"
 mount --bind /dev "$root/dev"

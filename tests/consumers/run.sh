@@ -32,14 +32,15 @@ run_two_ranks() {  # program label
 }
 
 echo "== CMake: find_package(kolo 0.1) from $scratch/root$prefix"
-"$cmake" -S "$here/cmake" -B "$scratch/cmake" -DCMAKE_PREFIX_PATH="$scratch/root$prefix" >"$scratch/cmake.log" 2>&1 ||
+# Ninja, which kolo's own build installs, rather than CMake's default of make.
+"$cmake" -G Ninja -S "$here/cmake" -B "$scratch/cmake" -DCMAKE_PREFIX_PATH="$scratch/root$prefix" >"$scratch/cmake.log" 2>&1 ||
   { cat "$scratch/cmake.log"; echo "FAIL: cmake could not configure the consumer"; exit 1; }
 "$cmake" --build "$scratch/cmake" >>"$scratch/cmake.log" 2>&1 ||
   { cat "$scratch/cmake.log"; echo "FAIL: the CMake consumer did not build"; exit 1; }
 run_two_ranks "$scratch/cmake/consumer" CMake
 
 echo "== CMake: find_package(kolo 1.0) must be refused"
-if "$cmake" -S "$here/cmake" -B "$scratch/cmake-wrong" -DCMAKE_PREFIX_PATH="$scratch/root$prefix" \
+if "$cmake" -G Ninja -S "$here/cmake" -B "$scratch/cmake-wrong" -DCMAKE_PREFIX_PATH="$scratch/root$prefix" \
      -DKOLO_WANT_VERSION=1.0 >"$scratch/wrong.log" 2>&1; then
   echo "FAIL: find_package(kolo 1.0) succeeded against kolo $(sed -n 's/^Version: //p' "$pc_file")"
   exit 1
