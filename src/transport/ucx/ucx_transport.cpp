@@ -498,6 +498,17 @@ class UcxTransport final : public Transport {
     }
   }
 
+  // UCX 1.13's TCP transport aborts the whole process (an assertion in tcp_ep.c, "PUT_TX_WAITING_
+  // ACK") when a peer dies while one of its PUT Zcopy operations waits for the acknowledgement,
+  // which turns a lost peer into a lost survivor. Without PUT Zcopy, UCX's rendezvous over TCP
+  // moves large payloads as active messages instead, and a dead peer is an endpoint error as
+  // everywhere else. UCX_TCP_PUT_ENABLE, where set, is kept.
+  void avoid_tcp_put_zcopy(ucp_config_t* ucx_config) {
+    if (std::getenv("UCX_TCP_PUT_ENABLE") != nullptr) return;
+    ucs_status_t status = ucp_config_modify(ucx_config, "PUT_ENABLE", "n");
+    if (status != UCS_OK) throw_ucx("turning off UCX's TCP PUT Zcopy (TCP_PUT_ENABLE=n)", status);
+  }
+
   // The UCP context and worker (UCX_* variables apply); returns the worker's address.
   std::vector<uint8_t> start_worker(const Config& config) {
     install_peer_death_filter();
@@ -505,6 +516,7 @@ class UcxTransport final : public Transport {
     ucs_status_t status = ucp_config_read(nullptr, nullptr, &ucx_config);  // reads UCX_* variables
     if (status != UCS_OK) throw_ucx("reading the UCX configuration (UCX_* variables)", status);
     choose_transports(ucx_config);
+    avoid_tcp_put_zcopy(ucx_config);
     ucp_params_t params{};
     params.field_mask =
         UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS | UCP_PARAM_FIELD_NAME;
