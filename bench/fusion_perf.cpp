@@ -36,6 +36,8 @@
 #include <string>
 #include <vector>
 
+#include "perf_common.hpp"
+
 namespace {
 
 struct Gradient {
@@ -244,11 +246,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("-t,--threshold", threshold_text,
-                 "fusion threshold in bytes when fused (default: KOLO_FUSION_THRESHOLD or 64M)");
+                 "fusion threshold in bytes when fused (default: KOLO_FUSION_THRESHOLD or 64M)")
+      ->check(kolo::bench::size_error);
   app.add_flag("--no-ordered", skip_ordered, "skip the ordered-calls column");
   app.add_option("--max-tensor-bytes", max_tensor_text,
                  "keep only the gradients smaller than this (K/M/G suffixes): the latency-bound "
-                 "part of a model");
+                 "part of a model")
+      ->check(kolo::bench::size_error);
   app.add_flag("-c,--check", verify,
                "check every element after each mode (every rank starts with rank + 1, so the "
                "average is (N + 1) / 2 whatever the number of steps)");
@@ -257,22 +261,22 @@ int main(int argc, char** argv) {
                "order) and exit without joining a job");
   CLI11_PARSE(app, argc, argv);
 
-  auto parse_size = [](const std::string& text) {
-    char* end = nullptr;
-    uint64_t value = std::strtoull(text.c_str(), &end, 10);
-    if (*end == 'K' || *end == 'k') value <<= 10;
-    if (*end == 'M' || *end == 'm') value <<= 20;
-    if (*end == 'G' || *end == 'g') value <<= 30;
-    return value;
-  };
   uint64_t threshold = 64ull << 20;
   std::string threshold_source = threshold_text;
   if (threshold_source.empty() && std::getenv("KOLO_FUSION_THRESHOLD")) {
     threshold_source = std::getenv("KOLO_FUSION_THRESHOLD");
   }
-  if (!threshold_source.empty()) threshold = parse_size(threshold_source);
+  if (!threshold_source.empty()) {
+    auto parsed = kolo::bench::parse_size(threshold_source);
+    if (!parsed) {
+      std::fprintf(stderr, "fusion_perf: KOLO_FUSION_THRESHOLD: %s\n",
+                   kolo::bench::size_error(threshold_source).c_str());
+      return 2;
+    }
+    threshold = *parsed;
+  }
   const uint64_t max_tensor_bytes =
-      max_tensor_text.empty() ? ~uint64_t{0} : parse_size(max_tensor_text);
+      max_tensor_text.empty() ? ~uint64_t{0} : *kolo::bench::parse_size(max_tensor_text);
 
   std::vector<std::string> names;
   for (size_t at = 0; at <= models.size();) {

@@ -318,41 +318,6 @@ std::optional<std::vector<kolo_op_t>> parse_ops(const std::string& text) {
   return ops;
 }
 
-// "8", "64K", "32M", "1G" (powers of 1024, as nccl-tests), optionally followed by "B" or "iB".
-std::optional<uint64_t> parse_size(const std::string& text) {
-  size_t digits = 0;
-  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
-  if (digits == 0 || digits > 18) return std::nullopt;
-  uint64_t value = std::stoull(text.substr(0, digits));
-  std::string_view unit = std::string_view(text).substr(digits);
-  int shift = 0;
-  if (!unit.empty()) {
-    switch (unit.front()) {
-      case 'k':
-      case 'K':
-        shift = 10;
-        break;
-      case 'm':
-      case 'M':
-        shift = 20;
-        break;
-      case 'g':
-      case 'G':
-        shift = 30;
-        break;
-      case 'b':
-      case 'B':
-        break;
-      default:
-        return std::nullopt;
-    }
-    if (shift != 0) unit.remove_prefix(1);
-    if (unit != "" && unit != "B" && unit != "b" && unit != "iB") return std::nullopt;
-  }
-  if (value > (UINT64_MAX >> shift)) return std::nullopt;
-  return value << shift;
-}
-
 // ---- Flags --------------------------------------------------------------------------------------
 
 enum class Combine { kRankZero = 0, kAverage = 1, kMinimum = 2, kMaximum = 3 };
@@ -389,22 +354,19 @@ std::optional<int> parse_options(int argc, char** argv, const Collective& collec
       fmt::format("{}_perf: kolo's {} benchmark, with the flags and the table of nccl-tests.\n"
                   "Run it under a launcher, for example: kolorun -np 4 {}_perf -b 8 -e 128M -f 2",
                   collective.name, collective.name, collective.name)};
-  const auto size_check = [](const std::string& text) -> std::string {
-    return parse_size(text) ? "" : "expected a size such as 8, 64K, 32M or 1G, got " + text;
-  };
   std::string min_text = "32M", max_text = "32M", step_text = "1M";
   std::string dtype_text = "float", op_text = "sum";
   int check = 1, average = 1, blocking = 0, threads = 1;
   std::string gpus_text;
   app.add_option("-b,--minbytes", min_text, "smallest size in bytes (K, M, G suffixes)")
-      ->check(size_check)
+      ->check(size_error)
       ->capture_default_str();
   app.add_option("-e,--maxbytes", max_text, "largest size in bytes")
-      ->check(size_check)
+      ->check(size_error)
       ->capture_default_str();
   auto* step_option = app.add_option("-i,--stepbytes", step_text,
                                      "increment between sizes, used when the step factor is 1")
-                          ->check(size_check)
+                          ->check(size_error)
                           ->capture_default_str();
   auto* factor_option = app.add_option("-f,--stepfactor", options.step_factor,
                                        "multiply the size by this from one row to the next")
@@ -894,6 +856,44 @@ int run_benchmark(int argc, char** argv, const Collective& collective) {
     return 1;
   }
   return exit_code;
+}
+
+std::optional<uint64_t> parse_size(const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0 || digits > 18) return std::nullopt;
+  uint64_t value = std::stoull(text.substr(0, digits));
+  std::string_view unit = std::string_view(text).substr(digits);
+  int shift = 0;
+  if (!unit.empty()) {
+    switch (unit.front()) {
+      case 'k':
+      case 'K':
+        shift = 10;
+        break;
+      case 'm':
+      case 'M':
+        shift = 20;
+        break;
+      case 'g':
+      case 'G':
+        shift = 30;
+        break;
+      case 'b':
+      case 'B':
+        break;
+      default:
+        return std::nullopt;
+    }
+    if (shift != 0) unit.remove_prefix(1);
+    if (unit != "" && unit != "B" && unit != "b" && unit != "iB") return std::nullopt;
+  }
+  if (value > (UINT64_MAX >> shift)) return std::nullopt;
+  return value << shift;
+}
+
+std::string size_error(const std::string& text) {
+  return parse_size(text) ? "" : "expected a size such as 8, 64K, 32M or 1G, got " + text;
 }
 
 }  // namespace kolo::bench

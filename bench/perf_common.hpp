@@ -19,6 +19,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "kolo.h"
 
@@ -96,5 +98,12 @@ void fill_reduced(const Operation& operation, void* buffer, uint64_t count, uint
 // Prints "kolo error: <status string>: <kolo_comm_last_error(comm)>" on stderr and exits with 1
 // unless status is KOLO_SUCCESS.
 void check(kolo_comm_t comm, kolo_status_t status);
+
+// "8", "64K", "32M", "1G" (powers of 1024, as nccl-tests), optionally followed by "B" or "iB";
+// nothing else, so "1X" or "64Kb!" are refused rather than read as a prefix.
+std::optional<uint64_t> parse_size(const std::string& text);
+
+// A flag validator: "" where text is a size, else what was expected and what came.
+std::string size_error(const std::string& text);
 
 }  // namespace kolo::bench
