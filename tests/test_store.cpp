@@ -613,3 +613,11 @@ TEST_CASE("store: a client retries until the server is up", "[store]") {
   client.set_string("up", "1");
   CHECK(client.get_string("up") == "1");
 }
+
+TEST_CASE("store keys name the communicator's context in hex, the item and the rank", "[store]") {
+  CHECK(kolo::store_key(0x1f, "host", 3) == "kolo/1f/host/3");
+  CHECK(kolo::store_key(1, "ucx-worker", 0) == "kolo/1/ucx-worker/0");
+  CHECK(kolo::store_key(0xabcdef0123456789, "gpu") == "kolo/abcdef0123456789/gpu");
+  // Two contexts never share a key, whatever the item.
+  CHECK(kolo::store_key(0x12, "x", 3) != kolo::store_key(0x1, "2/x", 3));
+}

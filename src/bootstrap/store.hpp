@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "net/socket.hpp"
@@ -61,5 +62,11 @@ class StoreClient {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Every key kolo writes to the store is made here: "kolo/<context in hex>/<what>", with "/<rank>"
+// after it for an item of one rank. The context tells communicators apart (the world's, each
+// split's), so that their start-ups never read each other's keys.
+std::string store_key(uint64_t context, std::string_view what);
+std::string store_key(uint64_t context, std::string_view what, int rank);
 
 }  // namespace kolo

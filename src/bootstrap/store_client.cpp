@@ -211,4 +211,12 @@ std::string StoreClient::get_string(const std::string& key) {
   return std::string(value.begin(), value.end());
 }
 
+std::string store_key(uint64_t context, std::string_view what) {
+  return fmt::format("kolo/{:x}/{}", context, what);
+}
+
+std::string store_key(uint64_t context, std::string_view what, int rank) {
+  return fmt::format("kolo/{:x}/{}/{}", context, what, rank);
+}
+
 }  // namespace kolo

@@ -25,10 +25,6 @@ namespace {
 // this number.
 constexpr uint64_t kWorldContext = 1;
 
-std::string store_key(const char* what, int rank) {
-  return fmt::format("kolo/{:x}/{}/{}", kWorldContext, what, rank);
-}
-
 }  // namespace
 
 Communicator::Communicator(const ConfigOverrides& overrides) {
@@ -71,10 +67,10 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   ring_ = std::move(links.ring);
 
   // Rank 0 serves the store: it stays until every rank is done with it.
-  store_->set_string(store_key("ready", config_.rank), "1");
+  store_->set_string(store_key(kWorldContext, "ready", config_.rank), "1");
   if (config_.rank == 0) {
     std::vector<std::string> keys;
-    for (int rank = 0; rank < config_.size; ++rank) keys.push_back(store_key("ready", rank));
+    for (int rank = 0; rank < config_.size; ++rank) keys.push_back(store_key(kWorldContext, "ready", rank));
     store_->wait(keys);
   }
   log::info("communicator ready: rank {} of {}, local rank {} of {}, {} node(s), transport {}",
@@ -107,12 +103,12 @@ fusion::FusionEngine& Communicator::fusion() {
 // launcher's local rank and size win where it gave them.
 void Communicator::discover_hosts() {
   std::string host = net::host_name();
-  store_->set_string(store_key("host", config_.rank), host);
+  store_->set_string(store_key(kWorldContext, "host", config_.rank), host);
   int local_rank = 0;
   int local_size = 0;
   std::set<std::string> hosts;
   for (int rank = 0; rank < config_.size; ++rank) {
-    std::string other = rank == config_.rank ? host : store_->get_string(store_key("host", rank));
+    std::string other = rank == config_.rank ? host : store_->get_string(store_key(kWorldContext, "host", rank));
     hosts.insert(other);
     if (other == host) {
       if (rank < config_.rank) ++local_rank;

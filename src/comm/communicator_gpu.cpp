@@ -57,7 +57,7 @@ gpu::Backend& Communicator::gpu_backend(int device) {
     gpu::BackendSetup setup;
     setup.store = store_.get();
     setup.transport = transport_.get();
-    setup.key_prefix = fmt::format("kolo/{:x}/gpu", context_);
+    setup.key_prefix = store_key(context_, "gpu");
     setup.rank = rank();
     setup.size = size();
     setup.timeout_s = config_.timeout_s;

@@ -19,10 +19,6 @@
 namespace kolo {
 namespace {
 
-std::string key(uint64_t context, const char* name, int rank) {
-  return fmt::format("kolo/{:x}/{}/{}", context, name, rank);
-}
-
 // Connection `stream` of a peer: 0 .. data_streams-1 carry data, data_streams is the control one.
 void place(PeerSockets& peer, int stream, int data_streams, net::Socket socket) {
   if (stream == data_streams) {
@@ -160,11 +156,11 @@ std::string listen_address(const Config& config, StoreClient& store, int rank, i
   std::string own = net::route_source_address(net::parse_endpoint(config.addr, "KOLO_ADDR"),
                                               "KOLO_ADDR");
   std::string route_name = fmt::format("{}-route", name);
-  store.set_string(key(context, route_name.c_str(), rank), own);
+  store.set_string(store_key(context, route_name, rank), own);
   if (!net::is_loopback_address(own)) return own;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    std::string theirs = store.get_string(key(context, route_name.c_str(), peer));
+    std::string theirs = store.get_string(store_key(context, route_name, peer));
     if (!net::is_loopback_address(theirs)) {
       return net::route_source_address({theirs, 0}, fmt::format("the address of rank {}", peer));
     }
@@ -182,7 +178,7 @@ std::vector<PeerSockets> connect_mesh(const Config& config, StoreClient& store, 
                          : listen_address(config, store, rank, size, context, name);
   net::Socket listener = net::listen_on({host, 0});
   net::Endpoint me = net::local_endpoint(listener);
-  store.set_string(key(context, name, rank), me.to_string());
+  store.set_string(store_key(context, name, rank), me.to_string());
   if (data_streams > 0) {
     log::info("{}: rank {} listens on {} with {} data stream(s) per peer", name, rank,
               me.to_string(), data_streams);
@@ -208,7 +204,7 @@ std::vector<PeerSockets> connect_mesh(const Config& config, StoreClient& store, 
   std::exception_ptr connect_error;
   try {
     for (int peer = rank + 1; peer < size; ++peer) {
-      net::Endpoint endpoint = net::parse_endpoint(store.get_string(key(context, name, peer)),
+      net::Endpoint endpoint = net::parse_endpoint(store.get_string(store_key(context, name, peer)),
                                                    "the address published by a peer");
       for (int stream = 0; stream <= data_streams; ++stream) {
         bool control = stream == data_streams;

@@ -35,10 +35,6 @@ bool has_active_rdma_port() {
   return false;
 }
 
-std::string key(uint64_t context, const std::string& what) {
-  return fmt::format("kolo/{:x}/transport-auto/{}", context, what);
-}
-
 }  // namespace
 
 bool ucx_is_faster(const Config& /*config*/, StoreClient& store, int rank, int size,
@@ -47,13 +43,13 @@ bool ucx_is_faster(const Config& /*config*/, StoreClient& store, int rank, int s
     reason = "a single rank sends nothing";
     return false;
   }
-  store.set_string(key(context, std::to_string(rank)),
+  store.set_string(store_key(context, "transport-auto", rank),
                    fmt::format("{} {}", has_active_rdma_port() ? 1 : 0, net::host_name()));
   if (rank == 0) {
     std::set<std::string> hosts;
     int without_rdma = 0;
     for (int other = 0; other < size; ++other) {
-      std::istringstream entry(store.get_string(key(context, std::to_string(other))));
+      std::istringstream entry(store.get_string(store_key(context, "transport-auto", other)));
       int rdma = 0;
       std::string host;
       entry >> rdma;
@@ -70,9 +66,9 @@ bool ucx_is_faster(const Config& /*config*/, StoreClient& store, int rank, int s
       verdict = fmt::format("tcp {} hosts, and {} of {} ranks have no active RDMA port",
                             hosts.size(), without_rdma, size);
     }
-    store.set_string(key(context, "verdict"), verdict);
+    store.set_string(store_key(context, "transport-auto/verdict"), verdict);
   }
-  std::string verdict = store.get_string(key(context, "verdict"));
+  std::string verdict = store.get_string(store_key(context, "transport-auto/verdict"));
   size_t space = verdict.find(' ');
   reason = verdict.substr(space + 1);
   return verdict.substr(0, space) == "ucx";

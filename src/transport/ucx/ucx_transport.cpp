@@ -415,19 +415,19 @@ class UcxTransport final : public Transport {
       published = start_worker(config);
     } catch (...) {
       try {
-        store.set(worker_key(context, rank_), {});
+        store.set(store_key(context, "ucx-worker", rank_), {});
       } catch (const Error&) {
         // The store is gone too; the peers learn from their own timeouts.
       }
       throw;
     }
-    store.set(worker_key(context, rank_), published);
+    store.set(store_key(context, "ucx-worker", rank_), published);
     log::info("ucx: rank {} worker address of {} bytes published", rank_, published.size());
     const auto worker_ready = Clock::now();
 
     for (int peer = 0; peer < size_; ++peer) {
       std::vector<uint8_t> remote =
-          peer == rank_ ? published : store.get(worker_key(context, peer));
+          peer == rank_ ? published : store.get(store_key(context, "ucx-worker", peer));
       if (remote.empty()) {
         throw Error(Status::kPeerLost,
                     fmt::format("ucx: rank {} could not start UCX (its log says why)", peer));
@@ -584,10 +584,6 @@ class UcxTransport final : public Transport {
     std::string joined;
     for (const auto& lane : lanes) joined += (joined.empty() ? "" : " ") + lane;
     return joined;
-  }
-
-  static std::string worker_key(uint64_t context, int rank) {
-    return fmt::format("kolo/{:x}/ucx-worker/{}", context, rank);
   }
 
   // The lower rank of each pair sends the pair's key over their authenticated control socket.
