@@ -455,31 +455,14 @@ kolo_status_t kolo_request_wait(kolo_request_t request) {
 
 kolo_status_t kolo_request_counts(kolo_request_t request, uint64_t* counts, int n) {
   if (!request) return KOLO_ERR_INVALID_ARGUMENT;
-  auto refuse = [&](const std::string& why) {
-    std::lock_guard<std::mutex> lock(request->error_mutex);
-    request->call_error = "kolo_request_counts: " + why;
-    return KOLO_ERR_INVALID_ARGUMENT;
-  };
   forget_call_error(request);
-  const kolo::fusion::UnitSpec& spec = request->request->spec();
-  if (!counts) return refuse("counts is NULL");
-  if (spec.kind != kolo::fusion::Kind::kAllgather) {
-    return refuse(
-        fmt::format("the request of {} is not an allgather", kolo::fusion::describe(spec)));
+  std::string refusal;
+  kolo::Status status = request->request->copy_gathered_counts(counts, n, &refusal);
+  if (!refusal.empty()) {
+    std::lock_guard<std::mutex> lock(request->error_mutex);
+    request->call_error = "kolo_request_counts: " + refusal;
   }
-  kolo::Status status = kolo::Status::kSuccess;
-  std::vector<uint64_t> gathered;
-  if (!request->request->gathered_counts(&status, &gathered)) {
-    return refuse(
-        fmt::format("{} is still pending; wait for it first", kolo::fusion::describe(spec)));
-  }
-  if (status != kolo::Status::kSuccess) return static_cast<kolo_status_t>(status);
-  if (n < 0 || static_cast<size_t>(n) < gathered.size()) {
-    return refuse(fmt::format("counts has room for {} entries but {} gathered from {} ranks", n,
-                              kolo::fusion::describe(spec), gathered.size()));
-  }
-  std::copy(gathered.begin(), gathered.end(), counts);
-  return KOLO_SUCCESS;
+  return static_cast<kolo_status_t>(status);
 }
 
 const char* kolo_request_last_error(kolo_request_t request) {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/log.hpp"
 
 namespace kolo::fusion {
@@ -47,12 +49,24 @@ Status Request::wait() {
   return status_;
 }
 
-bool Request::gathered_counts(Status* status, std::vector<uint64_t>* counts) const {
+Status Request::copy_gathered_counts(uint64_t* counts, int n, std::string* refusal) const {
+  auto refuse = [&](std::string why) {
+    *refusal = std::move(why);
+    return Status::kInvalidArgument;
+  };
+  if (!counts) return refuse("counts is NULL");
+  if (spec_.kind != Kind::kAllgather) {
+    return refuse(fmt::format("the request of {} is not an allgather", describe(spec_)));
+  }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!done_) return false;
-  *status = status_;
-  *counts = gathered_counts_;
-  return true;
+  if (!done_) return refuse(fmt::format("{} is still pending; wait for it first", describe(spec_)));
+  if (status_ != Status::kSuccess) return status_;
+  if (n < 0 || static_cast<size_t>(n) < gathered_counts_.size()) {
+    return refuse(fmt::format("counts has room for {} entries but {} gathered from {} ranks", n,
+                              describe(spec_), gathered_counts_.size()));
+  }
+  std::copy(gathered_counts_.begin(), gathered_counts_.end(), counts);
+  return Status::kSuccess;
 }
 
 std::string Request::message() const {

@@ -53,9 +53,11 @@ class Request {
   Status wait();
   // The error message: "" on success and while pending (unless a wait timed out).
   std::string message() const;
-  // Once complete: true and *status; *counts gets the gathered counts of a successful allgather
-  // (empty otherwise). False while pending.
-  bool gathered_counts(Status* status, std::vector<uint64_t>* counts) const;
+  // An allgather's counts, every rank's in rank order, copied into counts[0 .. n): kSuccess once
+  // it completed successfully; its own status once it failed; kInvalidArgument, with *refusal
+  // saying why, for a request that is no allgather or still pending, a null counts or n smaller
+  // than the number of ranks.
+  Status copy_gathered_counts(uint64_t* counts, int n, std::string* refusal) const;
 
  private:
   const UnitSpec spec_;
