@@ -1,7 +1,6 @@
 // Transport set-up and control, without a job: the connection mesh (transport/mesh.hpp) between
 // two ranks run as threads of this process, with a real rendezvous store (strangers that connect
 // and never answer must not delay it), and the control channel over a loopback pair.
-#include <fmt/format.h>
 #include <sys/socket.h>
 
 #include <catch2/catch.hpp>
@@ -12,13 +11,12 @@
 #include <vector>
 
 #include "bootstrap/store.hpp"
-#include "core/config.hpp"
 #include "kolo/status.hpp"
 #include "net/socket.hpp"
 #include "transport/control_channel.hpp"
 #include "transport/mesh.hpp"
+#include "transport/transport.hpp"
 
-using kolo::Config;
 using kolo::Deadline;
 using kolo::PeerSockets;
 using kolo::StoreClient;
@@ -30,21 +28,14 @@ namespace {
 const char* kSecret = "mesh-test-secret";
 constexpr uint64_t kContext = 0x5eed;
 
-Config rank_config(const net::Endpoint& store, int rank) {
-  Config config;
-  config.rank = rank;
-  config.size = 2;
-  config.addr = store.to_string();
-  config.secret = kSecret;
-  config.timeout_s = 30;
-  config.socket_ifname = "=lo";
-  return config;
-}
-
 std::vector<PeerSockets> join(const net::Endpoint& store, int rank, int streams) {
-  Config config = rank_config(store, rank);
-  StoreClient client(store, kSecret, rank, config.timeout_s);
-  return kolo::connect_mesh(config, client, rank, 2, kContext, "tcp", streams);
+  kolo::TransportSettings settings;
+  settings.addr = store.to_string();
+  settings.secret = kSecret;
+  settings.timeout_s = 30;
+  settings.socket_ifname = "=lo";
+  StoreClient client(store, kSecret, rank, settings.timeout_s);
+  return kolo::connect_mesh(settings, client, rank, 2, kContext, "tcp", streams);
 }
 
 }  // namespace
@@ -57,7 +48,7 @@ TEST_CASE("silent strangers at a rank's listener do not delay the mesh", "[mesh]
   auto rank1 = std::async(std::launch::async, [&] { return join(store, 1, streams); });
   StoreClient observer(store, kSecret, 0, 30);
   net::Endpoint listener = net::parse_endpoint(
-      observer.get_string(fmt::format("kolo/{:x}/tcp/1", kContext)), "rank 1's address");
+      observer.get_string(kolo::store_key(kContext, "tcp", 1)), "rank 1's address");
 
   // Strangers connect before rank 0 does, and never say a word.
   std::vector<net::Socket> strangers;
@@ -87,7 +78,7 @@ TEST_CASE("a connection reset before it is accepted is dropped, not fatal", "[me
   auto rank1 = std::async(std::launch::async, [&] { return join(store, 1, 1); });
   StoreClient observer(store, kSecret, 0, 30);
   net::Endpoint listener = net::parse_endpoint(
-      observer.get_string(fmt::format("kolo/{:x}/tcp/1", kContext)), "rank 1's address");
+      observer.get_string(kolo::store_key(kContext, "tcp", 1)), "rank 1's address");
   for (int i = 0; i < 5; ++i) {
     net::Socket reset = net::connect_to(listener, Deadline(5));
     linger abort_on_close{1, 0};  // close() sends RST

@@ -14,8 +14,18 @@ std::unique_ptr<StoreClient> open_store(const Config& config) {
 }
 
 Links connect_links(const Config& config, StoreClient& store, uint64_t context) {
+  TransportSettings settings;
+  settings.transport = config.transport;
+  settings.addr = config.addr;
+  settings.secret = config.secret;
+  settings.timeout_s = config.timeout_s;
+  settings.socket_ifname = config.socket_ifname;
+  settings.local_size = config.local_size;
+  settings.tcp_streams = config.tcp_streams;
+  settings.ucx_shm = config.ucx_shm;
+  settings.ucx_shm_copy = config.ucx_shm_copy;
   Links links;
-  links.transport = make_transport(config, store, config.rank, config.size, context);
+  links.transport = make_transport(settings, store, config.rank, config.size, context);
   links.ring = std::make_unique<Ring>(*links.transport, config.rank, config.size,
                                       config.segment_bytes, config.timeout_s);
   return links;

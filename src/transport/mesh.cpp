@@ -11,10 +11,10 @@
 #include <utility>
 
 #include "bootstrap/store.hpp"
-#include "core/config.hpp"
 #include "core/log.hpp"
 #include "kolo/status.hpp"
 #include "net/auth.hpp"
+#include "transport/transport.hpp"
 
 namespace kolo {
 namespace {
@@ -73,8 +73,9 @@ void accept_connections(const net::Socket& listener, const std::string& secret, 
     if (polled[0].revents != 0) {
       net::Socket socket(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
       if (socket.valid()) {
-        Handshake handshake{std::move(socket), "an unknown address", net::make_auth_nonce(), {}, 0,
-                            Deadline(kHandshakeSeconds)};
+        Handshake handshake{
+            std::move(socket),          "an unknown address", net::make_auth_nonce(), {}, 0,
+            Deadline(kHandshakeSeconds)};
         try {
           // A connection reset while it waited in the queue has no peer address any more.
           handshake.who = net::peer_endpoint(handshake.socket).to_string();
@@ -133,8 +134,8 @@ void accept_connections(const net::Socket& listener, const std::string& secret, 
           drop(handshake.who, error.what());
         }
       } else if (handshake.deadline.expired()) {
-        drop(handshake.who, fmt::format("it did not prove the job secret within {} s",
-                                        kHandshakeSeconds));
+        drop(handshake.who,
+             fmt::format("it did not prove the job secret within {} s", kHandshakeSeconds));
         done = true;
       }
       if (done) {
@@ -151,10 +152,10 @@ void accept_connections(const net::Socket& listener, const std::string& secret, 
 // KOLO_ADDR may resolve to loopback there (Debian maps its own name to 127.0.1.1) while other
 // hosts reach it over the network: such a rank takes the interface that routes to the first rank
 // that published a network address, so that no peer on another host is handed a loopback address.
-std::string listen_address(const Config& config, StoreClient& store, int rank, int size,
-                           uint64_t context, const char* name) {
-  std::string own = net::route_source_address(net::parse_endpoint(config.addr, "KOLO_ADDR"),
-                                              "KOLO_ADDR");
+std::string listen_address(const TransportSettings& settings, StoreClient& store, int rank,
+                           int size, uint64_t context, const char* name) {
+  std::string own =
+      net::route_source_address(net::parse_endpoint(settings.addr, "KOLO_ADDR"), "KOLO_ADDR");
   std::string route_name = fmt::format("{}-route", name);
   store.set_string(store_key(context, route_name, rank), own);
   if (!net::is_loopback_address(own)) return own;
@@ -170,12 +171,13 @@ std::string listen_address(const Config& config, StoreClient& store, int rank, i
 
 }  // namespace
 
-std::vector<PeerSockets> connect_mesh(const Config& config, StoreClient& store, int rank, int size,
-                                      uint64_t context, const char* name, int data_streams) {
-  Deadline deadline(config.timeout_s);
-  std::string host = !config.socket_ifname.empty()
-                         ? net::interface_address(config.socket_ifname)
-                         : listen_address(config, store, rank, size, context, name);
+std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreClient& store,
+                                      int rank, int size, uint64_t context, const char* name,
+                                      int data_streams) {
+  Deadline deadline(settings.timeout_s);
+  std::string host = !settings.socket_ifname.empty()
+                         ? net::interface_address(settings.socket_ifname)
+                         : listen_address(settings, store, rank, size, context, name);
   net::Socket listener = net::listen_on({host, 0});
   net::Endpoint me = net::local_endpoint(listener);
   store.set_string(store_key(context, name, rank), me.to_string());
@@ -195,8 +197,8 @@ std::vector<PeerSockets> connect_mesh(const Config& config, StoreClient& store, 
   std::vector<std::pair<net::Hello, net::Socket>> accepted;
   std::thread acceptor([&] {
     try {
-      accept_connections(listener, config.secret, context, name, rank, data_streams, deadline, stop,
-                         accepted);
+      accept_connections(listener, settings.secret, context, name, rank, data_streams, deadline,
+                         stop, accepted);
     } catch (...) {
       accept_error = std::current_exception();
     }
@@ -211,7 +213,7 @@ std::vector<PeerSockets> connect_mesh(const Config& config, StoreClient& store, 
         net::Socket socket = net::connect_to(endpoint, deadline);
         net::Hello hello{control ? net::kPurposeControl : net::kPurposeData, rank,
                          static_cast<uint32_t>(stream), context};
-        net::authenticate_as_client(socket, config.secret, hello, deadline);
+        net::authenticate_as_client(socket, settings.secret, hello, deadline);
         place(peers[peer], stream, data_streams, std::move(socket));
       }
     }

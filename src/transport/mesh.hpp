@@ -19,7 +19,7 @@
 namespace kolo {
 
 class StoreClient;
-struct Config;
+struct TransportSettings;
 
 struct PeerSockets {
   std::vector<net::Socket> data;  // data_streams connected, authenticated, blocking sockets
@@ -28,8 +28,9 @@ struct PeerSockets {
 
 // Returns one entry per rank; this rank's own entry is empty. `name` keys the published address
 // and prefixes log lines ("tcp", "ucx"). Throws kolo::Error: kTimeout when peers do not show up
-// within config.timeout_s, kPeerLost when a peer drops a connection during set-up.
-std::vector<PeerSockets> connect_mesh(const Config& config, StoreClient& store, int rank, int size,
-                                      uint64_t context, const char* name, int data_streams);
+// within settings.timeout_s, kPeerLost when a peer drops a connection during set-up.
+std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreClient& store,
+                                      int rank, int size, uint64_t context, const char* name,
+                                      int data_streams);
 
 }  // namespace kolo

@@ -2,7 +2,6 @@
 // transport is a folder under src/transport/ and one entry here.
 #include <fmt/format.h>
 
-#include "core/config.hpp"
 #include "core/log.hpp"
 #include "kolo_build_config.h"
 #include "transport/tcp/tcp_transport.hpp"
@@ -38,8 +37,8 @@ std::string names_built() {
 }
 
 // KOLO_TRANSPORT=auto: the first transport whose probe says yes, else the last one built.
-const TransportEntry& choose_automatically(const Config& config, StoreClient& store, int rank,
-                                           int size, uint64_t context) {
+const TransportEntry& choose_automatically(const TransportSettings& settings, StoreClient& store,
+                                           int rank, int size, uint64_t context) {
   const TransportEntry* fallback = nullptr;
   std::string reasons;
   for (const TransportEntry& entry : transport_registry()) {
@@ -51,7 +50,7 @@ const TransportEntry& choose_automatically(const Config& config, StoreClient& st
     fallback = &entry;
     if (!entry.probe) continue;
     std::string reason;
-    if (entry.probe(config, store, rank, size, context, reason)) {
+    if (entry.probe(settings, store, rank, size, context, reason)) {
       log::info("KOLO_TRANSPORT=auto chose {}: {}", entry.name, reason);
       return entry;
     }
@@ -64,25 +63,25 @@ const TransportEntry& choose_automatically(const Config& config, StoreClient& st
 
 }  // namespace
 
-std::unique_ptr<Transport> make_transport(const Config& config, StoreClient& store, int rank,
-                                          int size, uint64_t context) {
-  if (config.transport == "auto") {
-    return choose_automatically(config, store, rank, size, context)
-        .connect(config, store, rank, size, context);
+std::unique_ptr<Transport> make_transport(const TransportSettings& settings, StoreClient& store,
+                                          int rank, int size, uint64_t context) {
+  if (settings.transport == "auto") {
+    return choose_automatically(settings, store, rank, size, context)
+        .connect(settings, store, rank, size, context);
   }
   for (const TransportEntry& entry : transport_registry()) {
-    if (config.transport != entry.name) continue;
+    if (settings.transport != entry.name) continue;
     if (!entry.connect) {
       throw Error(Status::kUnsupported,
                   fmt::format("KOLO_TRANSPORT={} is not available: {}; available: {}", entry.name,
                               entry.missing_reason, names_built()));
     }
-    return entry.connect(config, store, rank, size, context);
+    return entry.connect(settings, store, rank, size, context);
   }
   std::string names;
   for (const TransportEntry& entry : transport_registry()) names += fmt::format("{}, ", entry.name);
   throw Error(Status::kUnsupported, fmt::format("KOLO_TRANSPORT={} is not a transport ({}or auto)",
-                                                config.transport, names));
+                                                settings.transport, names));
 }
 
 }  // namespace kolo

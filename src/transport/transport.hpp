@@ -34,7 +34,23 @@
 namespace kolo {
 
 class StoreClient;
-struct Config;
+
+// What a transport is told to connect with, and nothing else of the job's configuration (no
+// fusion, GPU or ring settings). Every field is read and validated with the other settings in
+// core/config.cpp before anything connects, so that a bad value fails kolo_comm_init at once with
+// one message and the README's table of variables is one list; the communicator layer fills this
+// from it (comm/connect.cpp).
+struct TransportSettings {
+  std::string transport = "tcp";      // KOLO_TRANSPORT: a registry name or "auto"
+  std::string addr;                   // KOLO_ADDR: the store, and the route toward other hosts
+  std::string secret;                 // the job secret every connection proves
+  double timeout_s = 300.0;           // KOLO_TIMEOUT: every wait during set-up
+  std::string socket_ifname;          // KOLO_SOCKET_IFNAME: where to listen ("" = by route)
+  int local_size = -1;                // ranks on this host, -1 when unknown
+  int tcp_streams = 1;                // tcp: KOLO_TCP_STREAMS data connections per peer
+  bool ucx_shm = true;                // ucx: KOLO_UCX_SHM, kolo's shared-memory rings within a host
+  std::string ucx_shm_copy = "auto";  // ucx: KOLO_UCX_SHM_COPY, auto, plain or stream
+};
 
 // One send or receive. The caller owns it and keeps it (and its buffer) alive and unmoved until
 // `complete` is set or the transport fails. The transport links posted transfers through `next`,
@@ -112,12 +128,13 @@ class Transport {
 struct TransportEntry {
   // Connects this rank to every peer, exchanging addresses through the store; throws
   // kolo::Error on failure.
-  using Connect = std::unique_ptr<Transport> (*)(const Config& config, StoreClient& store,
-                                                 int rank, int size, uint64_t context);
+  using Connect = std::unique_ptr<Transport> (*)(const TransportSettings& settings,
+                                                 StoreClient& store, int rank, int size,
+                                                 uint64_t context);
   // KOLO_TRANSPORT=auto: whether this transport should carry this job. Collective: every rank
   // calls it with the same arguments and gets the same answer (rank 0 decides through the
   // store). `reason` says why, for the log.
-  using Probe = bool (*)(const Config& config, StoreClient& store, int rank, int size,
+  using Probe = bool (*)(const TransportSettings& settings, StoreClient& store, int rank, int size,
                          uint64_t context, std::string& reason);
 
   const char* name;            // as KOLO_TRANSPORT spells it
@@ -130,10 +147,10 @@ struct TransportEntry {
 // auto's fallback.
 const std::vector<TransportEntry>& transport_registry();
 
-// Connects this rank to every peer with the transport config.transport names (or, for auto, the
+// Connects this rank to every peer with the transport settings.transport names (or, for auto, the
 // first of the registry whose probe says yes, else the fallback). `context` tells the connections
 // of different communicators apart. Throws kolo::Error on failure.
-std::unique_ptr<Transport> make_transport(const Config& config, StoreClient& store, int rank,
-                                          int size, uint64_t context);
+std::unique_ptr<Transport> make_transport(const TransportSettings& settings, StoreClient& store,
+                                          int rank, int size, uint64_t context);
 
 }  // namespace kolo

@@ -6,9 +6,9 @@
 // through the rendezvous store. The listener is closed once the mesh is complete.
 //
 // Data sockets carry frames (transport/framing.hpp: a 64-byte header with the payload length and
-// the OpDescriptor of the collective, then the payload). Between two ranks the k-th message goes on stream
-// k mod KOLO_TCP_STREAMS on both sides, so each stream is a FIFO and matching needs no tags. A
-// receiver reads a payload straight into the buffer of the matching posted receive; when nothing
+// the OpDescriptor of the collective, then the payload). Between two ranks the k-th message goes on
+// stream k mod KOLO_TCP_STREAMS on both sides, so each stream is a FIFO and matching needs no tags.
+// A receiver reads a payload straight into the buffer of the matching posted receive; when nothing
 // is posted yet it leaves the bytes in the kernel, which pushes back on the sender. No memory is
 // allocated per message and no byte is copied in user space.
 //
@@ -22,6 +22,7 @@
 // writable, and the socket is served until the kernel says EAGAIN or nothing is posted.
 #include "transport/tcp/tcp_transport.hpp"
 
+#include <fmt/format.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -33,9 +34,6 @@
 #include <optional>
 #include <vector>
 
-#include <fmt/format.h>
-
-#include "core/config.hpp"
 #include "core/log.hpp"
 #include "net/socket.hpp"
 #include "transport/control_channel.hpp"
@@ -52,7 +50,7 @@ struct Connection {
   int peer = -1;
   bool readable = true;  // until the kernel says EAGAIN
   bool writable = true;
-  bool closed = false;   // the peer closed its side (EOF seen)
+  bool closed = false;  // the peer closed its side (EOF seen)
 
   IntrusiveFifo<Transfer> sends;
   FrameHeader send_header;
@@ -73,14 +71,15 @@ struct Peer {
 
 class TcpTransport final : public Transport {
  public:
-  TcpTransport(const Config& config, StoreClient& store, int rank, int size, uint64_t context)
-      : rank_(rank), streams_(config.tcp_streams), peers_(size), control_(rank, size) {
+  TcpTransport(const TransportSettings& settings, StoreClient& store, int rank, int size,
+               uint64_t context)
+      : rank_(rank), streams_(settings.tcp_streams), peers_(size), control_(rank, size) {
     epoll_ = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_.valid()) {
       throw Error(Status::kSystem, fmt::format("epoll_create1 failed: {}", std::strerror(errno)));
     }
     std::vector<PeerSockets> sockets =
-        connect_mesh(config, store, rank, size, context, "tcp", streams_);
+        connect_mesh(settings, store, rank, size, context, "tcp", streams_);
     for (int peer = 0; peer < size; ++peer) {
       if (peer == rank) continue;
       peers_[peer].streams.resize(streams_);
@@ -124,7 +123,8 @@ class TcpTransport final : public Transport {
     int ready = ::epoll_wait(epoll_.fd(), events.data(), events.size(), deadline.remaining_ms());
     if (ready < 0) {
       if (errno == EINTR) return;
-      fail(Error(Status::kSystem, fmt::format("epoll_wait failed: {}", std::strerror(errno))), true);
+      fail(Error(Status::kSystem, fmt::format("epoll_wait failed: {}", std::strerror(errno))),
+           true);
     }
     guarded([&] {
       for (int i = 0; i < ready; ++i) {
@@ -181,9 +181,9 @@ class TcpTransport final : public Transport {
       iovec parts[2];
       int count = 0;
       if (connection.send_header_done < sizeof(FrameHeader)) {
-        parts[count++] = {reinterpret_cast<char*>(&connection.send_header) +
-                              connection.send_header_done,
-                          sizeof(FrameHeader) - connection.send_header_done};
+        parts[count++] = {
+            reinterpret_cast<char*>(&connection.send_header) + connection.send_header_done,
+            sizeof(FrameHeader) - connection.send_header_done};
       }
       if (transfer.done < transfer.bytes) {
         parts[count++] = {static_cast<char*>(transfer.data) + transfer.done,
@@ -192,9 +192,8 @@ class TcpTransport final : public Transport {
       msghdr message{};
       message.msg_iov = parts;
       message.msg_iovlen = count;
-      ssize_t sent = count ? ::sendmsg(connection.socket.fd(), &message,
-                                       MSG_NOSIGNAL | MSG_DONTWAIT)
-                           : 0;
+      ssize_t sent =
+          count ? ::sendmsg(connection.socket.fd(), &message, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
       if (sent < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -203,7 +202,8 @@ class TcpTransport final : public Transport {
         }
         data_lost(connection.peer, fmt::format("sending to it failed: {}", std::strerror(errno)));
       }
-      size_t header_part = std::min<size_t>(sent, sizeof(FrameHeader) - connection.send_header_done);
+      size_t header_part =
+          std::min<size_t>(sent, sizeof(FrameHeader) - connection.send_header_done);
       connection.send_header_done += header_part;
       transfer.done += sent - header_part;
       if (connection.send_header_done == sizeof(FrameHeader) && transfer.done == transfer.bytes) {
@@ -217,9 +217,9 @@ class TcpTransport final : public Transport {
   void serve_recvs(Connection& connection) {
     if (connection.closed && !connection.recvs.empty()) {
       data_lost(connection.peer,
-                 control_.said_goodbye(connection.peer)
-                     ? "it destroyed its communicator while this rank still expected data"
-                     : "its connection closed");
+                control_.said_goodbye(connection.peer)
+                    ? "it destroyed its communicator while this rank still expected data"
+                    : "its connection closed");
     }
     while (connection.readable && !connection.closed) {
       Transfer* transfer = connection.recvs.front();
@@ -228,9 +228,9 @@ class TcpTransport final : public Transport {
       iovec parts[2];
       int count = 0;
       if (header_pending) {
-        parts[count++] = {reinterpret_cast<char*>(&connection.recv_header) +
-                              connection.recv_header_done,
-                          sizeof(FrameHeader) - connection.recv_header_done};
+        parts[count++] = {
+            reinterpret_cast<char*>(&connection.recv_header) + connection.recv_header_done,
+            sizeof(FrameHeader) - connection.recv_header_done};
       }
       if (transfer && transfer->done < transfer->bytes) {
         parts[count++] = {static_cast<char*>(transfer->data) + transfer->done,
@@ -253,16 +253,17 @@ class TcpTransport final : public Transport {
           // Not an error yet: a peer that finished may close. It is one if we wait on it.
           if (transfer || connection.recv_header_done > 0) {
             data_lost(connection.peer,
-                       control_.said_goodbye(connection.peer)
-                           ? "it destroyed its communicator while this rank still expected data"
-                           : "its connection closed in the middle of a message");
+                      control_.said_goodbye(connection.peer)
+                          ? "it destroyed its communicator while this rank still expected data"
+                          : "its connection closed in the middle of a message");
           }
           break;
         }
       }
       size_t header_part =
-          header_pending ? std::min<size_t>(received, sizeof(FrameHeader) - connection.recv_header_done)
-                         : 0;
+          header_pending
+              ? std::min<size_t>(received, sizeof(FrameHeader) - connection.recv_header_done)
+              : 0;
       connection.recv_header_done += header_part;
       if (transfer) transfer->done += received - header_part;
       if (connection.recv_header_done < sizeof(FrameHeader) || !transfer) continue;
@@ -350,9 +351,9 @@ class TcpTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_tcp_transport(const Config& config, StoreClient& store, int rank,
-                                              int size, uint64_t context) {
-  return std::make_unique<TcpTransport>(config, store, rank, size, context);
+std::unique_ptr<Transport> make_tcp_transport(const TransportSettings& settings, StoreClient& store,
+                                              int rank, int size, uint64_t context) {
+  return std::make_unique<TcpTransport>(settings, store, rank, size, context);
 }
 
 }  // namespace kolo

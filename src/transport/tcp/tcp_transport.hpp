@@ -7,7 +7,7 @@
 
 namespace kolo {
 
-std::unique_ptr<Transport> make_tcp_transport(const Config& config, StoreClient& store, int rank,
-                                              int size, uint64_t context);
+std::unique_ptr<Transport> make_tcp_transport(const TransportSettings& settings, StoreClient& store,
+                                              int rank, int size, uint64_t context);
 
 }  // namespace kolo

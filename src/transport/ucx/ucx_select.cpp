@@ -37,7 +37,7 @@ bool has_active_rdma_port() {
 
 }  // namespace
 
-bool ucx_is_faster(const Config& /*config*/, StoreClient& store, int rank, int size,
+bool ucx_is_faster(const TransportSettings& /*settings*/, StoreClient& store, int rank, int size,
                    uint64_t context, std::string& reason) {
   if (size == 1) {
     reason = "a single rank sends nothing";

@@ -82,7 +82,6 @@
 #include <vector>
 
 #include "bootstrap/store.hpp"
-#include "core/config.hpp"
 #include "core/log.hpp"
 #include "net/socket.hpp"
 #include "transport/control_channel.hpp"
@@ -92,7 +91,6 @@
 
 namespace kolo {
 namespace {
-
 
 // Tag bits: 63 payload (1) or header (0); 40..62 the sending rank; 0..39 the message number
 // between the pair (wrapping is harmless: only messages in flight at once must differ).
@@ -204,16 +202,17 @@ struct Operation {
 
 class UcxTransport final : public Transport {
  public:
-  UcxTransport(const Config& config, StoreClient& store, int rank, int size, uint64_t context)
+  UcxTransport(const TransportSettings& settings, StoreClient& store, int rank, int size,
+               uint64_t context)
       : rank_(rank), size_(size), peers_(size), control_(rank, size), shm_(rank, size, control_) {
-    pure_spin_ = config.local_size > usable_cpus() ? Clock::duration::zero() : kPureSpin;
+    pure_spin_ = settings.local_size > usable_cpus() ? Clock::duration::zero() : kPureSpin;
     if (size > kMaxRanks) {
       throw Error(
           Status::kUnsupported,
           fmt::format("ucx: {} ranks are more than the {} that tags can name", size, kMaxRanks));
     }
     try {
-      connect(config, store, context);
+      connect(settings, store, context);
     } catch (...) {
       destroy_ucx(false);
       throw;
@@ -357,10 +356,11 @@ class UcxTransport final : public Transport {
   void missed_wake_up() {
     if (max_sleep_ms_ == 1) return;
     max_sleep_ms_ = 1;
-    log::warn("ucx: rank {}: UCX's wake-ups do not arrive (it reaches its peers through {}); "
-              "waits now look every millisecond. Between containers or network namespaces of one "
-              "machine, leave UCX_TLS unset so that kolo keeps UCX off shared memory",
-              rank_, describe_lanes());
+    log::warn(
+        "ucx: rank {}: UCX's wake-ups do not arrive (it reaches its peers through {}); "
+        "waits now look every millisecond. Between containers or network namespaces of one "
+        "machine, leave UCX_TLS unset so that kolo keeps UCX off shared memory",
+        rank_, describe_lanes());
   }
 
   // Readable while progress() has something to do: UCX's event fd (reliable only while the
@@ -396,15 +396,15 @@ class UcxTransport final : public Transport {
 
   // ---- set-up ---------------------------------------------------------------------------------
 
-  void connect(const Config& config, StoreClient& store, uint64_t context) {
-    Deadline deadline(config.timeout_s);
+  void connect(const TransportSettings& settings, StoreClient& store, uint64_t context) {
+    Deadline deadline(settings.timeout_s);
     const auto started = Clock::now();
     // 1. Authenticated control sockets; 2. a key per pair over them.
     std::vector<PeerSockets> sockets =
-        connect_mesh(config, store, rank_, size_, context, "ucx-control", 0);
+        connect_mesh(settings, store, rank_, size_, context, "ucx-control", 0);
     exchange_keys(sockets, deadline);
     // 2b. Rings in shared memory for the peers on this host (transport/shm/).
-    shm_.connect(sockets, config.ucx_shm, ShmChannel::copy_mode(config.ucx_shm_copy), deadline);
+    shm_.connect(sockets, settings.ucx_shm, ShmChannel::copy_mode(settings.ucx_shm_copy), deadline);
     const auto control_ready = Clock::now();
 
     // 3. The worker, its address in the store, an endpoint to every rank. A rank that cannot
@@ -412,7 +412,7 @@ class UcxTransport final : public Transport {
     // for KOLO_TIMEOUT.
     std::vector<uint8_t> published;
     try {
-      published = start_worker(config);
+      published = start_worker(settings);
     } catch (...) {
       try {
         store.set(store_key(context, "ucx-worker", rank_), {});
@@ -480,9 +480,10 @@ class UcxTransport final : public Transport {
     const bool other_hosts = shm_.any_other_host();
     if (chosen != nullptr && *chosen != '\0') {
       if (other_hosts) {
-        log::info("ucx: rank {}: UCX_TLS={} kept; peers on other hosts may then be reached "
-                  "through shared memory where UCX can",
-                  rank_, chosen);
+        log::info(
+            "ucx: rank {}: UCX_TLS={} kept; peers on other hosts may then be reached "
+            "through shared memory where UCX can",
+            rank_, chosen);
       }
       return;
     }
@@ -492,9 +493,10 @@ class UcxTransport final : public Transport {
       throw_ucx(fmt::format("choosing UCX's transports (TLS={})", transports).c_str(), status);
     }
     if (other_hosts) {
-      log::info("ucx: rank {}: peers on other hosts: UCX's shared-memory transports left out "
-                "(UCX_TLS=^sm)",
-                rank_);
+      log::info(
+          "ucx: rank {}: peers on other hosts: UCX's shared-memory transports left out "
+          "(UCX_TLS=^sm)",
+          rank_);
     }
   }
 
@@ -510,7 +512,7 @@ class UcxTransport final : public Transport {
   }
 
   // The UCP context and worker (UCX_* variables apply); returns the worker's address.
-  std::vector<uint8_t> start_worker(const Config& config) {
+  std::vector<uint8_t> start_worker(const TransportSettings& settings) {
     install_peer_death_filter();
     ucp_config_t* ucx_config = nullptr;
     ucs_status_t status = ucp_config_read(nullptr, nullptr, &ucx_config);  // reads UCX_* variables
@@ -523,9 +525,9 @@ class UcxTransport final : public Transport {
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
     params.estimated_num_eps = static_cast<size_t>(size_);
     params.name = "kolo";
-    if (config.local_size > 0) {
+    if (settings.local_size > 0) {
       params.field_mask |= UCP_PARAM_FIELD_ESTIMATED_NUM_PPN;
-      params.estimated_num_ppn = static_cast<size_t>(config.local_size);
+      params.estimated_num_ppn = static_cast<size_t>(settings.local_size);
     }
     status = ucp_init(&params, ucx_config, &context_);
     ucp_config_release(ucx_config);
@@ -933,9 +935,9 @@ class UcxTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_ucx_transport(const Config& config, StoreClient& store, int rank,
-                                              int size, uint64_t context) {
-  return std::make_unique<UcxTransport>(config, store, rank, size, context);
+std::unique_ptr<Transport> make_ucx_transport(const TransportSettings& settings, StoreClient& store,
+                                              int rank, int size, uint64_t context) {
+  return std::make_unique<UcxTransport>(settings, store, rank, size, context);
 }
 
 }  // namespace kolo

@@ -11,14 +11,14 @@
 
 namespace kolo {
 
-std::unique_ptr<Transport> make_ucx_transport(const Config& config, StoreClient& store, int rank,
-                                              int size, uint64_t context);
+std::unique_ptr<Transport> make_ucx_transport(const TransportSettings& settings, StoreClient& store,
+                                              int rank, int size, uint64_t context);
 
 // KOLO_TRANSPORT=auto: whether UCX gives this job a faster path than kolo's TCP transport, namely
 // every rank on one host (shared memory) or an active RDMA port on every host. Every rank
 // publishes its host and RDMA ports in the store and rank 0 decides for all, so that all ranks
 // choose the same transport. `reason` says why, for the log.
-bool ucx_is_faster(const Config& config, StoreClient& store, int rank, int size, uint64_t context,
-                   std::string& reason);
+bool ucx_is_faster(const TransportSettings& settings, StoreClient& store, int rank, int size,
+                   uint64_t context, std::string& reason);
 
 }  // namespace kolo
