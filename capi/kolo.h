@@ -8,6 +8,14 @@
  * Threading: a communicator may be used from several threads; its collectives are serialised
  * internally, so two threads that issue collectives on one communicator must still issue them in
  * the same order on every rank (as with MPI and NCCL). Different communicators are independent.
+ * kolo numbers a communicator's collectives in the order threads reach it, and ranks match them
+ * by that number: where two threads race, the order may differ from rank to rank, and the ranks
+ * then pair different calls. Calls that differ (collective, count, dtype, op, root) fail with
+ * KOLO_ERR_MISMATCH; two calls of the same shape cannot be told apart, and each thread may get
+ * the other's result. So either order the threads yourself, or give each thread a communicator
+ * of its own (kolo_comm_split), or use named operations (matched by name). kolo cannot see
+ * whether the application ordered its threads; it logs one WARN per communicator the first time
+ * a collective had to wait for another thread's.
  *
  * Blocking: every collective below blocks the calling thread until it has finished on this rank
  * (except the stream-ordered _on_stream calls of "GPU buffers", and the named asynchronous ones),
@@ -154,12 +162,16 @@ typedef struct kolo_comm *kolo_comm_t;
 KOLO_API kolo_status_t kolo_comm_init(const kolo_config_t *config, kolo_comm_t *comm);
 
 /*
- * Closes every connection and frees the communicator. Does not wait for other ranks and never
- * blocks for longer than it takes to close sockets. A broken communicator can be destroyed too.
- * Named operations still pending fail with KOLO_ERR_CANCELLED (their callbacks run on this
- * thread); one whose collective is running when this is called finishes it first, and no buffer
- * of any request is touched once this returns. Request handles stay valid until freed.
- * Passing NULL returns KOLO_ERR_INVALID_ARGUMENT. The handle is invalid afterwards.
+ * Closes every connection and frees the communicator. Does not wait for other ranks: with no
+ * named operation running it takes as long as closing sockets. A broken communicator can be
+ * destroyed too. Named operations still pending fail with KOLO_ERR_CANCELLED (their callbacks run
+ * on this thread); a fused collective that the engine's thread is running when this is called is
+ * finished first, so destroy then blocks until it completes or fails, at most the communicator's
+ * timeout (KOLO_TIMEOUT), and no buffer of any request is touched once this returns. Request
+ * handles stay valid until freed. Passing NULL returns KOLO_ERR_INVALID_ARGUMENT. The handle is
+ * invalid afterwards. Calling this while another thread is inside a call on the same
+ * communicator (or may still make one) is undefined behaviour: the caller must first make sure
+ * that every other thread is done with it, as for free().
  */
 KOLO_API kolo_status_t kolo_comm_destroy(kolo_comm_t comm);
 

@@ -111,6 +111,34 @@ TEST_CASE("split: odd/even, singletons, opting out, nested, threads, parent dest
   }
 }
 
+TEST_CASE("collectives from two threads at once on one communicator are warned about",
+          "[collectives][threads]") {
+  for (int n : {2, 3}) {
+    DYNAMIC_SECTION("N = " << n) {
+      auto job = start(n, {"threads"});
+      auto results = job.wait(120);
+      int warned = 0;
+      for (size_t rank = 0; rank < results.size(); ++rank) {
+        INFO("rank " << rank << " output:\n" << results[rank].output);
+        CHECK_FALSE(results[rank].timed_out);
+        CHECK(results[rank].exit_code == 0);
+        CHECK(contains(results[rank].output, "threads: 600 calls checked"));
+        // Once per communicator at most.
+        const std::string& output = results[rank].output;
+        const std::string warning = "waited for another thread's collective";
+        const size_t first = output.find(warning);
+        if (first != std::string::npos) {
+          ++warned;
+          CHECK(output.find(warning, first + 1) == std::string::npos);
+          CHECK(contains(output, "kolo_comm_split"));
+        }
+      }
+      // 600 racing calls per rank: the race is seen somewhere.
+      CHECK(warned > 0);
+    }
+  }
+}
+
 TEST_CASE("the new collectives: ranks that disagree get KOLO_ERR_MISMATCH on every rank",
           "[faults][mismatch_collectives]") {
   const char* kinds[] = {

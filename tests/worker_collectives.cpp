@@ -15,6 +15,7 @@
 //   kolo_test_collectives badargs               invalid vectors and arguments, then a working call
 //   kolo_test_collectives recv_timeout SECONDS  rank 1 receives what rank 0 sends SECONDS late
 //   kolo_test_collectives lost SECONDS          loops on an odd/even split; reports how it ends
+//   kolo_test_collectives threads               two threads racing with the same allreduce
 //
 // Exit status 0 means every check passed; a failing check prints what it expected and got.
 #include <fmt/format.h>
@@ -975,6 +976,30 @@ int run_recv_timeout(const Comm& comm, double seconds) {
 // Splits into odd and even halves and allreduces 4 MiB on the half in a loop for `seconds`
 // (the half's rank 0 decides when to stop), then meets the others in a world barrier. Reports
 // how each ended: "half status <NAME> ..." and "world status <NAME> ...".
+// Two threads make the same allreduce at once on one communicator, 300 times each. Every rank
+// contributes the same value from both threads, so a pairing that differs between ranks still
+// gives the right sum; the library must warn that it saw the race (tests/test_more_collectives).
+int run_threads(const Comm& world) {
+  constexpr int kCalls = 300;
+  const int64_t expected = int64_t{g_size} * (g_size + 1) / 2;
+  std::atomic<int> checked{0};
+  auto loop = [&] {
+    for (int call = 0; call < kCalls; ++call) {
+      int64_t value = g_rank + 1;
+      check_status(world.handle,
+                   kolo_allreduce(world.handle, &value, &value, 1, KOLO_INT64, KOLO_SUM),
+                   "allreduce from two threads");
+      if (value != expected) fail(fmt::format("sum {}, expected {}", value, expected));
+      ++checked;
+    }
+  };
+  std::thread other(loop);
+  loop();
+  other.join();
+  fmt::print("rank {}: threads: {} calls checked\n", g_rank, checked.load());
+  return 0;
+}
+
 int run_lost(Comm& world, double seconds) {
   Comm half = split(world, g_rank % 2, g_rank, "split into odd and even");
   std::vector<float> data(1u << 20, 1.0f);
@@ -1050,6 +1075,8 @@ int main(int argc, char** argv) {
     result = run_badargs(world);
   } else if (scenario == "recv_timeout") {
     result = run_recv_timeout(world, argument.empty() ? 5.0 : std::atof(argument.c_str()));
+  } else if (scenario == "threads") {
+    result = run_threads(world);
   } else if (scenario == "lost") {
     result = run_lost(world, argument.empty() ? 4.0 : std::atof(argument.c_str()));
   } else {

@@ -122,9 +122,24 @@ void Communicator::discover_hosts() {
 
 template <typename Body>
 void Communicator::run(OpDescriptor op, Body&& body, bool numbered) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  const bool contended = !lock.owns_lock();
+  if (contended) lock.lock();
   if (broken_) throw *broken_;
   if (numbered) op.sequence = ++sequence_;
+  // Ordered calls are matched between ranks by their sequence numbers, taken here in the order
+  // threads reach the lock; two threads that race for it may take them in another order on
+  // another rank. Nothing on this rank can tell whether the application ordered them, so the
+  // race itself is reported, once.
+  if (contended && numbered && !warned_concurrent_) {
+    warned_concurrent_ = true;
+    log::warn("rank {}: {} waited for another thread's collective on the same communicator; "
+              "collectives from several threads are numbered in the order they reach it, which "
+              "may differ from rank to rank unless the application orders them: differing calls "
+              "then fail with KOLO_ERR_MISMATCH, and calls of one shape may swap results. Give "
+              "each thread a communicator of its own (kolo_comm_split) or use named operations",
+              config_.rank, describe(op));
+  }
   try {
     body(op);
   } catch (const Error& error) {

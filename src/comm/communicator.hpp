@@ -136,6 +136,7 @@ class Communicator {
   std::unique_ptr<Ring> ring_;
   std::mutex mutex_;
   uint64_t sequence_ = 0;
+  bool warned_concurrent_ = false;  // under mutex_: the warning of run() is given once
   std::optional<Error> broken_;
   uint64_t context_ = 1;  // tells this communicator's connections and store keys apart; 1: world
   std::vector<uint64_t> messages_sent_;      // point to point, per peer
