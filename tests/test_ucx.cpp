@@ -7,9 +7,13 @@
 // against its own reference. KOLO_DEBUG=INFO makes each rank log the UCX transports it uses, and
 // the tests check that each flavour really runs on the path it names.
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <string>
@@ -149,6 +153,35 @@ TEST_CASE("ucx: a rank killed with SIGKILL becomes KOLO_ERR_PEER_LOST on every s
       }
     }
   }
+}
+
+TEST_CASE("ucx: a segment name left in /dev/shm by a killed creator is removed by the next job",
+          "[ucx][shm_leftover]") {
+  // The pid of a process that has exited names no process (until the kernel reuses it).
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  REQUIRE(gone > 0);
+  ::waitpid(gone, nullptr, 0);
+  const std::string stale = "/dev/shm/kolo-" + std::to_string(gone) + "-0123456789abcdef";
+  // One whose creator is alive (this process) stays, as does a name of another shape.
+  const std::string alive = "/dev/shm/kolo-" + std::to_string(::getpid()) + "-fedcba9876543210";
+  const std::string other = "/dev/shm/kolo-" + std::to_string(gone) + "-not-a-segment";
+  for (const std::string& path : {stale, alive, other}) std::ofstream(path) << "left over";
+  auto job = start_job(2, {"barrier"},
+                       {{"KOLO_TRANSPORT", "ucx"}, {"KOLO_DEBUG", "INFO"}, {"UCX_TLS", "all"}});
+  auto results = job.wait(60);
+  int removed = 0;
+  for (size_t rank = 0; rank < results.size(); ++rank) {
+    INFO("rank " << rank << " output:\n" << results[rank].output);
+    CHECK(results[rank].exit_code == 0);
+    removed += contains(results[rank].output, "removed " + stale) ? 1 : 0;
+  }
+  CHECK(removed == 1);
+  CHECK_FALSE(std::filesystem::exists(stale));
+  CHECK(std::filesystem::exists(alive));
+  CHECK(std::filesystem::exists(other));
+  std::filesystem::remove(alive);
+  std::filesystem::remove(other);
 }
 
 TEST_CASE("ucx: ranks that disagree get KOLO_ERR_MISMATCH on every rank", "[ucx][faults]") {

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,7 +13,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -70,6 +73,34 @@ struct Offer {
 uint64_t random_u64() {
   std::random_device device;
   return (static_cast<uint64_t>(device()) << 32) ^ device();
+}
+
+// Segment names are "/kolo-<creator's pid>-<16 hex digits>".
+std::string segment_name() { return fmt::format("/kolo-{}-{:016x}", ::getpid(), random_u64()); }
+
+// A segment's name lives in /dev/shm only from its creation until the peer has opened it, but a
+// creator killed (SIGKILL) inside that window leaves it there for good. Before making segments,
+// each rank removes the names whose creator no longer exists (kill(pid, 0) fails with ESRCH).
+// A creator in another PID namespace that shares this /dev/shm looks dead too; its peer then
+// fails to open the segment and that pair keeps UCX, which costs speed, not correctness.
+void remove_stale_segments(int rank) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
+    const std::string file = entry.path().filename().string();
+    unsigned pid = 0;
+    char hex[17] = {};
+    int end = 0;
+    if (std::sscanf(file.c_str(), "kolo-%u-%16[0-9a-f]%n", &pid, hex, &end) != 2 ||
+        static_cast<size_t>(end) != file.size() || std::strlen(hex) != 16 || pid == 0 ||
+        pid == static_cast<unsigned>(::getpid())) {
+      continue;
+    }
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    if (::shm_unlink(("/" + file).c_str()) == 0) {
+      log::info("ucx: rank {} removed /dev/shm/{}, left by process {} that no longer exists", rank,
+                file, pid);
+    }
+  }
 }
 
 std::string host_identity() {
@@ -215,13 +246,14 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled, 
 
   // 2. The lower rank of each same-host pair makes the segment and offers it; the higher one
   // opens it, checks the cookie and answers. Offers go out before any answer is awaited.
+  if (std::count(candidate.begin(), candidate.end(), true) > 0) remove_stale_segments(rank_);
   std::vector<std::string> names(size_);
   std::vector<uint64_t> cookies(size_, 0);
   try {
     for (int peer = rank_ + 1; peer < size_; ++peer) {
       if (!candidate[peer]) continue;
       Offer offer;
-      std::string name = fmt::format("/kolo-{}-{:016x}", ::getpid(), random_u64());
+      std::string name = segment_name();
       int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       void* memory = MAP_FAILED;
       int error = 0;
