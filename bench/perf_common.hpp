@@ -1,6 +1,6 @@
-// The harness shared by kolo's benchmarks (allreduce_perf, and later all_gather_perf,
-// reduce_scatter_perf, broadcast_perf, ...). They take nccl-tests' flags and print nccl-tests'
-// table, so that their figures can be read next to NCCL's, MPI's and Gloo's.
+// The harness shared by kolo's benchmarks (allreduce_perf, all_gather_perf, reduce_scatter_perf,
+// alltoall_perf, broadcast_perf, reduce_perf, nccl_allreduce_perf). They take nccl-tests' flags and
+// print nccl-tests' table, so that their figures can be read next to NCCL's, MPI's and Gloo's.
 //
 // A benchmark describes its collective in one Collective value and passes it to run_benchmark(),
 // which does everything else: it parses the flags, joins the job (kolo_comm_init with the
@@ -15,6 +15,9 @@
 // ranks, products are powers of two), all 64 bits of a hash for integer SUM, PROD, MIN and MAX
 // (integer arithmetic wraps, and the reference wraps the same way). A correct result is therefore
 // bitwise equal to the reference, and #wrong counts every element that is not.
+//
+// perf_internal.hpp lists the files that implement it: the runner, the flags, the reference and
+// the table.
 #pragma once
 
 #include <cstddef>

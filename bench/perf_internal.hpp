@@ -1,0 +1,105 @@
+// What the harness's own files share, and the benchmarks do not see (theirs is perf_common.hpp):
+//   perf_reference.cpp  the element types, the inputs, the reference, and count_wrong()
+//   perf_options.cpp    the dtype and op names, the flags (Options) and the row sizes
+//   perf_table.cpp      nccl-tests' table: parameters, ranks, column headers, rows, summary
+//   perf_common.cpp     the runner: buffers, measuring, run_benchmark()
+#pragma once
+
+#include <fmt/core.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "kolo.h"
+#include "perf_common.hpp"
+
+namespace kolo::bench::detail {
+
+// ---- perf_reference.cpp -------------------------------------------------------------------------
+
+// The number of elements of got that differ in value from expected (so NaN never matches, and
+// +0 matches -0).
+uint64_t count_wrong(kolo_dtype_t dtype, const void* got, const void* expected, uint64_t count);
+
+// ---- perf_options.cpp ---------------------------------------------------------------------------
+
+// As nccl-tests prints them: "float", "bfloat16", ...; "sum", "avg", ...
+const char* dtype_name(kolo_dtype_t dtype);
+const char* op_name(kolo_op_t op);
+
+// -a: which rank's time a row shows, or how the ranks' times are combined.
+enum class Combine { kRankZero = 0, kAverage = 1, kMinimum = 2, kMaximum = 3 };
+
+struct Options {
+  uint64_t min_bytes = 32u << 20;
+  uint64_t max_bytes = 32u << 20;
+  uint64_t step_bytes = 1u << 20;  // used when step_factor is 1
+  int step_factor = 2;
+  int iterations = 20;
+  int warmup_iterations = 5;
+  bool check = true;
+  std::vector<kolo_dtype_t> dtypes = {KOLO_FLOAT32};
+  std::vector<kolo_op_t> ops = {KOLO_SUM};
+  int root = 0;
+  Combine combine = Combine::kAverage;
+  bool gpu = false;  // -g: buffers in GPU memory
+};
+
+// Parses argv into options; on --help or a bad flag returns the exit code to end with.
+std::optional<int> parse_options(int argc, char** argv, const Collective& collective,
+                                 Options& options);
+
+// The sizes of the rows in bytes, from -b to -e by -f (or by -i).
+std::vector<uint64_t> row_sizes(const Options& options);
+
+// ---- perf_table.cpp -----------------------------------------------------------------------------
+
+// Rank 0 prints; every line is flushed so that progress shows through a launcher's pipe.
+class Printer {
+ public:
+  explicit Printer(bool active) : active_(active) {}
+  template <class... Args>
+  void line(fmt::format_string<Args...> format, Args&&... args) {
+    if (!active_) return;
+    fmt::print(format, std::forward<Args>(args)...);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+
+ private:
+  bool active_;
+};
+
+// One placement (out of place or in place) of a row, combined across ranks.
+struct Placement {
+  double seconds = 0;  // per call, combined across ranks
+  double algbw = 0;    // GB/s
+  double busbw = 0;    // GB/s
+  uint64_t wrong = 0;  // summed across ranks
+};
+
+// One row of the table.
+struct Row {
+  uint64_t bytes = 0;  // the larger of the operation's two buffers
+  uint64_t count = 0;  // the count argument of the call
+  kolo_dtype_t dtype = KOLO_FLOAT32;
+  std::optional<kolo_op_t> op;  // empty for a collective that does not reduce: "none"
+  int root = -1;
+  Placement placements[2];  // out of place, in place
+  bool checked = true;      // false: #wrong says N/A
+};
+
+// The table's head: the flags, the ranks (every rank calls print_ranks: it gathers), the columns.
+void print_parameters(Printer& out, const Options& options);
+void print_ranks(Printer& out, kolo_comm_t comm, int ranks, bool gpu);
+void print_column_headers(Printer& out);
+
+void print_row(Printer& out, const Row& row);
+
+// The table's foot: the wrong elements of all rows, the average busbw of all placements.
+void print_summary(Printer& out, uint64_t total_wrong, double average_busbw);
+
+}  // namespace kolo::bench::detail
