@@ -102,6 +102,10 @@ TEST_CASE("a rank that never arrives gives KOLO_ERR_TIMEOUT within KOLO_TIMEOUT"
     INFO("rank " << rank << " output:\n" << result.output);
     CHECK(result.exit_code == 3);
     CHECK(contains(result.output, "KOLO_ERR_TIMEOUT"));
+    // Each rank that times out says where it stood (comm/report.hpp).
+    CHECK(std::regex_search(result.output,
+                            std::regex("WARN  at the timeout: rank " + std::to_string(rank) +
+                                       " of 3 .*: in allreduce #[0-9]+ .* waiting for rank")));
   }
   double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

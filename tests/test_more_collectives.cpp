@@ -111,6 +111,46 @@ TEST_CASE("split: odd/even, singletons, opting out, nested, threads, parent dest
   }
 }
 
+TEST_CASE("SIGUSR1: each rank reports the call it is in, the peer it waits for and its names",
+          "[collectives][report]") {
+  const int n = 3;
+  auto job = start(n, {"stuck", "8"});
+  auto wait_for_output = [&](int rank, const std::string& text) {
+    for (int attempt = 0; attempt < 400; ++attempt) {
+      if (contains(job.ranks[rank].output_so_far(), text)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return false;
+  };
+  REQUIRE(wait_for_output(0, "stuck: sleeping"));
+  for (int rank = 1; rank < n; ++rank) REQUIRE(wait_for_output(rank, "in the ordered allreduce"));
+  // Let rank 0's coordinator see 'late' from ranks 1 and 2 (it refreshes once a second).
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  for (int rank = 0; rank < n; ++rank) job.ranks[rank].kill(SIGUSR1);
+  REQUIRE(wait_for_output(0, "SIGUSR1: rank 0 of 3"));
+  REQUIRE(wait_for_output(1, "SIGUSR1: rank 1 of 3"));
+  REQUIRE(wait_for_output(2, "SIGUSR1: rank 2 of 3"));
+  auto results = job.wait(60);
+  for (int rank = 0; rank < n; ++rank) {
+    INFO("rank " << rank << " output:\n" << results[rank].output);
+    CHECK(results[rank].exit_code == 0);
+    CHECK(contains(results[rank].output, "stuck: all sums right"));
+  }
+  // Rank 0 sleeps before its first ordered call; as rank 0 of the engine it knows who has not
+  // submitted 'late'.
+  CHECK(std::regex_search(results[0].output,
+                          std::regex("SIGUSR1: rank 0 of 3 .*: no collective yet; .*"
+                                     "'late' for [0-9.]+ s, missing rank 0")));
+  // Ranks 1 and 2 are inside the ordered allreduce: rank 1 waits for rank 0, its left
+  // neighbour; both have 'late' in flight.
+  CHECK(std::regex_search(results[1].output,
+                          std::regex("SIGUSR1: rank 1 of 3 .*: in allreduce #[0-9]+ .* for "
+                                     "[0-9.]+ s, waiting for rank 0; fusion engine: 1 named "
+                                     "operation\\(s\\) in flight on this rank: 'late'")));
+  CHECK(std::regex_search(results[2].output,
+                          std::regex("SIGUSR1: rank 2 of 3 .*: in allreduce #[0-9]+ .*'late'")));
+}
+
 TEST_CASE("collectives from two threads at once on one communicator are warned about",
           "[collectives][threads]") {
   for (int n : {2, 3}) {

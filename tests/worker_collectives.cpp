@@ -16,6 +16,7 @@
 //   kolo_test_collectives recv_timeout SECONDS  rank 1 receives what rank 0 sends SECONDS late
 //   kolo_test_collectives lost SECONDS          loops on an odd/even split; reports how it ends
 //   kolo_test_collectives threads               two threads racing with the same allreduce
+//   kolo_test_collectives stuck SECONDS         rank 0 comes SECONDS late (for SIGUSR1 reports)
 //
 // Exit status 0 means every check passed; a failing check prints what it expected and got.
 #include <fmt/format.h>
@@ -976,6 +977,46 @@ int run_recv_timeout(const Comm& comm, double seconds) {
 // Splits into odd and even halves and allreduces 4 MiB on the half in a loop for `seconds`
 // (the half's rank 0 decides when to stop), then meets the others in a world barrier. Reports
 // how each ended: "half status <NAME> ..." and "world status <NAME> ...".
+// Rank 0 comes late (SECONDS) to a named allreduce 'late' and to an ordered allreduce, which the
+// others have entered; the test asks ranks for their report (SIGUSR1) meanwhile. Every result is
+// checked once rank 0 has come.
+int run_stuck(const Comm& world, double seconds) {
+  const int64_t expected = int64_t{g_size} * (g_size + 1) / 2;
+  int64_t early = g_rank + 1;
+  kolo_request_t request = nullptr;
+  check_status(world.handle,
+               kolo_allreduce_async(world.handle, "early", &early, &early, 1, KOLO_INT64, KOLO_SUM,
+                                    nullptr, &request),
+               "allreduce_async 'early'");
+  check_status(world.handle, kolo_request_wait(request), "waiting for 'early'");
+  kolo_request_free(request);
+  if (g_rank == 0) {
+    fmt::print("rank 0: stuck: sleeping {} s\n", seconds);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  }
+  int64_t late = g_rank + 1;
+  check_status(world.handle,
+               kolo_allreduce_async(world.handle, "late", &late, &late, 1, KOLO_INT64, KOLO_SUM,
+                                    nullptr, &request),
+               "allreduce_async 'late'");
+  if (g_rank != 0) {
+    fmt::print("rank {}: stuck: in the ordered allreduce\n", g_rank);
+    std::fflush(stdout);
+  }
+  int64_t ordered = g_rank + 1;
+  check_status(world.handle,
+               kolo_allreduce(world.handle, &ordered, &ordered, 1, KOLO_INT64, KOLO_SUM),
+               "ordered allreduce");
+  check_status(world.handle, kolo_request_wait(request), "waiting for 'late'");
+  kolo_request_free(request);
+  if (early != expected || late != expected || ordered != expected) {
+    fail(fmt::format("sums {} {} {}, expected {}", early, late, ordered, expected));
+  }
+  fmt::print("rank {}: stuck: all sums right\n", g_rank);
+  return 0;
+}
+
 // Two threads make the same allreduce at once on one communicator, 300 times each. Every rank
 // contributes the same value from both threads, so a pairing that differs between ranks still
 // gives the right sum; the library must warn that it saw the race (tests/test_more_collectives).
@@ -1075,6 +1116,8 @@ int main(int argc, char** argv) {
     result = run_badargs(world);
   } else if (scenario == "recv_timeout") {
     result = run_recv_timeout(world, argument.empty() ? 5.0 : std::atof(argument.c_str()));
+  } else if (scenario == "stuck") {
+    result = run_stuck(world, argument.empty() ? 6.0 : std::atof(argument.c_str()));
   } else if (scenario == "threads") {
     result = run_threads(world);
   } else if (scenario == "lost") {

@@ -1,13 +1,14 @@
 #include "comm/communicator.hpp"
 
+#include <fmt/format.h>
+
 #include <map>
 #include <set>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "bootstrap/store.hpp"
 #include "comm/connect.hpp"
+#include "comm/report.hpp"
 #include "core/arguments.hpp"
 #include "core/log.hpp"
 #include "core/topology.hpp"
@@ -70,15 +71,18 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   store_->set_string(store_key(kWorldContext, "ready", config_.rank), "1");
   if (config_.rank == 0) {
     std::vector<std::string> keys;
-    for (int rank = 0; rank < config_.size; ++rank) keys.push_back(store_key(kWorldContext, "ready", rank));
+    for (int rank = 0; rank < config_.size; ++rank)
+      keys.push_back(store_key(kWorldContext, "ready", rank));
     store_->wait(keys);
   }
   log::info("communicator ready: rank {} of {}, local rank {} of {}, {} node(s), transport {}",
             config_.rank, config_.size, config_.local_rank, config_.local_size, node_count_,
             transport_->name());
+  report_on(this);
 }
 
 Communicator::~Communicator() {
+  stop_reporting_on(this);
   // The engine goes first: its thread may still use the store and server this one holds.
   if (fusion_) fusion_->shutdown();
 }
@@ -108,7 +112,8 @@ void Communicator::discover_hosts() {
   int local_size = 0;
   std::set<std::string> hosts;
   for (int rank = 0; rank < config_.size; ++rank) {
-    std::string other = rank == config_.rank ? host : store_->get_string(store_key(kWorldContext, "host", rank));
+    std::string other =
+        rank == config_.rank ? host : store_->get_string(store_key(kWorldContext, "host", rank));
     hosts.insert(other);
     if (other == host) {
       if (rank < config_.rank) ++local_rank;
@@ -133,26 +138,66 @@ void Communicator::run(OpDescriptor op, Body&& body, bool numbered) {
   // race itself is reported, once.
   if (contended && numbered && !warned_concurrent_) {
     warned_concurrent_ = true;
-    log::warn("rank {}: {} waited for another thread's collective on the same communicator; "
-              "collectives from several threads are numbered in the order they reach it, which "
-              "may differ from rank to rank unless the application orders them: differing calls "
-              "then fail with KOLO_ERR_MISMATCH, and calls of one shape may swap results. Give "
-              "each thread a communicator of its own (kolo_comm_split) or use named operations",
-              config_.rank, describe(op));
+    log::warn(
+        "rank {}: {} waited for another thread's collective on the same communicator; "
+        "collectives from several threads are numbered in the order they reach it, which "
+        "may differ from rank to rank unless the application orders them: differing calls "
+        "then fail with KOLO_ERR_MISMATCH, and calls of one shape may swap results. Give "
+        "each thread a communicator of its own (kolo_comm_split) or use named operations",
+        config_.rank, describe(op));
   }
+  set_activity(op, true);
   try {
     body(op);
+    set_activity(op, false);
   } catch (const Error& error) {
+    if (error.status() == Status::kTimeout) log::warn("at the timeout: {}", report());
+    set_activity(op, false, true);
     broken_.emplace(error);
     if (!transport_->failure()) transport_->abort(error);
     tell_fusion_engine(*broken_);
     throw;
   } catch (const std::exception& error) {
+    set_activity(op, false, true);
     broken_.emplace(Status::kInternal, fmt::format("{} failed: {}", describe(op), error.what()));
     transport_->abort(*broken_);
     tell_fusion_engine(*broken_);
     throw *broken_;
   }
+}
+
+void Communicator::set_activity(const OpDescriptor& op, bool running, bool failed) {
+  std::lock_guard<std::mutex> lock(activity_mutex_);
+  activity_.op = op;
+  activity_.running = running;
+  activity_.failed = activity_.failed || failed;
+  activity_.since = Clock::now();
+}
+
+std::string Communicator::report() {
+  std::string text;
+  {
+    std::lock_guard<std::mutex> lock(activity_mutex_);
+    const double seconds = std::chrono::duration<double>(Clock::now() - activity_.since).count();
+    text = fmt::format("rank {} of {} (communicator {:x}): ", config_.rank, config_.size, context_);
+    if (!activity_.op) {
+      text += "no collective yet";
+    } else if (activity_.running) {
+      const int peer = ring_ ? ring_->waiting_for() : -1;
+      text += fmt::format("in {} for {:.1f} s{}", describe(*activity_.op), seconds,
+                          peer >= 0 ? fmt::format(", waiting for rank {}", peer) : "");
+    } else {
+      text += fmt::format("{}; the last collective, {}, ended {:.1f} s ago",
+                          activity_.failed ? "broken" : "idle", describe(*activity_.op), seconds);
+    }
+  }
+  std::shared_ptr<fusion::FusionEngine> engine;
+  {
+    std::lock_guard<std::mutex> lock(fusion_mutex_);
+    engine = fusion_;
+  }
+  if (engine) text += "; " + engine->report();
+  return text;
 }
 
 void Communicator::tell_fusion_engine(const Error& error) {
@@ -181,8 +226,9 @@ void Communicator::allreduce(const void* sendbuf, void* recvbuf, uint64_t count,
   arguments::check_buffer(sendbuf, count, dtype, "allreduce: sendbuf", rank());
   arguments::check_buffer(recvbuf, count, dtype, "allreduce: recvbuf", rank());
   if (arguments::partially_overlap(sendbuf, recvbuf, count * dtype_size(dtype))) {
-    throw arguments::invalid("allreduce", "sendbuf and recvbuf overlap without being the same "
-                                          "buffer");
+    throw arguments::invalid("allreduce",
+                             "sendbuf and recvbuf overlap without being the same "
+                             "buffer");
   }
   OpDescriptor descriptor;
   descriptor.collective = Collective::kAllreduce;

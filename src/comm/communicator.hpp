@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/deadline.hpp"
 #include "core/op_descriptor.hpp"
 #include "gpu/backend.hpp"  // no CUDA header: the GPU backend's interface only
 #include "kolo/dtype.hpp"
@@ -69,8 +70,8 @@ class Communicator {
   void alltoall(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype);
   void alltoallv(const void* sendbuf, std::span<const uint64_t> send_counts,
                  std::span<const int64_t> send_displacements, void* recvbuf,
-                 std::span<const uint64_t> recv_counts,
-                 std::span<const int64_t> recv_displacements, DataType dtype);
+                 std::span<const uint64_t> recv_counts, std::span<const int64_t> recv_displacements,
+                 DataType dtype);
   void reduce(const void* sendbuf, void* recvbuf, uint64_t count, DataType dtype, ReduceOp op,
               int root);
   // Point to point (comm/collectives.cpp): blocking, matched in order per pair of ranks.
@@ -94,6 +95,11 @@ class Communicator {
   // "nccl" or "staged" once the first GPU collective has chosen (gpu/backend.hpp), else "none".
   const char* gpu_path();
 
+  // What this rank is doing on this communicator, in one line (comm/report.hpp): the collective
+  // it is in, for how long and which peer it waits for, or the last one it finished; then the
+  // fusion engine's report. Safe from any thread while calls run.
+  std::string report();
+
  private:
   // A member of a split (comm/split.cpp): connects to its fellow members through the store.
   Communicator(const Config& config, std::shared_ptr<StoreServer> server, uint64_t context,
@@ -104,13 +110,14 @@ class Communicator {
   template <typename Body>
   void run(OpDescriptor op, Body&& body, bool numbered = true);
   // run(), for the collectives defined in other files.
-  void run_collective(const OpDescriptor& op,
-                      const std::function<void(const OpDescriptor&)>& body);
+  void run_collective(const OpDescriptor& op, const std::function<void(const OpDescriptor&)>& body);
   // As run(), without taking a collective sequence number (point to point numbers its messages
   // per pair of ranks).
   void run_point_to_point(const OpDescriptor& op,
                           const std::function<void(const OpDescriptor&)>& body);
   void discover_hosts();
+  // The collective run() started (running) or finished, for report().
+  void set_activity(const OpDescriptor& op, bool running, bool failed = false);
   // The communicator broke: the fusion engine fails its requests too.
   void tell_fusion_engine(const Error& error);
   // The GPU path of allreduce() and broadcast() (comm/communicator_gpu.cpp), and the backend that
@@ -123,9 +130,8 @@ class Communicator {
                      const Blocks& blocks);
   void gpu_reduce_scatter(const OpDescriptor& op, const void* sendbuf, void* recvbuf,
                           const Blocks& blocks);
-  int gpu_device_of(const char* what, const void* first, const char* first_name,
-                    const void* second, const char* second_name, uint64_t count,
-                    const gpu::Stream* stream) const;
+  int gpu_device_of(const char* what, const void* first, const char* first_name, const void* second,
+                    const char* second_name, uint64_t count, const gpu::Stream* stream) const;
   gpu::Backend& gpu_backend(int device);
 
   Config config_;
@@ -141,10 +147,18 @@ class Communicator {
   uint64_t context_ = 1;  // tells this communicator's connections and store keys apart; 1: world
   std::vector<uint64_t> messages_sent_;      // point to point, per peer
   std::vector<uint64_t> messages_received_;  // point to point, per peer
+  struct Activity {
+    std::optional<OpDescriptor> op;  // the last collective run() started
+    bool running = false;
+    bool failed = false;
+    Clock::time_point since{};
+  };
+  std::mutex activity_mutex_;  // guards activity_; never held while waiting
+  Activity activity_;
   std::mutex fusion_mutex_;                       // guards the two below
   std::shared_ptr<fusion::FusionEngine> fusion_;  // see fusion()
   std::optional<Error> fusion_failure_;           // why this communicator broke, for the engine
-  std::atomic<int> gpu_device_{-1};     // the CUDA device of gpu_, once it exists
+  std::atomic<int> gpu_device_{-1};               // the CUDA device of gpu_, once it exists
   std::unique_ptr<gpu::Backend> gpu_;  // last: destroyed first, while the transport still works
 };
 

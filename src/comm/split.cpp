@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "bootstrap/store.hpp"
+#include "comm/report.hpp"
 #include "comm/communicator.hpp"
 #include "comm/connect.hpp"
 #include "core/log.hpp"
@@ -72,6 +73,7 @@ Communicator::Communicator(const Config& config, std::shared_ptr<StoreServer> se
   ring_ = std::move(links.ring);
   log::info("sub-communicator {:x} ready: rank {} of {}, local rank {} of {}, {} node(s)", context_,
             config_.rank, config_.size, config_.local_rank, config_.local_size, node_count_);
+  report_on(this);
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {

@@ -153,6 +153,31 @@ uint64_t Coordinator::padded_bytes(const UnitSpec& spec) const {
   return elements * dtype_size(spec.dtype);
 }
 
+void Coordinator::split_ranks(const Entry& entry, std::vector<int>& present,
+                              std::vector<int>& missing) const {
+  for (int rank = 0; rank < settings_.ranks; ++rank) {
+    (entry.spec_of_rank[rank] >= 0 ? present : missing).push_back(rank);
+  }
+}
+
+std::string Coordinator::waiting_summary(Clock::time_point now) const {
+  std::vector<std::pair<double, const std::string*>> oldest;
+  for (const auto& [key, entry] : ledger_)
+    oldest.emplace_back(seconds(now - entry.first_seen), &key);
+  const size_t shown = std::min(oldest.size(), kStalledTensorsShown);
+  std::partial_sort(oldest.begin(), oldest.begin() + static_cast<ptrdiff_t>(shown), oldest.end(),
+                    [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string summary;
+  for (size_t i = 0; i < shown; ++i) {
+    std::vector<int> present, missing;
+    split_ranks(ledger_.at(*oldest[i].second), present, missing);
+    summary += fmt::format("{}'{}' for {:.1f} s, missing {}", i == 0 ? "" : "; ", *oldest[i].second,
+                           oldest[i].first, format_ranks(missing));
+  }
+  if (oldest.size() > shown) summary += fmt::format(" (and {} more)", oldest.size() - shown);
+  return summary;
+}
+
 void Coordinator::check_stalls(Clock::time_point now, ResponseList& response) {
   const double warn_after = settings_.stall_warning_s;
   const double abort_after = settings_.stall_abort_s;
@@ -171,9 +196,7 @@ void Coordinator::check_stalls(Clock::time_point now, ResponseList& response) {
       continue;
     }
     std::vector<int> present, missing;
-    for (int rank = 0; rank < settings_.ranks; ++rank) {
-      (entry.spec_of_rank[rank] >= 0 ? present : missing).push_back(rank);
-    }
+    split_ranks(entry, present, missing);
     if (aborting) {
       response.errors.push_back(
           {it->first, Status::kTimeout,

@@ -84,6 +84,9 @@ class Coordinator {
 
   // Units submitted by some ranks and not yet ready.
   size_t outstanding() const { return ledger_.size(); }
+  // The oldest names that some ranks have submitted and others not yet, each with its age and
+  // the ranks missing ("'b' for 2.1 s, missing rank 0; ..."); "" when there are none.
+  std::string waiting_summary(Clock::time_point now) const;
 
  private:
   struct Entry {
@@ -110,6 +113,8 @@ class Coordinator {
   // "" when every rank's recv_capacity holds the gathered total, else the error message.
   std::string capacity_problem(const std::string& key, const Entry& entry) const;
   void check_stalls(Clock::time_point now, ResponseList& response);
+  // The ranks that have (present) and have not (missing) submitted the entry.
+  void split_ranks(const Entry& entry, std::vector<int>& present, std::vector<int>& missing) const;
   int32_t choose_slot(const UnitSpec& spec, uint64_t cycle, const std::vector<uint32_t>& busy);
   void touch(uint32_t slot, uint64_t cycle);
   std::vector<Batch> plan(const std::vector<Ready>& ready, uint64_t fusion_threshold) const;

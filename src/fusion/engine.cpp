@@ -331,6 +331,35 @@ FusionStats FusionEngine::stats() const {
   return stats_;
 }
 
+void FusionEngine::set_activity(std::string activity) {
+  std::lock_guard<std::mutex> lock(activity_mutex_);
+  activity_ = std::move(activity);
+}
+
+std::string FusionEngine::report() const {
+  constexpr size_t kNamesShown = 8;
+  std::vector<std::string> names;
+  size_t in_flight = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_flight = in_flight_.size();
+    names.assign(in_flight_.begin(), in_flight_.end());
+  }
+  std::sort(names.begin(), names.end());
+  std::string listed;
+  for (size_t i = 0; i < names.size() && i < kNamesShown; ++i) {
+    listed += fmt::format("{}'{}'", i == 0 ? ": " : ", ", names[i]);
+  }
+  if (names.size() > kNamesShown)
+    listed += fmt::format(" (and {} more)", names.size() - kNamesShown);
+  std::lock_guard<std::mutex> lock(activity_mutex_);
+  return fmt::format(
+      "fusion engine: {} named operation(s) in flight on this rank{}; its thread: "
+      "{}{}",
+      in_flight, listed, activity_,
+      waiting_ranks_.empty() ? "" : "; not yet submitted by every rank: " + waiting_ranks_);
+}
+
 void FusionEngine::shutdown() {
   bool connecting;
   {
@@ -393,6 +422,7 @@ void FusionEngine::drain_signal() {
 
 void FusionEngine::run() {
   try {
+    set_activity("connecting to the other ranks' engines");
     connect();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -414,6 +444,7 @@ void FusionEngine::run() {
     if (transport_ && !transport_->failure()) transport_->abort(internal);
     fail_everything(internal);
   }
+  set_activity("finished");
   ring_.reset();
   transport_.reset();  // says goodbye to the peers' engines
   timeline_.reset();   // closes the trace
@@ -505,9 +536,8 @@ void FusionEngine::finish(const std::string& key, Status status, const std::stri
     ++(status == Status::kSuccess ? stats_.requests_completed : stats_.requests_failed);
   }
   if (timeline_ && status != Status::kSuccess) {
-    timeline_->instant(
-        timeline_->row(key), "ERROR", Clock::now(),
-        Timeline::error_args(status, message));
+    timeline_->instant(timeline_->row(key), "ERROR", Clock::now(),
+                       Timeline::error_args(status, message));
   }
   request->complete(status, message, std::move(gathered_counts));
 }

@@ -80,8 +80,8 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   // this rank), kUnsupported (device memory), or the engine's failure once it is broken. The
   // first call starts the engine thread, which connects to the peers. Several tensors make a
   // group: reduced together, completed as one request.
-  std::shared_ptr<Request> allreduce(std::vector<NamedTensor> tensors, DataType dtype,
-                                     ReduceOp op, SubmitOptions options);
+  std::shared_ptr<Request> allreduce(std::vector<NamedTensor> tensors, DataType dtype, ReduceOp op,
+                                     SubmitOptions options);
   std::shared_ptr<Request> broadcast(NamedTensor tensor, DataType dtype, int root,
                                      SubmitOptions options);
   std::shared_ptr<Request> allgather(NamedTensor tensor, uint64_t recv_capacity, DataType dtype,
@@ -96,6 +96,11 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   // kMaxFusionThresholdBytes.
   void set_fusion_threshold(uint64_t bytes);
   FusionStats stats() const;
+  // What the engine is doing, for the report of who is stuck (comm/report.hpp): the names in
+  // flight on this rank, what its thread last started to wait for or run, and on rank 0 the
+  // pending names some ranks have not submitted. Safe from any thread, even while the engine's
+  // thread is stuck.
+  std::string report() const;
 
   // Stops the engine thread (at the end of the collective it may be running; connecting is not
   // waited for), then fails every request still pending with kCancelled. Called when the
@@ -168,6 +173,10 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   std::thread thread_;
   mutable std::mutex stats_mutex_;
   FusionStats stats_;
+  mutable std::mutex activity_mutex_;  // guards the two below, written by the engine's thread
+  std::string activity_ = "not started";
+  std::string waiting_ranks_;  // rank 0: names submitted by some ranks only (the coordinator's)
+  void set_activity(std::string activity);
 
   // The engine thread's own.
   std::unique_ptr<Transport> transport_;
@@ -178,6 +187,7 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   uint32_t cycles_row_ = 0;
   std::unordered_map<std::string, LocalUnit> pending_;
   uint64_t cycle_ = 0;
+  Clock::time_point last_summary_{};  // rank 0: when waiting_ranks_ was last refreshed
   uint64_t sequence_ = 0;
   bool idle_ = false;
   std::unique_ptr<std::byte[]> fusion_buffer_;

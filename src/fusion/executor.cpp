@@ -105,6 +105,11 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
 
 void FusionEngine::run_batch(const Batch& batch, const std::vector<LocalUnit*>& units,
                              Clock::time_point received) {
+  if (!units.empty()) {
+    set_activity(
+        fmt::format("cycle {}: running {}{}", cycle_, describe(units[0]->request->spec()),
+                    units.size() > 1 ? fmt::format(" and {} more", units.size() - 1) : ""));
+  }
   if (batch.fused) {
     run_fused(units, received);
     return;
@@ -181,10 +186,10 @@ void FusionEngine::run_alone(LocalUnit& unit, Clock::time_point received) {
     if (timeline_) {
       uint32_t row = timeline_->row(spec.members[m].name);
       timeline_->span(row, "QUEUE", received, start);
-      timeline_->span(row, spec.kind == Kind::kBroadcast ? "BROADCAST" : "ALLREDUCE", start, end,
-                      Timeline::collective_args(descriptor.sequence, 1,
-                                                spec.members[m].count * dtype_size(spec.dtype),
-                                                spec, false));
+      timeline_->span(
+          row, spec.kind == Kind::kBroadcast ? "BROADCAST" : "ALLREDUCE", start, end,
+          Timeline::collective_args(descriptor.sequence, 1,
+                                    spec.members[m].count * dtype_size(spec.dtype), spec, false));
     }
   }
   finish(spec.key(), Status::kSuccess, "");

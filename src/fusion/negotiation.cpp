@@ -34,6 +34,7 @@ constexpr int kIdlePollMsWithoutFd = 2;
 template <typename Done, typename Describe>
 void FusionEngine::wait_for(Done&& done, Describe&& what) {
   Deadline deadline(config_.timeout_s);
+  if (!done()) set_activity(fmt::format("negotiation cycle {}: waiting for {}", cycle_, what()));
   while (!done()) {
     check_stop();
     if (deadline.expired()) {
@@ -104,6 +105,13 @@ void FusionEngine::run_cycle() {
   const Clock::time_point received = Clock::now();
   execute(response, received, arrivals);
   idle_ = response.idle;
+  set_activity(idle_ ? "idle, asleep until the next submission" : "between cycles");
+  if (coordinator_ && received - last_summary_ >= std::chrono::seconds(1)) {
+    last_summary_ = received;
+    std::string summary = coordinator_->waiting_summary(received);
+    std::lock_guard<std::mutex> lock(activity_mutex_);
+    waiting_ranks_ = std::move(summary);
+  }
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++stats_.cycles;
@@ -111,9 +119,9 @@ void FusionEngine::run_cycle() {
   }
   if (timeline_) {
     if (announced > 0 || !response.batches.empty() || !response.errors.empty()) {
-      timeline_->span(cycles_row_, "CYCLE", started, received,
-                      Timeline::cycle_args(cycle_, announced, response.batches.size(),
-                                           response.errors.size()));
+      timeline_->span(
+          cycles_row_, "CYCLE", started, received,
+          Timeline::cycle_args(cycle_, announced, response.batches.size(), response.errors.size()));
     }
     if (idle_) timeline_->instant(cycles_row_, "IDLE", Clock::now());
   }

@@ -40,6 +40,7 @@ Transfer* Ring::transfers(size_t count) {
 }
 
 void Ring::wait(const OpDescriptor& op, int waiting_for) {
+  waiting_for_.store(waiting_for, std::memory_order_relaxed);
   if (deadline_.expired()) {
     Error error(Status::kTimeout,
                 fmt::format("{} timed out on rank {}: nothing arrived from or went to rank {} for "

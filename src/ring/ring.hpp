@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -74,12 +75,18 @@ class Ring {
   Transfer* transfers(size_t count);
 
   // Starts the no-progress clock for a new collective.
-  void begin() { made_progress(); }
+  void begin() {
+    waiting_for_.store(-1, std::memory_order_relaxed);
+    made_progress();
+  }
   // Something completed: the no-progress clock starts again.
   void made_progress() { deadline_ = Deadline(timeout_s_); }
   // Waits for the transport; throws kolo::Error(kTimeout) naming the operation and the peer we
   // wait for when nothing has completed for the timeout, after telling every peer.
   void wait(const OpDescriptor& op, int waiting_for);
+  // The peer the last wait() of the running collective named, -1 before any; any thread may ask
+  // (the report of who is stuck, comm/report.hpp).
+  int waiting_for() const { return waiting_for_.load(std::memory_order_relaxed); }
 
  private:
   Transport& transport_;
@@ -91,6 +98,7 @@ class Ring {
   std::unique_ptr<std::byte[]> buffers_[kBufferCount];
   size_t buffer_bytes_[kBufferCount] = {};
   std::vector<Transfer> transfers_;
+  std::atomic<int> waiting_for_{-1};
 };
 
 // A ring with the transport it runs over, as connecting a group of ranks makes them

@@ -4,8 +4,8 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -76,7 +76,9 @@ uint64_t random_u64() {
 }
 
 // Segment names are "/kolo-<creator's pid>-<16 hex digits>".
-std::string segment_name() { return fmt::format("/kolo-{}-{:016x}", ::getpid(), random_u64()); }
+std::string segment_name() {
+  return fmt::format("/kolo-{}-{:016x}", ::getpid(), random_u64());
+}
 
 // A segment's name lives in /dev/shm only from its creation until the peer has opened it, but a
 // creator killed (SIGKILL) inside that window leaves it there for good. Before making segments,
@@ -364,7 +366,9 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled, 
           "ucx: rank {} reaches rank {} through kolo's shared-memory ring ({} slots of {} "
           "KiB each way, {} copies)",
           rank_, peer, kSlots, kSlotBytes >> 10,
-          copy_ == Copy::kPlain ? "plain" : copy_ == Copy::kStream ? "streamed" : "adaptive");
+          copy_ == Copy::kPlain    ? "plain"
+          : copy_ == Copy::kStream ? "streamed"
+                                   : "adaptive");
     } else {
       log::info("ucx: rank {} reaches rank {} through UCX ({})", rank_, peer, why[peer]);
     }
