@@ -226,9 +226,9 @@ TEST_CASE("interface_address finds loopback and lists interfaces when the name i
 }
 
 TEST_CASE("KOLO_SOCKET_IFNAME takes NCCL's grammar: prefixes, =exact, ^exclusions", "[net]") {
-  CHECK(net::interface_address("lo") == "127.0.0.1");   // a prefix that is a whole name
-  CHECK(net::interface_address("l") == "127.0.0.1");    // a prefix
-  CHECK(net::interface_address("=lo") == "127.0.0.1");  // exact
+  CHECK(net::interface_address("lo") == "127.0.0.1");         // a prefix that is a whole name
+  CHECK(net::interface_address("l") == "127.0.0.1");          // a prefix
+  CHECK(net::interface_address("=lo") == "127.0.0.1");        // exact
   CHECK(net::interface_address("nosuch,lo") == "127.0.0.1");  // the first listed that exists
   Error exact = expect_error([] { net::interface_address("=l"); });
   CHECK(exact.status() == Status::kConfig);
@@ -243,11 +243,12 @@ TEST_CASE("KOLO_SOCKET_IFNAME takes NCCL's grammar: prefixes, =exact, ^exclusion
 TEST_CASE("route_source_address resolves names and literals and names what failed", "[net]") {
   CHECK(net::route_source_address({"127.0.0.1", 80}, "KOLO_ADDR") == "127.0.0.1");
   CHECK(net::is_loopback_address(net::route_source_address({"localhost", 80}, "KOLO_ADDR")));
-  Error unknown = expect_error(
-      [] { net::route_source_address({"no-such-host.invalid", 80}, "KOLO_ADDR"); });
+  Error unknown = expect_error([] {
+    net::route_source_address({"no-such-host.invalid", 80}, "KOLO_ADDR");
+  });
   CHECK(unknown.status() == Status::kConfig);
-  CHECK_THAT(unknown.what(), Contains("'no-such-host.invalid' does not resolve on host " +
-                                      net::host_name()));
+  CHECK_THAT(unknown.what(),
+             Contains("'no-such-host.invalid' does not resolve on host " + net::host_name()));
   CHECK_THAT(unknown.what(), Contains("KOLO_SOCKET_IFNAME"));
 }
 
@@ -322,6 +323,58 @@ TEST_CASE("authentication with a wrong secret is refused on both sides", "[auth]
   CHECK_THAT(client_error.what(), Contains("KOLO_SECRET"));
 }
 
+// Plays an acceptor that does not know kSecret (it proves "another secret"), as a stranger that
+// took the store's port or a peer's address first would; returns what the connector sent.
+std::vector<uint8_t> impostor_acceptor(const net::Socket& socket) {
+  const net::AuthNonce nonce = net::make_auth_nonce();
+  net::send_all(socket, nonce.data(), nonce.size(), Deadline(2.0));
+  uint8_t answer[net::kAuthAnswerBytes];
+  net::recv_all(socket, answer, sizeof answer, Deadline(2.0));
+  const net::AuthProof proof = net::acceptor_proof("another secret", nonce, answer);
+  net::send_all(socket, proof.data(), proof.size(), Deadline(2.0));
+  return {answer, answer + sizeof answer};
+}
+
+TEST_CASE("a connector refuses an acceptor that cannot prove the secret in return", "[auth]") {
+  SECTION("one connection") {
+    LoopbackPair pair = loopback_pair();
+    auto impostor = std::async(std::launch::async, [&] { return impostor_acceptor(pair.server); });
+    net::Hello hello;
+    hello.purpose = net::kPurposeData;
+    Error error = expect_error(
+        [&] { net::authenticate_as_client(pair.client, kSecret, hello, Deadline(2.0)); });
+    CHECK(error.status() == Status::kMismatch);
+    CHECK_THAT(error.what(), Contains("does not know the job secret"));
+    CHECK(impostor.get().size() == net::kAuthAnswerBytes);
+  }
+  SECTION("the rendezvous store's port taken by a stranger") {
+    net::Socket listener = net::listen_on({"127.0.0.1", 0});
+    auto impostor = std::async(std::launch::async, [&] {
+      net::Socket socket = net::accept_from(listener, Deadline(5.0));
+      return impostor_acceptor(socket);
+    });
+    const auto started = std::chrono::steady_clock::now();
+    Error error =
+        expect_error([&] { StoreClient client(net::local_endpoint(listener), kSecret, 1, 5.0); });
+    CHECK(error.status() == Status::kMismatch);
+    CHECK_THAT(error.what(), Contains("does not know the job secret"));
+    // Refused at once, not after the store's timeout.
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(3));
+    impostor.get();
+  }
+  SECTION("the honest acceptor's proof is accepted") {
+    LoopbackPair pair = loopback_pair();
+    auto server = std::async(std::launch::async, [&] {
+      return net::authenticate_as_server(pair.server, kSecret, Deadline(2.0));
+    });
+    net::Hello hello;
+    hello.purpose = net::kPurposeControl;
+    hello.rank = 3;
+    net::authenticate_as_client(pair.client, kSecret, hello, Deadline(2.0));
+    CHECK(server.get().rank == 3);
+  }
+}
+
 TEST_CASE("authentication rejects a stranger's bytes and a different protocol version", "[auth]") {
   LoopbackPair pair = loopback_pair();
   std::string client_address = net::local_endpoint(pair.client).to_string();
@@ -343,7 +396,7 @@ TEST_CASE("authentication rejects a stranger's bytes and a different protocol ve
   }
   SECTION("other protocol version") {
     std::memcpy(answer.data(), "KOLO", 4);
-    answer[4] = 2;
+    answer[4] = 9;
     net::send_all(pair.client, answer.data(), answer.size(), Deadline(2.0));
     Error error = server.get();
     CHECK(error.status() == Status::kMismatch);

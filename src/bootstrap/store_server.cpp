@@ -8,8 +8,6 @@
 // exist yet is parked on the server and answered when a SET or ADD creates the key; the client
 // bounds how long it is prepared to wait. While a connection has a parked request or unsent
 // output, the server reads nothing more from it, so its input buffer stays bounded by one request.
-#include "bootstrap/store.hpp"
-
 #include <fmt/format.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -27,6 +25,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "bootstrap/store.hpp"
 #include "bootstrap/store_protocol.hpp"
 #include "core/deadline.hpp"
 #include "core/log.hpp"
@@ -336,7 +335,8 @@ struct StoreServer::Impl {
     connection.peer = fmt::format("rank {} ({})", hello.rank, connection.peer);
     connection.state = State::kReady;
     log::info("rendezvous store: {} connected", connection.peer);
-    queue(connection, &net::kAuthAccepted, 1);
+    const net::AuthProof proof = net::acceptor_proof(secret, connection.nonce, answer);
+    queue(connection, proof.data(), proof.size());
   }
 
   // Executes complete requests for as long as the connection can take them.

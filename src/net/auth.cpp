@@ -1,14 +1,18 @@
 // Challenge-response proof of the job secret; see auth.hpp for the exchange.
 //
 // Bytes on the wire, all integers little-endian:
-//   acceptor  -> connector  nonce        32 random bytes
-//   connector -> acceptor   hello        32 bytes: "KOLO", u32 version (1), u32 purpose,
+//   acceptor  -> connector  nonce A      32 random bytes
+//   connector -> acceptor   hello        32 bytes: "KOLO", u32 version (2), u32 purpose,
 //                                        i32 rank, u32 stream, u32 reserved (0), u64 context
-//                           tag          32 bytes: HMAC-SHA-512/256(key, nonce || hello) where
-//                                        key = BLAKE2b-256(secret)
-//   acceptor  -> connector  accepted     1 byte, kAuthAccepted; on any failure the acceptor
-//                                        closes the connection instead, and says why only in
-//                                        its own log (a stranger learns nothing).
+//                           tag          32 bytes: HMAC-SHA-512/256(key, 'C' || A || hello || B)
+//                                        where key = BLAKE2b-256(secret)
+//                           nonce B      32 random bytes
+//   acceptor  -> connector  proof        32 bytes: HMAC-SHA-512/256(key, 'S' || A || hello || B);
+//                                        on any failure the acceptor closes the connection
+//                                        instead, and says why only in its own log (a stranger
+//                                        learns nothing). The connector checks the proof before
+//                                        it sends or believes anything else.
+// The role byte keeps either tag from standing in for the other.
 #include "net/auth.hpp"
 
 #include <fmt/format.h>
@@ -22,10 +26,11 @@ namespace kolo::net {
 namespace {
 
 constexpr uint8_t kMagic[4] = {'K', 'O', 'L', 'O'};
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;
 constexpr size_t kHelloBytes = 32;
 constexpr size_t kTagBytes = crypto_auth_hmacsha512256_BYTES;
-static_assert(kHelloBytes + kTagBytes == kAuthAnswerBytes);
+static_assert(kHelloBytes + kTagBytes + kAuthNonceBytes == kAuthAnswerBytes);
+static_assert(kTagBytes == kAuthProofBytes);
 static_assert(crypto_auth_hmacsha512256_KEYBYTES == 32);
 
 void ensure_sodium() {
@@ -75,13 +80,18 @@ struct Key {
   Key& operator=(const Key&) = delete;
 };
 
-// HMAC over nonce || hello.
-void compute_tag(const std::string& secret, const AuthNonce& nonce, const uint8_t* hello,
-                 uint8_t (&tag)[kTagBytes]) {
+constexpr uint8_t kConnectorRole = 'C';
+constexpr uint8_t kAcceptorRole = 'S';
+
+// HMAC over role || acceptor's nonce || hello || connector's nonce.
+void compute_tag(const std::string& secret, uint8_t role, const AuthNonce& nonce,
+                 const uint8_t* hello, const uint8_t* connector_nonce, uint8_t (&tag)[kTagBytes]) {
   Key key(secret);
-  uint8_t message[kAuthNonceBytes + kHelloBytes];
-  std::memcpy(message, nonce.data(), kAuthNonceBytes);
-  std::memcpy(message + kAuthNonceBytes, hello, kHelloBytes);
+  uint8_t message[1 + kAuthNonceBytes + kHelloBytes + kAuthNonceBytes];
+  message[0] = role;
+  std::memcpy(message + 1, nonce.data(), kAuthNonceBytes);
+  std::memcpy(message + 1 + kAuthNonceBytes, hello, kHelloBytes);
+  std::memcpy(message + 1 + kAuthNonceBytes + kHelloBytes, connector_nonce, kAuthNonceBytes);
   crypto_auth_hmacsha512256(tag, message, sizeof message, key.bytes);
 }
 
@@ -112,6 +122,7 @@ Hello check_auth_answer(const std::string& secret, const AuthNonce& nonce,
   ensure_sodium();
   const uint8_t* hello = answer;
   const uint8_t* tag = answer + kHelloBytes;
+  const uint8_t* connector_nonce = answer + kHelloBytes + kTagBytes;
   if (std::memcmp(hello, kMagic, sizeof kMagic) != 0) {
     throw Error(Status::kMismatch,
                 fmt::format("connection from {} is not a kolo peer (it does not begin its "
@@ -126,7 +137,7 @@ Hello check_auth_answer(const std::string& secret, const AuthNonce& nonce,
                             peer, version, kProtocolVersion));
   }
   uint8_t expected[kTagBytes];
-  compute_tag(secret, nonce, hello, expected);
+  compute_tag(secret, kConnectorRole, nonce, hello, connector_nonce, expected);
   if (sodium_memcmp(expected, tag, kTagBytes) != 0) {
     throw Error(Status::kMismatch,
                 fmt::format("connection from {} failed authentication: its proof of the job "
@@ -155,14 +166,16 @@ void authenticate_as_client(const Socket& socket, const std::string& secret, con
 
   uint8_t answer[kAuthAnswerBytes];
   encode_hello(hello, answer);
+  uint8_t* connector_nonce = answer + kHelloBytes + kTagBytes;
+  randombytes_buf(connector_nonce, kAuthNonceBytes);
   uint8_t tag[kTagBytes];
-  compute_tag(secret, nonce, answer, tag);
+  compute_tag(secret, kConnectorRole, nonce, answer, connector_nonce, tag);
   std::memcpy(answer + kHelloBytes, tag, kTagBytes);
 
-  uint8_t verdict = 0;
+  AuthProof proof{};
   try {
     send_all(socket, answer, sizeof answer, deadline);
-    recv_all(socket, &verdict, 1, deadline);
+    recv_all(socket, proof.data(), proof.size(), deadline);
   } catch (const Error& error) {
     if (error.status() != Status::kPeerLost) {
       rethrow_with_context(error, fmt::format("authenticating to {}", peer));
@@ -173,12 +186,25 @@ void authenticate_as_client(const Socket& socket, const std::string& secret, con
                             "every rank, and is every rank running the same kolo build?) [{}]",
                             peer, error.what()));
   }
-  if (verdict != kAuthAccepted) {
+  const AuthProof expected = acceptor_proof(secret, nonce, answer);
+  if (sodium_memcmp(expected.data(), proof.data(), proof.size()) != 0) {
     throw Error(Status::kMismatch,
-                fmt::format("{} answered authentication with byte 0x{:02x} instead of 0x{:02x}; "
-                            "is it a kolo process of the same version?",
-                            peer, verdict, kAuthAccepted));
+                fmt::format("{} does not know the job secret: its proof in return is wrong, so "
+                            "it is not this job's (another job, or a process that took the port "
+                            "first); nothing was sent to it",
+                            peer));
   }
+}
+
+AuthProof acceptor_proof(const std::string& secret, const AuthNonce& nonce,
+                         const uint8_t (&answer)[kAuthAnswerBytes]) {
+  ensure_sodium();
+  AuthProof proof{};
+  uint8_t tag[kTagBytes];
+  compute_tag(secret, kAcceptorRole, nonce, answer, answer + kHelloBytes + kTagBytes, tag);
+  std::memcpy(proof.data(), tag, kTagBytes);
+  sodium_memzero(tag, sizeof tag);
+  return proof;
 }
 
 Hello authenticate_as_server(const Socket& socket, const std::string& secret,
@@ -193,8 +219,9 @@ Hello authenticate_as_server(const Socket& socket, const std::string& secret,
     rethrow_with_context(error, fmt::format("authenticating the connection from {}", peer));
   }
   Hello hello = check_auth_answer(secret, nonce, answer, peer);
+  const AuthProof proof = acceptor_proof(secret, nonce, answer);
   try {
-    send_all(socket, &kAuthAccepted, 1, deadline);
+    send_all(socket, proof.data(), proof.size(), deadline);
   } catch (const Error& error) {
     rethrow_with_context(error, fmt::format("accepting the connection from {}", peer));
   }

@@ -1,10 +1,14 @@
 // Proof of the job secret on every new connection, before any other byte is accepted.
 //
-// Challenge and response: the accepting side sends a fresh random 32-byte nonce; the connecting
-// side answers with a hello (protocol magic and version, its purpose and identity) followed by
-// HMAC-SHA-512/256(key = hash of the secret, nonce || hello). The acceptor checks the tag in
-// constant time and drops the connection otherwise. The secret itself never crosses the wire, and
-// a recorded answer cannot be replayed against a new nonce.
+// Challenge and response, both ways: the accepting side sends a fresh random 32-byte nonce; the
+// connecting side answers with a hello (protocol magic and version, its purpose and identity), an
+// HMAC-SHA-512/256 under a key hashed from the secret over both nonces and the hello, and a fresh
+// nonce of its own. The acceptor checks the tag in constant time and drops the connection
+// otherwise; if it is good, it proves the secret in turn with a tag over the same bytes under
+// another role byte, which the connector checks before it sends anything else. So neither side
+// talks to a process that does not know the secret: a stranger that took the store's port first
+// (or a peer's address) cannot hand out forged addresses or receive a byte of data. The secret
+// itself never crosses the wire, and a recorded exchange cannot be replayed against new nonces.
 #pragma once
 
 #include <array>
@@ -28,8 +32,9 @@ inline constexpr uint32_t kPurposeStore = 1;
 inline constexpr uint32_t kPurposeData = 2;
 inline constexpr uint32_t kPurposeControl = 3;
 
-// Connecting side. Throws kolo::Error(kPeerLost) if the acceptor drops the connection
-// (for example because the secret is wrong), kTimeout at the deadline.
+// Connecting side. Throws kolo::Error(kPeerLost) if the acceptor drops the connection (for
+// example because the secret is wrong), kMismatch naming the acceptor when its own proof is wrong
+// (it does not know the secret), kTimeout at the deadline.
 void authenticate_as_client(const Socket& socket, const std::string& secret, const Hello& hello,
                             const Deadline& deadline);
 
@@ -40,18 +45,23 @@ Hello authenticate_as_server(const Socket& socket, const std::string& secret,
                              const Deadline& deadline);
 
 // The same exchange cut into its messages, for an event loop that serves many connections and
-// must not block on any one of them (the rendezvous store). The acceptor sends the nonce, reads
-// kAuthAnswerBytes, calls check_auth_answer, and on success sends the one byte kAuthAccepted;
-// authenticate_as_server does exactly this.
+// must not block on any one of them (the rendezvous store, the mesh). The acceptor sends the
+// nonce, reads kAuthAnswerBytes, calls check_auth_answer, and on success sends the
+// kAuthProofBytes of acceptor_proof; authenticate_as_server does exactly this.
 inline constexpr size_t kAuthNonceBytes = 32;
-inline constexpr size_t kAuthAnswerBytes = 64;  // a 32-byte hello, then a 32-byte tag
-inline constexpr uint8_t kAuthAccepted = 0x4b;
+// A 32-byte hello, a 32-byte tag, the connector's 32-byte nonce.
+inline constexpr size_t kAuthAnswerBytes = 96;
+inline constexpr size_t kAuthProofBytes = 32;
 using AuthNonce = std::array<uint8_t, kAuthNonceBytes>;
+using AuthProof = std::array<uint8_t, kAuthProofBytes>;
 
 // A fresh random nonce.
 AuthNonce make_auth_nonce();
 // Checks an answer to nonce; returns the hello, or throws kolo::Error(kMismatch) naming peer.
 Hello check_auth_answer(const std::string& secret, const AuthNonce& nonce,
                         const uint8_t (&answer)[kAuthAnswerBytes], const std::string& peer);
+// The acceptor's proof of the secret, for an answer that check_auth_answer accepted.
+AuthProof acceptor_proof(const std::string& secret, const AuthNonce& nonce,
+                         const uint8_t (&answer)[kAuthAnswerBytes]);
 
 }  // namespace kolo::net

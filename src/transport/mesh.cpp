@@ -122,9 +122,11 @@ void accept_connections(const net::Socket& listener, const std::string& secret, 
           if (!valid || seen[slot]) {
             drop(handshake.who, fmt::format("unexpected rank {} stream {} purpose {}", hello.rank,
                                             hello.stream, hello.purpose));
-          } else if (::send(handshake.socket.fd(), &net::kAuthAccepted, 1,
-                            MSG_DONTWAIT | MSG_NOSIGNAL) != 1) {
-            drop(handshake.who, "it could not take the acceptance");
+          } else if (const net::AuthProof proof =
+                         net::acceptor_proof(secret, handshake.nonce, handshake.answer);
+                     ::send(handshake.socket.fd(), proof.data(), proof.size(),
+                            MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(proof.size())) {
+            drop(handshake.who, "it could not take this rank's proof of the secret");
           } else {
             seen[slot] = true;
             net::set_nonblocking(handshake.socket, false);
