@@ -20,8 +20,8 @@
 #   -k, --rounds K          rounds of alternation (default: 3)
 #   -v, --variant 'LABEL [VAR=VALUE ...]'
 #                           a variant: a label and the environment its ranks get; repeat for more.
-#                           Default: one variant, 'flat' (no settings). When kolo has it, e.g.
-#                           -v flat -v 'hierarchical KOLO_ALLREDUCE=hierarchical'
+#                           Default: one variant, 'flat' (no settings). Schedules, for example:
+#                           -v 'ring KOLO_ALLREDUCE=ring' -v 'hierarchical KOLO_ALLREDUCE=hierarchical'
 #   -o, --tsv FILE          also write the medians as tab-separated rows to FILE
 #   -n, --name NAME         the cluster's name (default: kolobench; the tests use kolotest)
 #   -b, --build DIR         the build directory (default: build)
