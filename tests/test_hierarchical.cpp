@@ -68,6 +68,15 @@ TEST_CASE("hierarchical allreduce: every dtype, op and size, uneven hosts",
   }
 }
 
+TEST_CASE("hierarchical allreduce on sub-communicators: splits take their members' hosts",
+          "[hierarchical][hierarchical_split]") {
+  // The split scenario's odd/even halves, singletons, nested splits and threads, each allreduce
+  // through the leaders of the hosts its members are on.
+  auto job = start_job(5, {"split"}, {{"KOLO_ALLREDUCE", "hierarchical"}},
+                       "tests/kolo_test_collectives", hosts({"a", "a", "a", "b", "b"}));
+  expect_all_pass(job.wait(300), "split checks passed");
+}
+
 TEST_CASE("hierarchical allreduce: inexact floats give the same bits on every rank",
           "[hierarchical][hierarchical_identical]") {
   for (const char* mode : {"hierarchical", "auto"}) {
