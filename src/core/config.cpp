@@ -33,8 +33,8 @@ namespace {
 const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_RANK", "from the launcher", "this process's rank, 0 <= rank < size"},
     {"KOLO_SIZE", "from the launcher", "the number of ranks in the job"},
-    {"KOLO_LOCAL_RANK", "from the launcher, else by host name", "this rank's index on its machine"},
-    {"KOLO_LOCAL_SIZE", "from the launcher, else by host name",
+    {"KOLO_LOCAL_RANK", "from the launcher, else by host", "this rank's index on its machine"},
+    {"KOLO_LOCAL_SIZE", "from the launcher, else by host",
      "the number of ranks on this machine"},
     {"KOLO_ADDR", "MASTER_ADDR:MASTER_PORT", "host:port where rank 0 serves the rendezvous store"},
     {"KOLO_SECRET", "(none: unauthenticated)", "the job secret every connection must prove"},

@@ -43,8 +43,9 @@ struct Config {
   int rank = -1;
   int size = -1;
   // -1 when neither the caller, KOLO_LOCAL_* nor the launcher says (each independently); the
-  // communicator then derives them by grouping the ranks by host name. A job of size 1 always
-  // has local_rank 0 and local_size 1. When both are known, 0 <= local_rank < local_size <= size.
+  // communicator then derives them by grouping the ranks by host (core/host.hpp). A job of size
+  // 1 always has local_rank 0 and local_size 1. When both are known, 0 <= local_rank <
+  // local_size <= size.
   int local_rank = -1;
   int local_size = -1;
   std::string addr;                  // "host:port" of the rendezvous store served by rank 0
