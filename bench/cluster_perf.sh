@@ -20,8 +20,8 @@
 #   -k, --rounds K          rounds of alternation (default: 3)
 #   -v, --variant 'LABEL [VAR=VALUE ...]'
 #                           a variant: a label and the environment its ranks get; repeat for more.
-#                           Default: one variant, 'flat' (no settings). When kolo has it, e.g.
-#                           -v flat -v 'hierarchical KOLO_ALLREDUCE=hierarchical'
+#                           Default: one variant, 'flat' (no settings). Schedules, for example:
+#                           -v 'ring KOLO_ALLREDUCE=ring' -v 'hierarchical KOLO_ALLREDUCE=hierarchical'
 #   -o, --tsv FILE          also write the medians as tab-separated rows to FILE
 #   -n, --name NAME         the cluster's name (default: kolobench; the tests use kolotest)
 #   -b, --build DIR         the build directory (default: build)
@@ -165,7 +165,7 @@ run() {  # output transport settings...
 
 perf_flags="$*"
 # busbw from the time columns (the table rounds busbw to 0.01 GB/s, 8% of a 1 Gbit/s link).
-results=$logs/results   # round transport variant size busbw_out busbw_in wrong
+results=$logs/results   # round transport variant size busbw_out busbw_in wrong time_out time_in
 : >"$results"
 failures=0
 for round in $(seq 1 "$rounds"); do
@@ -181,7 +181,7 @@ for round in $(seq 1 "$rounds"); do
         grep -v '^#' "$output" | awk -v round="$round" -v transport="$transport" -v label="$label" \
           -v factor="$(echo "$ranks" | awk '{ print 2 * ($1 - 1) / $1 }')" '
           NF >= 13 && $1 ~ /^[0-9]+$/ {
-            print round, transport, label, $1, $1 * factor / $6 / 1e3, $1 * factor / $10 / 1e3, $9 + $13
+            print round, transport, label, $1, $1 * factor / $6 / 1e3, $1 * factor / $10 / 1e3, $9 + $13, $6, $10
           }' \
           >>"$results"
         cat "$output"
@@ -204,31 +204,31 @@ VARIANTS
 done
 
 echo
-echo "# medians over $rounds rounds; busbw in GB/s; link = busbw / ($rate_bytes bytes/s)"
-[ -z "$tsv" ] || printf 'hosts\tranks_per_host\trate\ttransport\tvariant\tbytes\trounds\tbusbw_out\tbusbw_in\tlink_out\tlink_in\twrong\n' >"$tsv"
+echo "# medians over $rounds rounds; busbw in GB/s; link = busbw / ($rate_bytes bytes/s); time in µs"
+[ -z "$tsv" ] || printf 'hosts\tranks_per_host\trate\ttransport\tvariant\tbytes\trounds\tbusbw_out\tbusbw_in\tlink_out\tlink_in\twrong\ttime_out_us\ttime_in_us\n' >"$tsv"
 sort -k2,2 -k3,3 -k4,4n "$results" | awk -v rate="$rate_bytes" -v hosts="$hosts" \
   -v per_host="$per_host" -v rate_text="$rate" -v tsv="$tsv" '
   function median(list, n,   i, j, t, v) {
     split(list, v, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] + 0 < v[i] + 0) { t = v[i]; v[i] = v[j]; v[j] = t }
     return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
   }
   function flush() {
     if (n == 0) return
     if (group != printed) {
       printf "\n# KOLO_TRANSPORT=%s, variant %s\n", t, l
-      printf "# %12s %6s %10s %10s %10s %10s %6s\n", "size", "rounds", "busbw out", "busbw in", "out/link", "in/link", "#wrong"
+      printf "# %12s %6s %10s %10s %10s %10s %6s %10s %10s\n", "size", "rounds", "busbw out", "busbw in", "out/link", "in/link", "#wrong", "time out", "time in"
       printed = group
     }
-    mo = median(outs, n); mi = median(ins, n)
-    printf "  %12d %6d %10.3f %10.3f %10.2f %10.2f %6d\n", s, n, mo, mi, mo * 1e9 / rate, mi * 1e9 / rate, wrong
+    mo = median(outs, n); mi = median(ins, n); to = median(touts, n); ti = median(tins, n)
+    printf "  %12d %6d %10.3f %10.3f %10.2f %10.2f %6d %10.1f %10.1f\n", s, n, mo, mi, mo * 1e9 / rate, mi * 1e9 / rate, wrong, to, ti
     if (tsv != "")
-      printf "%d\t%d\t%s\t%s\t%s\t%d\t%d\t%.4f\t%.4f\t%.3f\t%.3f\t%d\n", hosts, per_host, rate_text, t, l, s, n, mo, mi, mo * 1e9 / rate, mi * 1e9 / rate, wrong >> tsv
+      printf "%d\t%d\t%s\t%s\t%s\t%d\t%d\t%.4f\t%.4f\t%.3f\t%.3f\t%d\t%.1f\t%.1f\n", hosts, per_host, rate_text, t, l, s, n, mo, mi, mo * 1e9 / rate, mi * 1e9 / rate, wrong, to, ti >> tsv
   }
   {
-    if ($2 != t || $3 != l || $4 != s) { flush(); n = 0; outs = ""; ins = ""; wrong = 0 }
+    if ($2 != t || $3 != l || $4 != s) { flush(); n = 0; outs = ""; ins = ""; touts = ""; tins = ""; wrong = 0 }
     t = $2; l = $3; s = $4; group = t " " l
-    n++; outs = outs " " $5; ins = ins " " $6; wrong += $7
+    n++; outs = outs " " $5; ins = ins " " $6; wrong += $7; touts = touts " " $8; tins = tins " " $9
   }
   END { flush() }'
 echo

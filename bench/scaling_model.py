@@ -26,6 +26,18 @@ each, N = H * L ranks, numbered host by host. The schedules modelled, for S byte
                 their whole shard to a partner and get the result back at the end:
                     2 (log2(P) + 1) alpha_inter + (2(P-1)/P + 2) * S / beta_inter.
 
+Small buffers, where kolo runs latency schedules instead (every message holds the whole buffer,
+and `small` prints them beside the flat ring):
+
+  recursive doubling   over all N ranks (below 32 KiB x N): log2 P exchanges between r and r XOR d,
+                the ranks beyond the largest power of two P folded in first and served last. A
+                step lasts as long as its slowest pair: between hosts when any pair of it is, and
+                then as many whole buffers share the host's link as the host has ranks in such
+                pairs.
+  leaders       kolo's hierarchical allreduce: every rank sends its buffer to its host's leader,
+                the leaders run recursive doubling among themselves, the leaders send the result
+                back: 2 (alpha_intra + (L-1) S / beta_intra) + the leaders' recursive doubling.
+
 A training step: the model's gradients (float32 unless told otherwise) taken from
 `fusion_perf --list-gradients`, so that the layers are defined once, in bench/fusion_perf.cpp.
 The step computes for C seconds, a third forward and two thirds backward (a backward pass costs
@@ -47,6 +59,8 @@ How to run it (a Python 3 from Debian, standard library only; the plot needs mat
   /usr/bin/python3 bench/scaling_model.py fit --ranks N TABLE    alpha and beta from allreduce_perf
   /usr/bin/python3 bench/scaling_model.py check --inter-alpha-us A --inter-gbit B TSV...
                                         the flat ring's predictions against cluster_perf.sh medians
+  /usr/bin/python3 bench/scaling_model.py small --hosts H --ranks-per-host L [options]
+                                        kolo's small-buffer schedules: time of each, per size
 
 `--help` after each command lists its options and defaults.
 """
@@ -124,6 +138,45 @@ def hierarchical(size, hosts, per_host, inter, intra, between="ring"):
     else:
         raise ValueError(f"between must be ring or tree, not {between!r}")
     return inside + across
+
+
+def recursive_doubling(size, host_of, inter, intra):
+    """kolo's recursive doubling over len(host_of) ranks, rank r on host host_of[r]: each step as
+    slow as its slowest pair; a step between hosts shares each host's link among that host's
+    ranks that cross in it (each sends the whole buffer)."""
+    ranks = len(host_of)
+    if ranks <= 1:
+        return 0.0
+    power = 1 << (ranks.bit_length() - 1)
+
+    def step(pairs):
+        crossing = [pair for pair in pairs if host_of[pair[0]] != host_of[pair[1]]]
+        if not crossing:
+            return intra.alpha + size / intra.beta
+        per_host = {}
+        for a, b in crossing:
+            for rank in (a, b):
+                per_host[host_of[rank]] = per_host.get(host_of[rank], 0) + 1
+        # Each crossing pair sends one buffer each way: a host's link carries one buffer per rank
+        # of it in such a pair.
+        return inter.alpha + max(per_host.values()) * size / inter.beta
+
+    total = 0.0
+    fold = [(r, r - power) for r in range(power, ranks)]
+    if fold:
+        total += 2 * step(fold)  # the fold, and the result sent back at the end
+    distance = 1
+    while distance < power:
+        total += step([(r, r ^ distance) for r in range(power) if r < r ^ distance])
+        distance *= 2
+    return total
+
+
+def leaders(size, hosts, per_host, inter, intra):
+    """kolo's hierarchical allreduce (src/ring/allreduce_hierarchical.cpp): gather to the host's
+    leader, recursive doubling among the leaders, fan out."""
+    inside = 2 * (intra.alpha + (per_host - 1) * size / intra.beta) if per_host > 1 else 0.0
+    return inside + recursive_doubling(size, list(range(hosts)), inter, intra)
 
 
 SCHEDULES = {
@@ -472,6 +525,22 @@ def non_negative(text):
     return value
 
 
+def command_small(arguments):
+    inter = Link(arguments.inter_alpha_us * 1e-6, arguments.inter_gbit * GIGA / 8)
+    intra = Link(arguments.intra_alpha_us * 1e-6, arguments.intra_gbit * GIGA / 8)
+    hosts, per_host = arguments.hosts, arguments.ranks_per_host
+    host_of = [rank // per_host for rank in range(hosts * per_host)]
+    print(f"# {hosts} hosts x {per_host} ranks, ranks host by host; between hosts {inter}, "
+          f"inside {intra}; times in µs")
+    print("bytes\tflat ring\trecursive doubling\thierarchical\thierarchical / recursive doubling")
+    for size in arguments.sizes:
+        ring = flat_ring(size, hosts, per_host, inter, intra)
+        doubling = recursive_doubling(size, host_of, inter, intra)
+        tree = leaders(size, hosts, per_host, inter, intra)
+        print(f"{size}\t{ring * 1e6:.1f}\t{doubling * 1e6:.1f}\t{tree * 1e6:.1f}\t"
+              f"{tree / doubling:.2f}")
+
+
 def main(argv=None):
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(
@@ -538,8 +607,20 @@ def main(argv=None):
     check.add_argument("--min-bytes", type=int, default=256 * 1024,
                        help="rows from this size up (default: %(default)s)")
 
+    small = commands.add_parser("small", help="kolo's small-buffer schedules across hosts")
+    small.add_argument("--hosts", type=int, required=True)
+    small.add_argument("--ranks-per-host", type=int, required=True)
+    small.add_argument("--inter-alpha-us", type=non_negative, default=349.0,
+                       help="default: %(default)s, fitted on the simulated cluster (README)")
+    small.add_argument("--inter-gbit", type=positive, default=0.9066)
+    small.add_argument("--intra-alpha-us", type=non_negative, default=7.6)
+    small.add_argument("--intra-gbit", type=positive, default=6.8929)
+    small.add_argument("--sizes", type=int, nargs="+", default=[8, 512, 4096, 32768])
+
     arguments = parser.parse_args(argv)
-    if arguments.command == "predict":
+    if arguments.command == "small":
+        command_small(arguments)
+    elif arguments.command == "predict":
         if arguments.ranks_per_host < 1:
             parser.error("--ranks-per-host must be at least 1")
         command_predict(arguments)

@@ -36,6 +36,20 @@ inline double seconds_to_failure(const std::string& output) {
   return std::stod(match[1]);
 }
 
+// Every rank of a job whose ranks disagree ("mismatch" worker mode) reported KOLO_ERR_MISMATCH
+// saying that ranks disagree, and `also` where given, and exited as the mode expects (0).
+inline void expect_every_rank_reports_mismatch(const std::vector<ProcessResult>& results,
+                                               const std::string& also = "") {
+  for (size_t rank = 0; rank < results.size(); ++rank) {
+    INFO("rank " << rank << " output:\n" << results[rank].output);
+    CHECK_FALSE(results[rank].timed_out);
+    CHECK(results[rank].exit_code == 0);
+    CHECK(contains(results[rank].output, "status KOLO_ERR_MISMATCH"));
+    CHECK(contains(results[rank].output, "disagree"));
+    if (!also.empty()) CHECK(contains(results[rank].output, also));
+  }
+}
+
 // Every rank of the job but `victim` fails with KOLO_ERR_PEER_LOST naming it, within `bound_s`
 // of `since` by this clock and by the rank's own report.
 inline void expect_survivors_report_lost(Job& job, int victim,

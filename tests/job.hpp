@@ -25,9 +25,11 @@ struct Job {
   }
 };
 
+// rank_env, where it has an entry for a rank, adds to (and overrides) extra_env for that rank.
 inline Job start_job(int size, const std::vector<std::string>& worker_args,
                      const std::map<std::string, std::string>& extra_env = {},
-                     const std::string& worker = "tests/kolo_test_worker") {
+                     const std::string& worker = "tests/kolo_test_worker",
+                     const std::vector<std::map<std::string, std::string>>& rank_env = {}) {
   Job job;
   job.port = free_tcp_port();
   for (int rank = 0; rank < size; ++rank) {
@@ -39,6 +41,9 @@ inline Job start_job(int size, const std::vector<std::string>& worker_args,
         {"KOLO_TIMEOUT", "60"},
     };
     for (const auto& [key, value] : extra_env) env[key] = value;
+    if (static_cast<size_t>(rank) < rank_env.size()) {
+      for (const auto& [key, value] : rank_env[rank]) env[key] = value;
+    }
     std::vector<std::string> argv = {built_program(worker)};
     argv.insert(argv.end(), worker_args.begin(), worker_args.end());
     job.ranks.emplace_back(argv, env);

@@ -266,6 +266,40 @@ TEST_CASE("UCX's shared memory between hosts, if asked for, does not stall waits
   }
 }
 
+// The hierarchical allreduce between real network namespaces: at 2 hosts x 3 ranks auto chooses
+// it for small buffers (recursive doubling would cross between the hosts four times), and forced
+// it runs at every size, on the world and on sub-communicators that span the hosts.
+TEST_CASE("hierarchical allreduce across hosts", "[cluster][hierarchical]") {
+  struct Case {
+    int hosts;
+    int per_host;
+    const char* mode;
+    const char* program;
+    const char* choice;  // what rank 0 logs at INFO
+  };
+  const Case cases[] = {
+      {2, 3, "auto", "allreduce", "KOLO_ALLREDUCE=auto: hierarchical up to 196608 bytes"},
+      {2, 3, "hierarchical", "allreduce", "KOLO_ALLREDUCE=hierarchical: hierarchical"},
+      {2, 2, "hierarchical", "split", "KOLO_ALLREDUCE=hierarchical: hierarchical"},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.program << ", " << c.hosts << " hosts x " << c.per_host
+                              << " ranks, KOLO_ALLREDUCE=" << c.mode) {
+      const Program& program = kPrograms.at(c.program);
+      Cluster cluster(c.hosts);
+      std::vector<std::string> args = program.args;
+      args[0] = built_program(args[0]);
+      auto ranks = start_ranks(cluster, c.per_host, Launcher::kTorchrun, args,
+                               {{"KOLO_TRANSPORT", "tcp"}, {"KOLO_ALLREDUCE", c.mode}});
+      expect_passed(ranks, c.hosts, c.per_host, program.marker, "tcp");
+      const std::string first = ranks[0].wait(1).output;  // reaped already: the output
+      INFO("rank 0 output:\n" << first);
+      CHECK(contains(first, c.choice));
+      CHECK(contains(first, fmt::format("{} hosts (leaders 0,{})", c.hosts, c.per_host)));
+    }
+  }
+}
+
 TEST_CASE("a bracketed IPv6 address in KOLO_ADDR", "[cluster][tcp]") {
   Cluster cluster(2);
   auto ranks = start_ranks(cluster, 1, Launcher::kSlurm,

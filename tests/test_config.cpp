@@ -292,6 +292,8 @@ TEST_CASE("defaults", "[config]") {
   CHECK(config.tcp_streams == 1);
   CHECK(config.segment_bytes == 1024 * 1024);
   CHECK(config.transport == "tcp");
+  CHECK(config.allreduce == "auto");
+  CHECK(config.host_id.empty());
   CHECK(config.bind == "none");
   CHECK(config.secret.empty());
   CHECK(config.socket_ifname.empty());
@@ -322,6 +324,9 @@ TEST_CASE("accepted spellings", "[config]") {
   CHECK(resolve(kolo_job({})).ucx_shm_copy == "auto");
   CHECK(resolve(kolo_job({{"KOLO_UCX_SHM_COPY", "stream"}})).ucx_shm_copy == "stream");
   CHECK(resolve(kolo_job({{"KOLO_UCX_SHM_COPY", "plain"}})).ucx_shm_copy == "plain");
+  CHECK(resolve(kolo_job({{"KOLO_ALLREDUCE", "Hierarchical"}})).allreduce == "hierarchical");
+  CHECK(resolve(kolo_job({{"KOLO_ALLREDUCE", "ring"}})).allreduce == "ring");
+  CHECK(resolve(kolo_job({{"KOLO_HOST_ID", " rack3-node7 "}})).host_id == "rack3-node7");
   CHECK(resolve(kolo_job({{"KOLO_BIND", "Core"}})).bind == "core");
   CHECK(resolve(kolo_job({{"KOLO_BIND", "numa"}})).bind == "numa");
   CHECK(resolve(kolo_job()).gpu_backend == "auto");
@@ -461,6 +466,8 @@ TEST_CASE("bad values name the variable and the value", "[config]") {
       {{{"KOLO_SEGMENT_BYTES", "1X"}}, "KOLO_SEGMENT_BYTES", "1X"},
       {{{"KOLO_TRANSPORT", "foo"}}, "KOLO_TRANSPORT", "foo"},
       {{{"KOLO_UCX_SHM", "yes"}}, "KOLO_UCX_SHM", "yes"},
+      {{{"KOLO_ALLREDUCE", "tree"}}, "KOLO_ALLREDUCE", "tree"},
+      {{{"KOLO_HOST_ID", std::string(129, 'h')}}, "KOLO_HOST_ID", std::string(129, 'h')},
       {{{"KOLO_UCX_SHM_COPY", "nt"}}, "KOLO_UCX_SHM_COPY", "nt"},
       {{{"KOLO_BIND", "socket"}}, "KOLO_BIND", "socket"},
       {{{"KOLO_GPU_BACKEND", "mpi"}}, "KOLO_GPU_BACKEND", "mpi"},
@@ -578,10 +585,10 @@ TEST_CASE("the table of known variables is complete and well formed", "[config]"
         "KOLO_TRANSPORT", "KOLO_BIND", "KOLO_DEBUG", "KOLO_CYCLE_TIME_MS", "KOLO_CACHE_CAPACITY",
         "KOLO_FUSION_THRESHOLD", "KOLO_STALL_WARNING_S", "KOLO_STALL_ABORT_S", "KOLO_TIMELINE",
         "KOLO_GPU_BACKEND", "KOLO_UCX_SHM", "KOLO_UCX_SHM_COPY", "KOLO_SECRET_FILE",
-        "KOLO_LIBRARY"}) {
+        "KOLO_LIBRARY", "KOLO_ALLREDUCE", "KOLO_HOST_ID"}) {
     CHECK(names.count(name) == 1);
   }
-  CHECK(names.size() == 24);
+  CHECK(names.size() == 26);
 }
 
 TEST_CASE("the README's table of variables lists exactly the known ones", "[config]") {

@@ -58,14 +58,7 @@ TEST_CASE("ranks that disagree get KOLO_ERR_MISMATCH on every rank", "[faults][m
     for (int n : {2, 3}) {
       DYNAMIC_SECTION(kind << " differs, N = " << n) {
         auto job = start_job(n, {"mismatch", kind});
-        auto results = job.wait(60);
-        for (size_t rank = 0; rank < results.size(); ++rank) {
-          INFO("rank " << rank << " output:\n" << results[rank].output);
-          CHECK_FALSE(results[rank].timed_out);
-          CHECK(results[rank].exit_code == 0);
-          CHECK(contains(results[rank].output, "KOLO_ERR_MISMATCH"));
-          CHECK(contains(results[rank].output, "disagree"));
-        }
+        kolo::test::expect_every_rank_reports_mismatch(job.wait(60));
       }
     }
   }

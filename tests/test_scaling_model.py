@@ -30,6 +30,24 @@ class CostFormulas(unittest.TestCase):
         # N = 2: 2 steps, the whole buffer once.
         self.assertAlmostEqual(model.ring_allreduce(1e6, 2, link), 2 * 10e-6 + 1e-3)
 
+    def test_small_buffer_schedules_by_hand(self):
+        inter = model.Link(100e-6, 1e9)
+        intra = model.Link(10e-6, 10e9)
+        # 2 hosts x 2, host by host: one exchange inside the hosts, one between them with two
+        # buffers on each host's link.
+        self.assertAlmostEqual(model.recursive_doubling(1e6, [0, 0, 1, 1], inter, intra),
+                               10e-6 + 1e-4 + 100e-6 + 2e-3)
+        # The same through the leaders: gather and fan-out inside, one exchange between.
+        self.assertAlmostEqual(model.leaders(1e6, 2, 2, inter, intra),
+                               2 * (10e-6 + 1e-4) + 100e-6 + 1e-3)
+        # 2 hosts x 3: the fold (4 -> 0, 5 -> 1) and the final send cross with two buffers on each
+        # link, and both exchanges have one pair across, (2, 3) and (1, 3): four steps between
+        # hosts against one.
+        self.assertAlmostEqual(model.recursive_doubling(8, [0, 0, 0, 1, 1, 1], inter, intra),
+                               4 * 100e-6 + (2 + 1 + 1 + 2) * 8 / 1e9, places=12)
+        self.assertAlmostEqual(model.leaders(8, 2, 3, inter, intra),
+                               2 * (10e-6 + 2 * 8 / 10e9) + 100e-6 + 8 / 1e9, places=12)
+
     def test_one_rank_costs_nothing(self):
         link = model.Link(10e-6, 1e9)
         for schedule in model.SCHEDULES.values():

@@ -7,6 +7,8 @@
 //   kolo_test_worker barrier             nobody leaves before the last one entered
 //   kolo_test_worker mismatch KIND       the last rank calls differently; expects MISMATCH
 //   kolo_test_worker badargs             invalid arguments, then a working allreduce
+//   kolo_test_worker identical           float allreduce of inexact values: the same bits on every
+//                                        rank and in every repetition
 //   kolo_test_worker loop SECONDS        allreduce in a loop; reports the status it ends with
 //   kolo_test_worker stall SECONDS       the last rank sleeps before its allreduce; reports status
 //
@@ -316,6 +318,56 @@ int run_error_threads(kolo_comm_t comm) {
 
 // Allreduces 4 MiB in a loop for `seconds` (or until a failure) and reports how it ended:
 // "status <NAME> after <t> s since last success: <message>".
+// Values whose sums round (unlike the exact integers of run_allreduce), so that results depend on
+// the order of the reduction: every rank must still get the same bits, in every repetition.
+// Checked by gathering every rank's result (kolo_allgather, as bytes) and comparing.
+int run_identical(kolo_comm_t comm) {
+  int checks = 0;
+  for (kolo_dtype_t dtype : {KOLO_FLOAT32, KOLO_FLOAT64, KOLO_FLOAT16, KOLO_BFLOAT16}) {
+    const TypeInfo& type = *std::find_if(std::begin(kTypes), std::end(kTypes),
+                                         [&](const TypeInfo& t) { return t.dtype == dtype; });
+    for (kolo_op_t op : {KOLO_SUM, KOLO_AVG}) {
+      for (uint64_t count : {uint64_t{1}, uint64_t{7}, uint64_t{7919}, uint64_t{70001}}) {
+        for (int in_place = 0; in_place < 2; ++in_place) {
+          const size_t bytes = count * type.size;
+          std::vector<unsigned char> send(bytes), recv(bytes), first(bytes);
+          std::vector<unsigned char> everyone(bytes * static_cast<size_t>(g_size));
+          const std::string what =
+              fmt::format("allreduce {} {} count {} {} of inexact values", type.name, op_name(op),
+                          count, in_place ? "in place" : "out of place");
+          for (int repetition = 0; repetition < 2; ++repetition) {
+            // 1/(3 + rank + i mod 97) and alike: thirds, sevenths, ... round in every type.
+            fill_periodic(type, send.data(), count, [&](uint64_t i) {
+              return 1.0 / static_cast<double>(3 + g_rank * 5 + i % 97) * (i % 2 ? -1.0 : 1.0);
+            });
+            void* out = in_place ? send.data() : recv.data();
+            check_status(comm, kolo_allreduce(comm, send.data(), out, count, dtype, op),
+                         what.c_str());
+            check_status(comm, kolo_allgather(comm, out, everyone.data(), bytes, KOLO_UINT8),
+                         (what + ": allgather of the results").c_str());
+            for (int r = 0; r < g_size; ++r) {
+              size_t bad = first_difference(everyone.data() + r * bytes, out, count, type.size);
+              if (bad != count) {
+                fail(fmt::format("{}: element {} is {} on rank {} but {} here", what, bad,
+                                 element_text(type, everyone.data() + r * bytes, bad), r,
+                                 element_text(type, out, bad)));
+              }
+            }
+            if (repetition == 0) {
+              std::memcpy(first.data(), out, bytes);
+            } else if (std::memcmp(first.data(), out, bytes) != 0) {
+              fail(fmt::format("{}: the same call gave other bits the second time", what));
+            }
+            ++checks;
+          }
+        }
+      }
+    }
+  }
+  fmt::print("rank {}: {} identical checks passed\n", g_rank, checks);
+  return 0;
+}
+
 int run_loop(kolo_comm_t comm, double seconds) {
   std::vector<float> data(1u << 20, 1.0f);
   auto start = std::chrono::steady_clock::now();
@@ -392,6 +444,8 @@ int main(int argc, char** argv) {
     result = run_stall(comm, std::atof(argument.c_str()));
   else if (scenario == "error_threads")
     result = run_error_threads(comm);
+  else if (scenario == "identical")
+    result = run_identical(comm);
   else if (scenario == "loop")
     result = run_loop(comm, argument.empty() ? 5.0 : std::atof(argument.c_str()));
   else

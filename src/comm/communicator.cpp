@@ -1,15 +1,17 @@
 #include "comm/communicator.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <map>
-#include <set>
 #include <vector>
 
 #include "bootstrap/store.hpp"
 #include "comm/connect.hpp"
 #include "comm/report.hpp"
 #include "core/arguments.hpp"
+#include "core/host.hpp"
 #include "core/log.hpp"
 #include "core/topology.hpp"
 #include "fusion/engine.hpp"
@@ -66,6 +68,7 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   Links links = connect_links(config_, *store_, kWorldContext);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
+  place_allreduce();
 
   // Rank 0 serves the store: it stays until every rank is done with it.
   store_->set_string(store_key(kWorldContext, "ready", config_.rank), "1");
@@ -103,26 +106,73 @@ fusion::FusionEngine& Communicator::fusion() {
   return *fusion_;
 }
 
-// Every rank publishes its host name; ranks on the same host are numbered in rank order. The
-// launcher's local rank and size win where it gave them.
+// Every rank publishes its KOLO_ALLREDUCE and host identity, "mode\nidentity"; ranks on the same
+// host are numbered in rank order. The launcher's local rank and size win where it gave them.
+// KOLO_ALLREDUCE must agree because the allreduce schedule follows from it: ranks that ran
+// different schedules would wait for messages that never come. Every rank reads every value, so
+// every rank finds the same disagreement; rank 0, whose process serves the store, waits until
+// every rank has read before it fails, so that each reports the disagreement itself.
 void Communicator::discover_hosts() {
-  std::string host = net::host_name();
-  store_->set_string(store_key(kWorldContext, "host", config_.rank), host);
+  const std::string host = host_identity(config_);
+  store_->set_string(store_key(kWorldContext, "host", config_.rank),
+                     config_.allreduce + "\n" + host);
   int local_rank = 0;
   int local_size = 0;
-  std::set<std::string> hosts;
+  std::map<std::string, int> numbers;
+  std::vector<std::string> modes;
+  host_of_.clear();
   for (int rank = 0; rank < config_.size; ++rank) {
-    std::string other =
-        rank == config_.rank ? host : store_->get_string(store_key(kWorldContext, "host", rank));
-    hosts.insert(other);
+    std::string other = rank == config_.rank
+                            ? config_.allreduce + "\n" + host
+                            : store_->get_string(store_key(kWorldContext, "host", rank));
+    const size_t newline = other.find('\n');
+    modes.push_back(other.substr(0, newline));
+    other = newline == std::string::npos ? std::string() : other.substr(newline + 1);
+    host_of_.push_back(numbers.emplace(other, static_cast<int>(numbers.size())).first->second);
     if (other == host) {
       if (rank < config_.rank) ++local_rank;
       ++local_size;
     }
   }
-  node_count_ = static_cast<int>(hosts.size());
+  const auto differs = std::find_if(modes.begin(), modes.end(),
+                                    [&](const std::string& mode) { return mode != modes[0]; });
+  if (differs != modes.end()) {
+    store_->set_string(store_key(kWorldContext, "host-checked", config_.rank), "1");
+    if (config_.rank == 0) {
+      std::vector<std::string> keys;
+      for (int rank = 0; rank < config_.size; ++rank)
+        keys.push_back(store_key(kWorldContext, "host-checked", rank));
+      store_->wait(keys);
+    }
+    throw Error(Status::kConfig,
+                fmt::format("kolo: KOLO_ALLREDUCE is {} on rank 0 but {} on rank {}: it must be "
+                            "the same on every rank, as the allreduce schedule follows from it",
+                            modes[0], *differs, differs - modes.begin()));
+  }
+  node_count_ = static_cast<int>(numbers.size());
   if (config_.local_rank < 0) config_.local_rank = local_rank;
   if (config_.local_size < 0) config_.local_size = local_size;
+}
+
+void Communicator::place_allreduce() {
+  const AllreduceMode mode = config_.allreduce == "ring"           ? AllreduceMode::kRing
+                             : config_.allreduce == "hierarchical" ? AllreduceMode::kHierarchical
+                                                                   : AllreduceMode::kAuto;
+  HostMap hosts(host_of_);
+  const HostShape& shape = hosts.shape();
+  std::string choice = "flat";
+  if (mode == AllreduceMode::kHierarchical) {
+    choice = "hierarchical";
+  } else if (mode == AllreduceMode::kAuto && hierarchical_saves_network_steps(shape)) {
+    choice = fmt::format("hierarchical up to {} bytes, flat above",
+                         kRecursiveDoublingMaxBytesPerRank * static_cast<uint64_t>(size()));
+  }
+  log::info(
+      "allreduce: KOLO_ALLREDUCE={}: {}; {} hosts (leaders {}), at most {} ranks on one; "
+      "steps between hosts of a small allreduce: {} hierarchical, {} recursive doubling",
+      config_.allreduce, choice, shape.hosts, fmt::join(hosts.leaders(), ","), shape.largest_host,
+      shape.hierarchical_network_steps, shape.flat_network_steps);
+  ring_->set_allreduce_placement(mode, std::move(hosts));
 }
 
 template <typename Body>

@@ -102,8 +102,9 @@ class Communicator {
 
  private:
   // A member of a split (comm/split.cpp): connects to its fellow members through the store.
+  // host_of[rank] numbers the host of every member (equal numbers: one host).
   Communicator(const Config& config, std::shared_ptr<StoreServer> server, uint64_t context,
-               int node_count);
+               const std::vector<int>& host_of);
 
   // Runs one call under the lock, numbering it (unless told not to) and breaking the
   // communicator if it fails.
@@ -115,9 +116,14 @@ class Communicator {
   // per pair of ranks).
   void run_point_to_point(const OpDescriptor& op,
                           const std::function<void(const OpDescriptor&)>& body);
+  // Exchanges every rank's host identity (core/host.hpp) and KOLO_ALLREDUCE through the store:
+  // sets the local rank and size where the launcher did not, the node count and host_of_, and
+  // throws kolo::Error(kConfig) on every rank when the ranks' KOLO_ALLREDUCE differ.
   void discover_hosts();
   // The collective run() started (running) or finished, for report().
   void set_activity(const OpDescriptor& op, bool running, bool failed = false);
+  // Hands KOLO_ALLREDUCE and the host map to the allreduce dispatcher (ring/algorithms.hpp).
+  void place_allreduce();
   // The communicator broke: the fusion engine fails its requests too.
   void tell_fusion_engine(const Error& error);
   // The GPU path of allreduce() and broadcast() (comm/communicator_gpu.cpp), and the backend that
@@ -136,6 +142,7 @@ class Communicator {
 
   Config config_;
   int node_count_ = 1;
+  std::vector<int> host_of_;             // per rank: a number shared by the ranks of one host
   std::shared_ptr<StoreServer> server_;  // shared with the sub-communicators of this process
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<Transport> transport_;

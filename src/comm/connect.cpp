@@ -3,6 +3,7 @@
 
 #include "bootstrap/store.hpp"
 #include "core/config.hpp"
+#include "core/host.hpp"
 #include "net/socket.hpp"
 #include "transport/transport.hpp"
 
@@ -20,6 +21,7 @@ Links connect_links(const Config& config, StoreClient& store, uint64_t context) 
   settings.secret = config.secret;
   settings.timeout_s = config.timeout_s;
   settings.socket_ifname = config.socket_ifname;
+  settings.host = host_identity(config);
   settings.local_size = config.local_size;
   settings.tcp_streams = config.tcp_streams;
   settings.ucx_shm = config.ucx_shm;

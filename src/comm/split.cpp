@@ -33,8 +33,8 @@
 #include "comm/report.hpp"
 #include "comm/communicator.hpp"
 #include "comm/connect.hpp"
+#include "core/host.hpp"
 #include "core/log.hpp"
-#include "net/socket.hpp"
 #include "ring/algorithms.hpp"
 #include "ring/ring.hpp"
 #include "transport/transport.hpp"
@@ -45,7 +45,7 @@ namespace {
 struct MemberInfo {
   int32_t color = -1;
   int32_t key = 0;
-  uint64_t host = 0;  // a hash of the host name
+  uint64_t host = 0;  // a hash of the host identity (core/host.hpp)
 };
 static_assert(sizeof(MemberInfo) == 16);
 
@@ -65,12 +65,14 @@ uint64_t hash_text(const std::string& text) {
 }  // namespace
 
 Communicator::Communicator(const Config& config, std::shared_ptr<StoreServer> server,
-                           uint64_t context, int node_count)
-    : config_(config), node_count_(node_count), server_(std::move(server)), context_(context) {
+                           uint64_t context, const std::vector<int>& host_of)
+    : config_(config), host_of_(host_of), server_(std::move(server)), context_(context) {
+  node_count_ = HostMap(host_of_).shape().hosts;
   store_ = open_store(config_);
   Links links = connect_links(config_, *store_, context_);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
+  place_allreduce();
   log::info("sub-communicator {:x} ready: rank {} of {}, local rank {} of {}, {} node(s)", context_,
             config_.rank, config_.size, config_.local_rank, config_.local_size, node_count_);
   report_on(this);
@@ -78,7 +80,7 @@ Communicator::Communicator(const Config& config, std::shared_ptr<StoreServer> se
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   const int n = size();
-  const MemberInfo mine{color < 0 ? -1 : color, key, hash_text(net::host_name())};
+  const MemberInfo mine{color < 0 ? -1 : color, key, hash_text(host_identity(config_))};
   std::vector<MemberInfo> everyone(static_cast<size_t>(n));
   std::unique_ptr<Communicator> child;
   std::optional<Error> failure;
@@ -105,7 +107,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
       config.rank = -1;  // found below
       config.local_rank = 0;
       config.local_size = 0;
-      std::vector<uint64_t> hosts;
+      std::vector<int> host_of;  // the parent's host number of each member
       for (int position = 0; position < config.size; ++position) {
         const int member = members[position];
         if (member == rank()) config.rank = position;
@@ -113,14 +115,12 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
           if (member != rank() && config.rank < 0) ++config.local_rank;
           ++config.local_size;
         }
-        hosts.push_back(everyone[member].host);
+        host_of.push_back(host_of_[member]);
       }
-      std::sort(hosts.begin(), hosts.end());
-      const int nodes = static_cast<int>(std::unique(hosts.begin(), hosts.end()) - hosts.begin());
       uint64_t context = mix(mix(context_ ^ mix(exchange.sequence)) ^ static_cast<uint32_t>(color));
       if (context <= 1) context += 2;  // 0 is unused, 1 is the world's
       try {
-        child.reset(new Communicator(config, server_, context, nodes));
+        child.reset(new Communicator(config, server_, context, host_of));
       } catch (const Error& error) {
         failure.emplace(error);
       } catch (const std::exception& error) {

@@ -33,8 +33,8 @@ namespace {
 const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_RANK", "from the launcher", "this process's rank, 0 <= rank < size"},
     {"KOLO_SIZE", "from the launcher", "the number of ranks in the job"},
-    {"KOLO_LOCAL_RANK", "from the launcher, else by host name", "this rank's index on its machine"},
-    {"KOLO_LOCAL_SIZE", "from the launcher, else by host name",
+    {"KOLO_LOCAL_RANK", "from the launcher, else by host", "this rank's index on its machine"},
+    {"KOLO_LOCAL_SIZE", "from the launcher, else by host",
      "the number of ranks on this machine"},
     {"KOLO_ADDR", "MASTER_ADDR:MASTER_PORT", "host:port where rank 0 serves the rendezvous store"},
     {"KOLO_SECRET", "(none: unauthenticated)", "the job secret every connection must prove"},
@@ -46,6 +46,10 @@ const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_SEGMENT_BYTES", "1M",
      "largest ring pipeline segment, 4K..256M (K/M/G suffixes, powers of 1024)"},
     {"KOLO_TRANSPORT", "tcp", "tcp, ucx or auto"},
+    {"KOLO_ALLREDUCE", "auto",
+     "allreduce schedule: ring (flat), hierarchical (through one leader per host) or auto"},
+    {"KOLO_HOST_ID", "(host name and boot id)",
+     "what counts as this rank's host: ranks with the same value share one"},
     {"KOLO_UCX_SHM", "1", "UCX transport: 1 = kolo's shared-memory rings within a host, 0 = UCX"},
     {"KOLO_UCX_SHM_COPY", "auto",
      "copies into the rings: auto, plain or stream (non-temporal stores, for cores without a "
@@ -443,6 +447,16 @@ void resolve_tuning(const ConfigOverrides& overrides, const Environment& env, Co
   }
   if (auto transport = from_env(env, "KOLO_TRANSPORT")) {
     config.transport = one_of(*transport, {"tcp", "ucx", "auto"});
+  }
+  if (auto allreduce = from_env(env, "KOLO_ALLREDUCE")) {
+    config.allreduce = one_of(*allreduce, {"auto", "ring", "hierarchical"});
+  }
+  if (auto host = from_env(env, "KOLO_HOST_ID")) {
+    config.host_id = std::string(trim(host->text));
+    if (config.host_id.size() > kMaxHostIdBytes) {
+      fail(fmt::format("kolo: {}={} is longer than {} bytes", host->source, host->text,
+                       kMaxHostIdBytes));
+    }
   }
   if (auto shm = from_env(env, "KOLO_UCX_SHM")) config.ucx_shm = one_of(*shm, {"0", "1"}) == "1";
   if (auto copy = from_env(env, "KOLO_UCX_SHM_COPY")) {

@@ -36,12 +36,16 @@ namespace kolo {
 // The largest fusion threshold (KOLO_FUSION_THRESHOLD, kolo_comm_set_fusion_threshold).
 inline constexpr uint64_t kMaxFusionThresholdBytes = uint64_t{4} << 30;
 
+// The longest KOLO_HOST_ID: host identities travel in fixed start-up frames.
+inline constexpr size_t kMaxHostIdBytes = 128;
+
 struct Config {
   int rank = -1;
   int size = -1;
   // -1 when neither the caller, KOLO_LOCAL_* nor the launcher says (each independently); the
-  // communicator then derives them by grouping the ranks by host name. A job of size 1 always
-  // has local_rank 0 and local_size 1. When both are known, 0 <= local_rank < local_size <= size.
+  // communicator then derives them by grouping the ranks by host (core/host.hpp). A job of size
+  // 1 always has local_rank 0 and local_size 1. When both are known, 0 <= local_rank <
+  // local_size <= size.
   int local_rank = -1;
   int local_size = -1;
   std::string addr;                  // "host:port" of the rendezvous store served by rank 0
@@ -51,6 +55,10 @@ struct Config {
   std::string socket_ifname;         // KOLO_SOCKET_IFNAME
   uint64_t segment_bytes = 1 << 20;  // KOLO_SEGMENT_BYTES, 4 KiB .. 256 MiB
   std::string transport = "tcp";     // KOLO_TRANSPORT: tcp | ucx | auto
+  // KOLO_ALLREDUCE: auto | ring | hierarchical (ring/algorithms.hpp); the same on every rank.
+  std::string allreduce = "auto";
+  // KOLO_HOST_ID: what makes two ranks one host (core/host.hpp); "" = host name and boot id.
+  std::string host_id;
   bool ucx_shm = true;               // KOLO_UCX_SHM: kolo's shared-memory rings within a host
   std::string ucx_shm_copy = "auto";  // KOLO_UCX_SHM_COPY: auto, plain or stream
   std::string bind = "none";         // KOLO_BIND: none | core | numa

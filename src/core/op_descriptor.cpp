@@ -31,6 +31,7 @@ const char* algorithm_name(Algorithm algorithm) {
     case Algorithm::kRing: return "ring";
     case Algorithm::kRecursiveDoubling: return "recursive doubling";
     case Algorithm::kBruck: return "Bruck";
+    case Algorithm::kHierarchical: return "hierarchical";
   }
   return "unknown algorithm";
 }

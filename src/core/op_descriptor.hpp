@@ -37,6 +37,7 @@ enum class Algorithm : uint8_t {
   kRing = 0,               // the ring (or, for alltoall and send/recv, the one schedule)
   kRecursiveDoubling = 1,  // small allreduce
   kBruck = 2,              // small allgather
+  kHierarchical = 3,       // allreduce through host leaders (ring/allreduce_hierarchical.cpp)
 };
 
 const char* algorithm_name(Algorithm algorithm);

@@ -46,8 +46,8 @@
 // to unfused ones for every dtype and op. A batch of one tensor (a broadcast, a tensor of a
 // megabyte or more, or anything when fusion is off) runs in place in the caller's buffers. The
 // engine always uses the ring schedule, whatever the size, so that a tensor's result never
-// depends on what it was batched with (kolo_allreduce uses recursive doubling for small buffers,
-// whose results may differ in the last bit).
+// depends on what it was batched with (kolo_allreduce uses recursive doubling, or across hosts
+// the hierarchical schedule, for small buffers, whose results may differ in the last bit).
 //
 // Allgathers (kolo_allgather_async) are negotiated like the rest, except that every rank sends
 // its own count and receive capacity, and rank 0 answers with every rank's count (coordinator.hpp).

@@ -5,8 +5,12 @@
 // bench/allreduce_perf and bench/all_gather_perf at N = 2..5 on one machine; the README's
 // "Choosing the algorithm" has the tables.
 //
-// The choice depends only on the message size and N, so every rank makes the same one; the
-// descriptor carries it all the same (a rank built with other constants reports a mismatch).
+// Across hosts, allreduce has a third schedule, hierarchical (through one leader per host), which
+// KOLO_ALLREDUCE chooses or leaves to auto.
+//
+// The choice depends only on the message size, N, KOLO_ALLREDUCE and the shape of the host map,
+// all of which every rank shares, so every rank makes the same one; the descriptor carries it all
+// the same (a rank built with other constants reports a mismatch).
 #pragma once
 
 #include <cstdint>
@@ -32,12 +36,57 @@ inline constexpr uint64_t kRecursiveDoublingMaxBytesPerRank = KOLO_RECURSIVE_DOU
 // Total bytes of the gathered buffer at and below which Bruck's allgather runs.
 inline constexpr uint64_t kBruckMaxBytes = KOLO_BRUCK_MAX_BYTES;
 
-inline Algorithm allreduce_algorithm(uint64_t bytes, int ranks) {
+// KOLO_ALLREDUCE: which allreduce schedules the dispatcher may choose from.
+enum class AllreduceMode : uint8_t {
+  kAuto,          // hierarchical for small buffers across hosts, else flat
+  kRing,          // flat: the ring, or recursive doubling for small buffers
+  kHierarchical,  // always through the host leaders
+};
+
+// What the allreduce dispatcher knows of the hosts: the same on every rank (every rank derives it
+// from the host map exchanged at start-up, ring/ring.hpp's HostMap).
+struct HostShape {
+  int hosts = 1;         // hosts the communicator spans
+  int largest_host = 1;  // ranks on its most crowded host
+  // Steps in which some message crosses between hosts (each costs a network latency): of
+  // recursive doubling over all ranks, and of the hierarchical schedule (recursive doubling over
+  // the host leaders).
+  int flat_network_steps = 0;
+  int hierarchical_network_steps = 0;
+};
+
+// The flat schedules, by size and N only.
+inline Algorithm flat_allreduce_algorithm(uint64_t bytes, int ranks) {
   // With two ranks recursive doubling is one exchange where the ring takes two steps: it wins
   // there too.
   return ranks > 1 && bytes <= kRecursiveDoublingMaxBytesPerRank * static_cast<uint64_t>(ranks)
              ? Algorithm::kRecursiveDoubling
              : Algorithm::kRing;
+}
+
+// Whether KOLO_ALLREDUCE=auto runs the hierarchical schedule where the flat choice would be
+// recursive doubling: when it crosses between hosts in fewer steps. Both are latency schedules
+// (every message holds the whole buffer); on a network the steps between hosts dominate, and the
+// hierarchical schedule's one extra step inside the hosts costs little beside one of them. So it
+// replaces recursive doubling wherever the hosts do not line up with recursive doubling's pairs:
+// N or the ranks per host not a power of two, hosts of uneven sizes, ranks not numbered host by
+// host. Where they do line up (2 hosts x 2 ranks, 4 x 2, ...) recursive doubling already crosses
+// the network only log2 H times and keeps it. Above recursive doubling's size limit the flat ring
+// runs (README, "Hierarchical allreduce", for the model behind this).
+inline bool hierarchical_saves_network_steps(const HostShape& shape) {
+  return shape.hosts > 1 && shape.hierarchical_network_steps < shape.flat_network_steps;
+}
+
+// The schedule KOLO_ALLREDUCE, the hosts, the size and N give: identical on every rank of a
+// communicator, since all of them are (the mode is checked at start-up, comm/communicator.cpp).
+inline Algorithm allreduce_algorithm(uint64_t bytes, int ranks, AllreduceMode mode,
+                                     const HostShape& shape) {
+  const Algorithm flat = flat_allreduce_algorithm(bytes, ranks);
+  const bool hierarchical =
+      mode == AllreduceMode::kHierarchical ||
+      (mode == AllreduceMode::kAuto && flat == Algorithm::kRecursiveDoubling &&
+       hierarchical_saves_network_steps(shape));
+  return ranks > 1 && hierarchical ? Algorithm::kHierarchical : flat;
 }
 
 inline Algorithm allgather_algorithm(uint64_t total_bytes, int ranks) {

@@ -57,7 +57,7 @@ void fill_integer_identity(std::byte* buffer, uint64_t count, ReduceOp op) {
   }
 }
 
-// The identity of op in dtype's bits: x OP identity == x for every x.
+// The identity of op in float bits (see fill_identity in ring/ring.hpp).
 template <typename T>
 void fill_float_identity(std::byte* buffer, uint64_t count, ReduceOp op, T one, T infinity,
                          T negative_infinity, T negative_zero) {
@@ -73,6 +73,8 @@ void fill_float_identity(std::byte* buffer, uint64_t count, ReduceOp op, T one, 
       return fill(buffer, count, negative_zero);
   }
 }
+
+}  // namespace
 
 void fill_identity(std::byte* buffer, uint64_t count, DataType dtype, ReduceOp op) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -96,8 +98,6 @@ void fill_identity(std::byte* buffer, uint64_t count, DataType dtype, ReduceOp o
       return fill_integer_identity<int64_t>(buffer, count, op);
   }
 }
-
-}  // namespace
 
 void recursive_doubling_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf,
                                   void* recvbuf) {

@@ -2,7 +2,104 @@
 
 #include <fmt/format.h>
 
+#include <functional>
+#include <map>
+
 namespace kolo {
+
+// The transport as a subset of its ranks sees it: peer i of the subset is ranks[i] of the whole.
+// Posting rewrites the peer; everything else is the whole transport's, failures included.
+class SubsetTransport final : public Transport {
+ public:
+  SubsetTransport(Transport& whole, std::vector<int> ranks)
+      : whole_(whole), ranks_(std::move(ranks)) {}
+
+  const char* name() const override { return whole_.name(); }
+  void post_send(Transfer& transfer) override {
+    transfer.peer = ranks_[transfer.peer];
+    whole_.post_send(transfer);
+  }
+  void post_recv(Transfer& transfer) override {
+    transfer.peer = ranks_[transfer.peer];
+    whole_.post_recv(transfer);
+  }
+  void progress(const Deadline& deadline) override { whole_.progress(deadline); }
+  void abort(const Error& error) noexcept override { whole_.abort(error); }
+  const Error* failure() const override { return whole_.failure(); }
+  int readiness_fd() const override { return whole_.readiness_fd(); }
+
+ private:
+  Transport& whole_;
+  std::vector<int> ranks_;
+};
+
+HostMap::HostMap(const std::vector<int>& host_of) {
+  std::map<int, int> number;  // the caller's host number -> ours
+  std::map<int, int> ranks_on;
+  for (size_t rank = 0; rank < host_of.size(); ++rank) {
+    auto [entry, added] = number.emplace(host_of[rank], static_cast<int>(leaders_.size()));
+    if (added) leaders_.push_back(static_cast<int>(rank));
+    host_of_.push_back(entry->second);
+    shape_.largest_host = std::max(shape_.largest_host, ++ranks_on[entry->second]);
+  }
+  shape_.hosts = std::max<int>(1, static_cast<int>(leaders_.size()));
+  // Recursive doubling's steps (ring/allreduce_recursive_doubling.cpp), and which of them cross
+  // between hosts, over all ranks and over the leaders.
+  auto network_steps = [](int n, const std::function<bool(int, int)>& apart) {
+    int powers = 1;
+    while (powers * 2 <= n) powers *= 2;
+    int steps = 0;
+    bool fold_crosses = false;  // the fold, r + P -> r, and the final r -> r + P
+    for (int r = powers; r < n; ++r) fold_crosses = fold_crosses || apart(r, r - powers);
+    steps += fold_crosses ? 2 : 0;
+    for (int distance = 1; distance < powers; distance *= 2) {
+      bool crosses = false;
+      for (int r = 0; r < powers; ++r) crosses = crosses || apart(r, r ^ distance);
+      steps += crosses ? 1 : 0;
+    }
+    return steps;
+  };
+  const int ranks = static_cast<int>(host_of_.size());
+  shape_.flat_network_steps =
+      network_steps(ranks, [&](int a, int b) { return host_of_[a] != host_of_[b]; });
+  shape_.hierarchical_network_steps = network_steps(shape_.hosts, [](int, int) { return true; });
+}
+
+Ring::Ring(Transport& transport, int rank, int size, size_t segment_bytes, double timeout_s)
+    : Ring(transport, rank, size, segment_bytes, timeout_s, {}) {}
+
+Ring::Ring(Transport& transport, int rank, int size, size_t segment_bytes, double timeout_s,
+           std::vector<int> ranks)
+    : transport_(transport),
+      rank_(rank),
+      size_(size),
+      segment_bytes_(segment_bytes),
+      timeout_s_(timeout_s),
+      deadline_(timeout_s),
+      ranks_(std::move(ranks)),
+      hosts_(std::vector<int>(static_cast<size_t>(size), 0)) {}
+
+Ring::~Ring() = default;
+
+void Ring::set_allreduce_placement(AllreduceMode mode, HostMap hosts) {
+  allreduce_mode_ = mode;
+  hosts_ = std::move(hosts);
+  leaders_.reset();
+  leader_transport_.reset();
+}
+
+Ring& Ring::leaders() {
+  if (!leaders_) {
+    const std::vector<int>& leaders = hosts_.leaders();
+    std::vector<int> names;
+    for (int leader : leaders) names.push_back(rank_name(leader));
+    leader_transport_ = std::make_unique<SubsetTransport>(transport_, leaders);
+    leaders_.reset(new Ring(*leader_transport_, hosts_.host_of(rank_),
+                            static_cast<int>(leaders.size()), segment_bytes_, timeout_s_,
+                            std::move(names)));
+  }
+  return *leaders_;
+}
 
 std::byte* Ring::buffer(Buffer which, size_t bytes) {
   if (bytes > buffer_bytes_[which]) {
@@ -45,7 +142,7 @@ void Ring::wait(const OpDescriptor& op, int waiting_for) {
     Error error(Status::kTimeout,
                 fmt::format("{} timed out on rank {}: nothing arrived from or went to rank {} for "
                             "{} s (KOLO_TIMEOUT)",
-                            describe(op), rank_, waiting_for, timeout_s_));
+                            describe(op), rank_name(rank_), rank_name(waiting_for), timeout_s_));
     transport_.abort(error);
     throw error;
   }

@@ -12,6 +12,7 @@
 #include "core/deadline.hpp"
 #include "core/op_descriptor.hpp"
 #include "core/reduce.hpp"
+#include "ring/algorithms.hpp"
 #include "ring/blocks.hpp"
 #include "transport/transport.hpp"
 
@@ -38,15 +39,32 @@ struct IncomingReduction {
   void apply(size_t offset, const void* incoming, size_t bytes) const;
 };
 
+class SubsetTransport;
+
+// Which host each rank of a ring is on, as the hierarchical allreduce needs it: hosts numbered
+// 0, 1, ... in the order of their lowest rank, which is the host's leader.
+class HostMap {
+ public:
+  HostMap() = default;
+  // host_of[rank] for every rank: any numbers, equal for ranks of one host.
+  explicit HostMap(const std::vector<int>& host_of);
+
+  int host_of(int rank) const { return host_of_[rank]; }
+  int leader_of(int rank) const { return leaders_[host_of_[rank]]; }
+  // The host leaders, in host order.
+  const std::vector<int>& leaders() const { return leaders_; }
+  const HostShape& shape() const { return shape_; }
+
+ private:
+  std::vector<int> host_of_;
+  std::vector<int> leaders_;
+  HostShape shape_;
+};
+
 class Ring {
  public:
-  Ring(Transport& transport, int rank, int size, size_t segment_bytes, double timeout_s)
-      : transport_(transport),
-        rank_(rank),
-        size_(size),
-        segment_bytes_(segment_bytes),
-        timeout_s_(timeout_s),
-        deadline_(timeout_s) {}
+  Ring(Transport& transport, int rank, int size, size_t segment_bytes, double timeout_s);
+  ~Ring();
 
   Transport& transport() { return transport_; }
   int rank() const { return rank_; }
@@ -88,7 +106,22 @@ class Ring {
   // (the report of who is stuck, comm/report.hpp).
   int waiting_for() const { return waiting_for_.load(std::memory_order_relaxed); }
 
+  // What the allreduce dispatcher chooses from besides size and N: KOLO_ALLREDUCE and the hosts
+  // (by default one host holding every rank). Set by the communicator once connected.
+  void set_allreduce_placement(AllreduceMode mode, HostMap hosts);
+  AllreduceMode allreduce_mode() const { return allreduce_mode_; }
+  const HostMap& hosts() const { return hosts_; }
+  // On a host leader: a ring of the leaders only (position = host number), over the same
+  // transport, made on first use; its schedules are the ones of this file, unchanged.
+  Ring& leaders();
+
  private:
+  // A ring over a subset of another's ranks: `ranks` gives each position's rank there, so that
+  // errors name the ranks users know.
+  Ring(Transport& transport, int rank, int size, size_t segment_bytes, double timeout_s,
+       std::vector<int> ranks);
+  int rank_name(int position) const { return ranks_.empty() ? position : ranks_[position]; }
+
   Transport& transport_;
   int rank_;
   int size_;
@@ -99,6 +132,11 @@ class Ring {
   size_t buffer_bytes_[kBufferCount] = {};
   std::vector<Transfer> transfers_;
   std::atomic<int> waiting_for_{-1};
+  std::vector<int> ranks_;  // empty: positions are ranks
+  AllreduceMode allreduce_mode_ = AllreduceMode::kAuto;
+  HostMap hosts_;
+  std::unique_ptr<SubsetTransport> leader_transport_;
+  std::unique_ptr<Ring> leaders_;  // after leader_transport_: destroyed first
 };
 
 // A ring with the transport it runs over, as connecting a group of ranks makes them
@@ -108,9 +146,9 @@ struct Links {
   std::unique_ptr<Ring> ring;
 };
 
-// The one allreduce dispatcher: chooses the schedule for the buffer's size and N
-// (allreduce_algorithm() in ring/algorithms.hpp), writes it into the descriptor every message
-// carries, and runs it. Every ordered allreduce goes through here; the fusion engine calls
+// The one allreduce dispatcher: chooses the schedule for the buffer's size, N, KOLO_ALLREDUCE and
+// the hosts (allreduce_algorithm() in ring/algorithms.hpp), writes it into the descriptor every
+// message carries, and runs it. Every ordered allreduce goes through here; the fusion engine calls
 // ring_allreduce() itself, as its fused layout follows the ring's chunks.
 void run_allreduce(Ring& ring, OpDescriptor op, const void* sendbuf, void* recvbuf);
 
@@ -136,6 +174,12 @@ void ring_reduce_scatter(Ring& ring, const OpDescriptor& op, const void* sendbuf
 // Allreduce for small buffers: op.algorithm == Algorithm::kRecursiveDoubling (see run_allreduce()).
 void recursive_doubling_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf,
                                   void* recvbuf);
+// Allreduce across hosts for small buffers: op.algorithm == Algorithm::kHierarchical (see
+// run_allreduce() and ring/allreduce_hierarchical.cpp), over ring.hosts().
+void hierarchical_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf);
+// Fills `count` elements with the identity of op in dtype's bits: x OP identity == x for every x,
+// NaN included (-0 for sums, 1 for products, +inf/-inf or the integer limits for min/max).
+void fill_identity(std::byte* buffer, uint64_t count, DataType dtype, ReduceOp op);
 // Per-peer blocks between every pair of ranks. op.detail != 0 (alltoallv): messages carry their
 // pair's count and an agreement round ends the call.
 void pairwise_alltoall(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf,

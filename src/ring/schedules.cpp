@@ -1,5 +1,5 @@
-// Where a collective has more than one schedule, the dispatcher that runs the one chosen: from the
-// buffer's size and N alone (ring/algorithms.hpp), so that every rank makes the same choice, and
+// Where a collective has more than one schedule, the dispatcher that runs the one chosen: from
+// what every rank shares (ring/algorithms.hpp), so that every rank makes the same choice, and
 // written into the descriptor every message carries, so that a rank that chose otherwise reports
 // a mismatch instead of waiting for messages that never come.
 #include "ring/algorithms.hpp"
@@ -8,8 +8,11 @@
 namespace kolo {
 
 void run_allreduce(Ring& ring, OpDescriptor op, const void* sendbuf, void* recvbuf) {
-  op.algorithm = allreduce_algorithm(op.count * dtype_size(op.dtype), ring.size());
-  if (op.algorithm == Algorithm::kRecursiveDoubling) {
+  op.algorithm = allreduce_algorithm(op.count * dtype_size(op.dtype), ring.size(),
+                                     ring.allreduce_mode(), ring.hosts().shape());
+  if (op.algorithm == Algorithm::kHierarchical) {
+    hierarchical_allreduce(ring, op, sendbuf, recvbuf);
+  } else if (op.algorithm == Algorithm::kRecursiveDoubling) {
     recursive_doubling_allreduce(ring, op, sendbuf, recvbuf);
   } else {
     ring_allreduce(ring, op, sendbuf, recvbuf);

@@ -46,6 +46,7 @@ struct TransportSettings {
   std::string secret;                 // the job secret every connection proves
   double timeout_s = 300.0;           // KOLO_TIMEOUT: every wait during set-up
   std::string socket_ifname;          // KOLO_SOCKET_IFNAME: where to listen ("" = by route)
+  std::string host;                   // this rank's host identity (core/host.hpp)
   int local_size = -1;                // ranks on this host, -1 when unknown
   int tcp_streams = 1;                // tcp: KOLO_TCP_STREAMS data connections per peer
   bool ucx_shm = true;                // ucx: KOLO_UCX_SHM, kolo's shared-memory rings within a host

@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
 
 #include "core/log.hpp"
@@ -63,7 +62,7 @@ static_assert(sizeof(SegmentHeader) <= kHeaderPage);
 struct Hello {
   uint32_t magic = kHelloMagic;
   uint32_t enabled = 0;
-  char host[192] = {};  // host name and boot id
+  char host[192] = {};  // host identity (core/host.hpp), at most kMaxHostIdBytes
 };
 struct Offer {
   char name[64] = {};  // empty: the lower rank could not make a segment
@@ -103,14 +102,6 @@ void remove_stale_segments(int rank) {
                 file, pid);
     }
   }
-}
-
-std::string host_identity() {
-  char name[128] = {};
-  ::gethostname(name, sizeof(name) - 1);
-  std::string boot;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return fmt::format("{}/{}", name, boot);
 }
 
 // Copies a piece into a ring, with plain stores while the consumer's core shares a cache with
@@ -213,14 +204,13 @@ size_t ShmChannel::pending(int peer) const {
 
 // ---- set-up -------------------------------------------------------------------------------------
 
-void ShmChannel::connect(const std::vector<PeerSockets>& sockets, bool enabled, Copy copy,
-                         const Deadline& deadline) {
+void ShmChannel::connect(const std::vector<PeerSockets>& sockets, const std::string& host,
+                         bool enabled, Copy copy, const Deadline& deadline) {
   copy_ = copy;
   // 1. Every rank tells every peer its host and whether it wants rings; small frames, so sending
   // to all before receiving from any cannot block.
   Hello mine;
   mine.enabled = enabled ? 1 : 0;
-  const std::string host = host_identity();
   std::memcpy(mine.host, host.data(), std::min(host.size(), sizeof(mine.host) - 1));
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_) net::send_all(sockets[peer].control, &mine, sizeof(mine), deadline);

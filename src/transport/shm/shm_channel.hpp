@@ -85,15 +85,16 @@ class ShmChannel {
   ShmChannel& operator=(const ShmChannel&) = delete;
 
   // Set-up, over each pair's authenticated control socket before it is attached to the control
-  // channel: which peers share this host (host name and boot id), and for those a segment. Where
-  // `enabled` is false on either side, the peer is on another host or the segment cannot be made,
-  // the pair keeps UCX. Logs the path of every peer at INFO. Throws only when a socket fails.
-  void connect(const std::vector<PeerSockets>& sockets, bool enabled, Copy copy,
-               const Deadline& deadline);
+  // channel: which peers share this host (`host`, this rank's host identity, core/host.hpp), and
+  // for those a segment. Where `enabled` is false on either side, the peer is on another host or
+  // the segment cannot be made, the pair keeps UCX. Logs the path of every peer at INFO. Throws
+  // only when a socket fails.
+  void connect(const std::vector<PeerSockets>& sockets, const std::string& host, bool enabled,
+               Copy copy, const Deadline& deadline);
 
   bool connected(int peer) const { return links_[peer] != nullptr; }
   bool any() const { return connected_count_ > 0; }
-  // Whether some peer is on another host (host name and boot id differ), known after connect().
+  // Whether some peer is on another host (host identities differ), known after connect().
   bool any_other_host() const { return other_hosts_ > 0; }
   // Transfers posted to `peer` and not complete yet.
   size_t pending(int peer) const;

@@ -404,7 +404,8 @@ class UcxTransport final : public Transport {
         connect_mesh(settings, store, rank_, size_, context, "ucx-control", 0);
     exchange_keys(sockets, deadline);
     // 2b. Rings in shared memory for the peers on this host (transport/shm/).
-    shm_.connect(sockets, settings.ucx_shm, ShmChannel::copy_mode(settings.ucx_shm_copy), deadline);
+    shm_.connect(sockets, settings.host, settings.ucx_shm,
+                 ShmChannel::copy_mode(settings.ucx_shm_copy), deadline);
     const auto control_ready = Clock::now();
 
     // 3. The worker, its address in the store, an endpoint to every rank. A rank that cannot
@@ -469,7 +470,7 @@ class UcxTransport final : public Transport {
   }
 
   // Which UCX transports: UCX_TLS where it names some. Otherwise all of them, except that peers
-  // on another host (by kolo's reckoning: host name and boot id, transport/shm/) must be reached
+  // on another host (by kolo's reckoning, core/host.hpp) must be reached
   // over the network, though UCX may see them as reachable through shared memory or CMA
   // (containers or network namespaces on one kernel), whose wake-ups need not cross from one
   // namespace to the other. In a job that spans hosts, kolo's rings carry the traffic of this
