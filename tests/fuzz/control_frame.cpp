@@ -3,10 +3,11 @@
 // reads; the rest is the stream. It is read twice, in whole wanted() pieces and in pieces of at
 // most that cut, as a socket may deliver it: both must yield the same frames, each within the
 // limits, up to the first malformed header, after which the channel closes the connection.
+#include "transport/control_frame.hpp"
+
 #include <string>
 
 #include "fuzz_input.hpp"
-#include "transport/control_frame.hpp"
 
 using namespace kolo;
 

@@ -10,9 +10,9 @@
 //    member's own size, so that a batch that is not fusable is a copy past a buffer.
 #include <cstddef>
 
-#include "fuzz_input.hpp"
 #include "fusion/coordinator.hpp"
 #include "fusion/fused_layout.hpp"
+#include "fuzz_input.hpp"
 
 using namespace kolo;
 using namespace kolo::fusion;
@@ -36,8 +36,8 @@ void as_rank_zero(FuzzInput& input) {
         const std::vector<uint8_t> bytes = input.take_bytes(input.take<uint16_t>());
         list = decode_requests(bytes.data(), bytes.size(), ranks, cache.capacity());
       }
-      const ResponseList response =
-          coordinator.process(cycle, lists, threshold, Clock::time_point(std::chrono::seconds(cycle)));
+      const ResponseList response = coordinator.process(
+          cycle, lists, threshold, Clock::time_point(std::chrono::seconds(cycle)));
       std::vector<uint8_t> bytes;
       encode(response, bytes);
       FUZZ_REQUIRE(bytes.size() <= kMaxPayloadBytes);

@@ -10,13 +10,12 @@
 #include <cstring>
 #include <vector>
 
-#define FUZZ_REQUIRE(condition)                                                             \
-  do {                                                                                      \
-    if (!(condition)) {                                                                     \
-      std::fprintf(stderr, "fuzz invariant broken: %s (%s:%d)\n", #condition, __FILE__, \
-                   __LINE__);                                                               \
-      std::abort();                                                                         \
-    }                                                                                       \
+#define FUZZ_REQUIRE(condition)                                                                    \
+  do {                                                                                             \
+    if (!(condition)) {                                                                            \
+      std::fprintf(stderr, "fuzz invariant broken: %s (%s:%d)\n", #condition, __FILE__, __LINE__); \
+      std::abort();                                                                                \
+    }                                                                                              \
   } while (0)
 
 class FuzzInput {

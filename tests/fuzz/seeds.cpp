@@ -21,7 +21,8 @@ std::filesystem::path root;
 void seed(const std::string& target, const std::string& name, const Bytes& bytes) {
   std::filesystem::create_directories(root / target);
   std::ofstream(root / target / name, std::ios::binary)
-      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
 }
 
 template <typename T>
@@ -79,7 +80,8 @@ void fusion_seeds() {
   // cached broadcast (slot 3) alone, and an allgather.
   ResponseList response;
   response.errors.push_back({"x", Status::kMismatch, "ranks disagree about tensor 'x'"});
-  response.batches.push_back({true, {{true, 0, {}}, {false, 5, allreduce("n", 4, DataType::kFloat32)}}});
+  response.batches.push_back(
+      {true, {{true, 0, {}}, {false, 5, allreduce("n", 4, DataType::kFloat32)}}});
   response.batches.push_back({false, {{true, 3, {}}}});
   UnitSpec gather;
   gather.kind = Kind::kAllgather;
