@@ -11,6 +11,8 @@ libucx-dev"
 # multi-process tests call, and Python with numpy, torch and pytest for the Python package.
 packages="$packages catch2 nlohmann-json3-dev cmake iproute2 procps python3 python3-numpy \
 python3-torch python3-pytest python3-sklearn"
+# Fuzzing (tests/fuzz/run.sh): clang and the libFuzzer runtime that -fsanitize=fuzzer links.
+packages="$packages clang-14 libclang-rt-14-dev"
 # Benchmarks: Open MPI beside kolo in bench/compare_mpi.sh.
 packages="$packages openmpi-bin libopenmpi-dev"
 

@@ -2,10 +2,13 @@
 // negotiation messages, the response cache, rank 0's coordinator, and the timeline writer.
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -37,7 +40,8 @@ bool refused_requests(const std::vector<uint8_t>& bytes, int ranks) {
   return false;
 }
 bool refused_responses(const std::vector<uint8_t>& bytes, int ranks) {
-  try { decode_responses(bytes.data(), bytes.size(), ranks, 64); } catch (const Error& e) {
+  const ResponseCache empty(64);
+  try { decode_responses(bytes.data(), bytes.size(), ranks, empty); } catch (const Error& e) {
     return std::string(e.what()).find("malformed") != std::string::npos;
   }
   return false;
@@ -156,7 +160,9 @@ TEST_CASE("negotiation messages round-trip and malformed ones are refused", "[fu
   batch.units.push_back({false, -1, allreduce("y", 4)});
   response.batches.push_back(batch);
   encode(response, bytes);
-  ResponseList back = decode_responses(bytes.data(), bytes.size(), 3, 128);
+  ResponseCache cache(128);
+  cache.store(5, allreduce("z", 2));  // the hit's unit, fusable with y
+  ResponseList back = decode_responses(bytes.data(), bytes.size(), 3, cache);
   CHECK(back.idle);
   REQUIRE(back.errors.size() == 1);
   CHECK(back.errors[0].message == response.errors[0].message);
@@ -172,7 +178,9 @@ TEST_CASE("negotiation messages round-trip and malformed ones are refused", "[fu
       if (is_request) {
         decode_requests(data.data(), data.size(), 3, capacity);
       } else {
-        decode_responses(data.data(), data.size(), 3, capacity);
+        ResponseCache cache(capacity);
+        if (capacity > 5) cache.store(5, allreduce("z", 2));
+        decode_responses(data.data(), data.size(), 3, cache);
       }
     } catch (const Error& error) {
       CHECK(error.status() == Status::kInternal);
@@ -535,7 +543,7 @@ TEST_CASE("allgather units: wire format, matching and the coordinator", "[fusion
   batch.units.push_back(unit);
   response.batches.push_back(batch);
   encode(response, bytes);
-  ResponseList decoded = decode_responses(bytes.data(), bytes.size(), 3, 64);
+  ResponseList decoded = decode_responses(bytes.data(), bytes.size(), 3, ResponseCache(64));
   CHECK(decoded.batches.at(0).units.at(0).spec == with_counts);
   CHECK(refused_responses(bytes, 4));  // 3 counts for 4 ranks
   for (size_t cut = 0; cut < bytes.size(); ++cut) {
@@ -608,3 +616,124 @@ TEST_CASE("allgather units: wire format, matching and the coordinator", "[fusion
   CHECK(out.batches[0].units.size() == 2);
   CHECK(out.batches[1].units[0].spec.kind == Kind::kAllgather);
   }
+
+// Rank 0 decides what is fused, but a member acts on what it decodes: a fused batch whose units
+// cannot share one collective would be copied with the first unit's element size for every
+// member, past the end of a larger-element buffer. The decoder refuses every such response.
+TEST_CASE("a response that fuses what cannot be fused is refused before anything runs",
+          "[fusion_units]") {
+  ResponseCache cache(8);
+  cache.store(0, allreduce("cached64", 100, DataType::kFloat64));
+  auto unit = [](const UnitSpec& spec) { return ResponseUnit{false, -1, spec}; };
+  auto hit = [](int32_t slot) { return ResponseUnit{true, slot, {}}; };
+  UnitSpec broadcast;
+  broadcast.kind = Kind::kBroadcast;
+  broadcast.root = 1;
+  broadcast.members.push_back({"w", 99});
+  auto outcome = [&](bool fused, std::vector<ResponseUnit> units) -> std::string {
+    ResponseList response;
+    response.batches.push_back({fused, std::move(units)});
+    std::vector<uint8_t> bytes;
+    encode(response, bytes);
+    try {
+      decode_responses(bytes.data(), bytes.size(), 3, cache);
+    } catch (const Error& error) {
+      CHECK(error.status() == Status::kInternal);
+      return error.what();
+    }
+    return "accepted";
+  };
+  const UnitSpec a32 = allreduce("a", 10), b64 = allreduce("b", 10, DataType::kFloat64);
+  CHECK_THAT(outcome(true, {unit(a32), unit(b64)}),
+             Catch::Contains("malformed") && Catch::Contains("a fused batch of"));
+  CHECK_THAT(outcome(true, {unit(a32), hit(0)}), Catch::Contains("a fused batch of"));
+  CHECK_THAT(outcome(true, {hit(0), unit(a32)}), Catch::Contains("a fused batch of"));
+  CHECK_THAT(outcome(true, {unit(a32), unit(allreduce("m", 10, DataType::kFloat32,
+                                                      ReduceOp::kMax))}),
+             Catch::Contains("a fused batch of"));
+  CHECK_THAT(outcome(true, {unit(broadcast)}), Catch::Contains("a fused batch of"));
+  CHECK_THAT(outcome(true, {unit(a32), unit(broadcast)}), Catch::Contains("a fused batch of"));
+  CHECK_THAT(outcome(false, {hit(3)}), Catch::Contains("cache slot 3, which is empty"));
+  CHECK_THAT(outcome(false, {hit(0), unit(a32)}), Catch::Contains("accepted"));
+  ResponseUnit cached_a32 = unit(a32);
+  cached_a32.slot = 0;
+  CHECK_THAT(outcome(false, {hit(0), cached_a32}), Catch::Contains("cache slot 0 twice"));
+  // What the coordinator fuses decodes.
+  CHECK_THAT(outcome(true, {unit(a32), unit(allreduce("c", 3))}), Catch::Contains("accepted"));
+  CHECK_THAT(outcome(true, {hit(0), unit(b64)}), Catch::Contains("accepted"));
+}
+
+// The largest single allocation since the test reset it: every operator new of this program
+// passes here. One far beyond anything these tests need fails at once with std::bad_alloc, so
+// that a decoder that sizes a vector by a count from the wire fails the test below instead of
+// filling the machine's memory.
+namespace {
+std::atomic<size_t> largest_allocation{0};
+constexpr size_t kRefusedAllocation = size_t{256} << 20;
+}  // namespace
+
+// None of the three is inlined: GCC would see malloc() and free() meet new and delete, and warn.
+[[gnu::noinline]] void* operator new(size_t bytes) {
+  size_t seen = largest_allocation.load(std::memory_order_relaxed);
+  while (bytes > seen && !largest_allocation.compare_exchange_weak(seen, bytes)) {
+  }
+  if (bytes > kRefusedAllocation) throw std::bad_alloc();
+  if (void* memory = std::malloc(bytes == 0 ? 1 : bytes)) return memory;
+  throw std::bad_alloc();
+}
+[[gnu::noinline]] void operator delete(void* memory) noexcept {
+  std::free(memory);
+}
+[[gnu::noinline]] void operator delete(void* memory, size_t) noexcept {
+  std::free(memory);
+}
+
+// A count is bounded by the bytes left, but an element costs more in memory than on the wire (a
+// 5-byte cache hit is an 88-byte ResponseUnit): a 64 MiB payload that claims 13 million units
+// must not make the decoder allocate 1.2 GB before it reads the first one.
+TEST_CASE("decoders allocate as elements arrive, never by a count from the wire",
+          "[fusion_units]") {
+  const size_t payload = kMaxPayloadBytes;
+  auto put_u32 = [](std::vector<uint8_t>& bytes, size_t at, uint64_t value) {
+    const uint32_t word = static_cast<uint32_t>(value);
+    std::memcpy(bytes.data() + at, &word, 4);
+  };
+  ResponseCache cache(64);
+  cache.store(0, allreduce("a", 1));
+  auto largest_while = [&](auto decode) {
+    largest_allocation = 0;
+    std::string outcome = "accepted";
+    try {
+      decode();
+    } catch (const Error& error) {
+      outcome = error.what();
+    } catch (const std::bad_alloc&) {
+      outcome = "std::bad_alloc";
+    }
+    INFO(outcome);
+    CHECK(outcome.find("malformed") != std::string::npos);
+    return largest_allocation.load();
+  };
+  auto response = [&](const std::vector<uint8_t>& bytes) {
+    return [&] { decode_responses(bytes.data(), bytes.size(), 3, cache); };
+  };
+  std::vector<uint8_t> bytes(payload, 0);  // idle 0, 0 errors, 0 batches, then zeros
+  // Errors: as many as 12 bytes each allow; the first has status 0, which is malformed.
+  put_u32(bytes, 1, (payload - 5) / 12);
+  CHECK(largest_while(response(bytes)) < (size_t{1} << 20));
+  // Batches of at least 5 bytes each; the first has 0 units.
+  put_u32(bytes, 1, 0);
+  put_u32(bytes, 5, (payload - 9) / 5);
+  CHECK(largest_while(response(bytes)) < (size_t{1} << 20));
+  // One batch of units of at least 5 bytes each: every one a hit of slot 0, which a response
+  // may name once only.
+  put_u32(bytes, 5, 1);
+  put_u32(bytes, 10, (payload - 14) / 5);
+  for (size_t at = 14; at + 5 <= payload; at += 5) bytes[at] = 1;  // hit, slot 0
+  CHECK(largest_while(response(bytes)) < (size_t{1} << 20));
+  // Announcements of at least 27 bytes each; the first has kind 0.
+  std::vector<uint8_t> requests(payload, 0);
+  put_u32(requests, 4, (payload - 8) / 27);
+  CHECK(largest_while([&] { decode_requests(requests.data(), requests.size(), 3, 64); }) <
+        (size_t{1} << 20));
+}

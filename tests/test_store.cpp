@@ -130,6 +130,10 @@ TEST_CASE("parse_endpoint rejects malformed addresses, naming the variable and t
       {":80", "missing host"},
       {"::1:80", "brackets"},
       {"", "missing port"},
+      // Found by tests/fuzz/endpoint_auth.cpp: "[1" was a host, printed as "[1:81", which does
+      // not parse back.
+      {"[[1]:81", "'[' or ']'"},
+      {"node]:80", "'[' or ']'"},
   };
   for (const Case& c : cases) {
     INFO("input: '" << c.text << "'");

@@ -43,8 +43,7 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
   uint64_t hits = 0, negotiated = 0;
   for (size_t b = 0; b < response.batches.size(); ++b) {
     for (const ResponseUnit& scheduled : response.batches[b].units) {
-      const UnitSpec* spec =
-          scheduled.hit ? cache_.at(static_cast<uint32_t>(scheduled.slot)) : &scheduled.spec;
+      const UnitSpec* spec = spec_of(scheduled, cache_);
       if (!spec) {
         throw Error(Status::kInternal,
                     fmt::format("fusion engine: rank 0 scheduled cache slot {}, which is empty "

@@ -211,7 +211,7 @@ ResponseList FusionEngine::exchange_as_member(const RequestList& mine) {
     wake_posted_ = false;
   }
   try {
-    return decode_responses(in_payloads_[0].data(), bytes, size_, cache_.capacity());
+    return decode_responses(in_payloads_[0].data(), bytes, size_, cache_);
   } catch (const Error& error) {
     throw Error(error.status(),
                 fmt::format("fusion engine: rank 0 sent rank {} a {}", rank_, error.what()));

@@ -159,7 +159,6 @@ RequestList decode_requests(const uint8_t* data, size_t size, int ranks, uint32_
     reader.malformed("a ready bit beyond the cache capacity");
   }
   uint32_t count = reader.get_count("announcement count", 27, ~uint32_t{0});
-  list.announcements.reserve(count);
   for (uint32_t i = 0; i < count; ++i) list.announcements.push_back(reader.get_spec(false));
   reader.expect_end();
   return list;
@@ -187,15 +186,15 @@ void encode(const ResponseList& list, std::vector<uint8_t>& out) {
 }
 
 ResponseList decode_responses(const uint8_t* data, size_t size, int ranks,
-                              uint32_t cache_capacity) {
-  Reader reader(data, size, ranks, cache_capacity);
+                              const ResponseCache& cache) {
+  Reader reader(data, size, ranks, cache.capacity());
   ResponseList list;
   uint8_t idle = reader.get<uint8_t>("idle flag");
   if (idle > 1) reader.malformed("idle flag");
   list.idle = idle == 1;
   uint32_t errors = reader.get_count("error count", 12, ~uint32_t{0});
-  list.errors.resize(errors);
-  for (ResponseError& error : list.errors) {
+  for (uint32_t e = 0; e < errors; ++e) {
+    ResponseError& error = list.errors.emplace_back();
     error.key = reader.get_string("key length", kMaxNameBytes);
     int32_t status = reader.get<int32_t>("status");
     if (!status_from_wire(status, error.status) || error.status == Status::kSuccess) {
@@ -203,23 +202,40 @@ ResponseList decode_responses(const uint8_t* data, size_t size, int ranks,
     }
     error.message = reader.get_string("message length", kMaxErrorText);
   }
+  // Each slot at most once: so a response holds at most one hit per slot, whatever its size.
+  std::vector<bool> slot_named;
   uint32_t batches = reader.get_count("batch count", 5, ~uint32_t{0});
-  list.batches.resize(batches);
-  for (Batch& batch : list.batches) {
+  for (uint32_t b = 0; b < batches; ++b) {
+    Batch& batch = list.batches.emplace_back();
     uint8_t fused = reader.get<uint8_t>("fused flag");
     if (fused > 1) reader.malformed("fused flag");
     batch.fused = fused == 1;
     uint32_t units = reader.get_count("unit count", 5, ~uint32_t{0});
     if (units == 0) reader.malformed("an empty batch");
-    batch.units.resize(units);
-    for (ResponseUnit& unit : batch.units) {
+    for (uint32_t u = 0; u < units; ++u) {
+      ResponseUnit& unit = batch.units.emplace_back();
       uint8_t type = reader.get<uint8_t>("unit type");
       if (type != kUnitHit && type != kUnitNew) reader.malformed(fmt::format("unit type {}", type));
       unit.hit = type == kUnitHit;
       unit.slot = reader.get_slot(!unit.hit);
+      if (unit.slot >= 0) {
+        if (slot_named.empty()) slot_named.resize(cache.capacity());
+        if (slot_named[unit.slot]) reader.malformed(fmt::format("cache slot {} twice", unit.slot));
+        slot_named[unit.slot] = true;
+      }
       if (!unit.hit) unit.spec = reader.get_spec(true);
       if (!unit.hit && unit.spec.kind == Kind::kAllgather && (unit.slot != -1 || batch.fused)) {
         reader.malformed("an allgather that is cached or fused");  // neither ever is
+      }
+      const UnitSpec* spec = spec_of(unit, cache);
+      if (spec == nullptr) {
+        reader.malformed(fmt::format("a hit in cache slot {}, which is empty", unit.slot));
+      }
+      // Every unit against the first, the first against itself (an allreduce).
+      const UnitSpec* first = spec_of(batch.units.front(), cache);
+      if (batch.fused && !fusable(*first, *spec)) {
+        reader.malformed(fmt::format("a fused batch of {} and {}", describe(*first),
+                                     describe(*spec)));
       }
     }
   }

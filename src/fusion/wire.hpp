@@ -15,6 +15,14 @@
 // recv_capacity (u64) and its gathered counts (u32 n, then n u64): none in an announcement, one
 // per rank in a response. Allgathers are never cached nor fused, so a response that says
 // otherwise is malformed.
+//
+// A decoded response is checked whole before any of it is acted on: every cache hit names a slot
+// that this rank's cache holds, no slot appears twice, and the units of a fused batch are
+// allreduces that fusable() accepts together (the executor copies every member of a fused batch
+// with the first unit's element size, so a float64 member beside a float32 one, or a broadcast,
+// would be copied past its buffer). Decoders allocate as elements arrive, never by a count read
+// from the wire: a count is only bounded by the bytes left, and those bytes cost far more in
+// memory than on the wire (a 5-byte cache hit is an 88-byte ResponseUnit).
 #pragma once
 
 #include <cstddef>
@@ -22,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "fusion/cache.hpp"
 #include "fusion/spec.hpp"
 #include "kolo/status.hpp"
 
@@ -68,6 +77,12 @@ struct ResponseUnit {
   UnitSpec spec;  // when !hit
 };
 
+// The spec a response unit stands for: its own, or for a hit the one in `cache` (nullptr when
+// that slot is empty).
+inline const UnitSpec* spec_of(const ResponseUnit& unit, const ResponseCache& cache) {
+  return unit.hit ? cache.at(static_cast<uint32_t>(unit.slot)) : &unit.spec;
+}
+
 // Units run as one collective (fused) or one after the other (not fused: a single unit, a
 // broadcast, an allgather, or a group when fusion is off).
 struct Batch {
@@ -94,8 +109,10 @@ void encode(const ResponseList& list, std::vector<uint8_t>& out);
 size_t encoded_size(const UnitSpec& spec);
 
 // Decoders throw kolo::Error(kInternal) naming what is malformed. Specs are checked with
-// check_spec() for `ranks`; slots and bit words must fit in `cache_capacity`.
+// check_spec() for `ranks`; slots and bit words must fit in `cache_capacity`. A response is
+// checked against `cache` as it is before the response's own slot assignments (see above).
 RequestList decode_requests(const uint8_t* data, size_t size, int ranks, uint32_t cache_capacity);
-ResponseList decode_responses(const uint8_t* data, size_t size, int ranks, uint32_t cache_capacity);
+ResponseList decode_responses(const uint8_t* data, size_t size, int ranks,
+                              const ResponseCache& cache);
 
 }  // namespace kolo::fusion

@@ -205,6 +205,9 @@ Endpoint parse_endpoint(const std::string& text, const std::string& what) {
     }
   }
   if (host.empty()) throw fail("missing host");
+  // No address or host name has brackets, and a host with one would not print as text that
+  // parses back (Endpoint::to_string).
+  if (host.find_first_of("[]") != std::string::npos) throw fail("a host cannot contain '[' or ']'");
   if (port.empty()) throw fail("missing port");
   if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) {
     throw fail(fmt::format("port '{}' is not a number from 0 to 65535", port));

@@ -13,16 +13,10 @@
 #include "core/log.hpp"
 
 namespace kolo {
-namespace {
 
-constexpr uint32_t kControlMagic = 0x434c4f4b;  // "KOLC"
-constexpr uint32_t kControlAbort = 1;
-constexpr uint32_t kControlGoodbye = 2;
-constexpr uint32_t kControlWake = 3;
-
-}  // namespace
-
-ControlChannel::ControlChannel(int rank, int size) : rank_(rank), size_(size), links_(size) {
+ControlChannel::ControlChannel(int rank, int size) : rank_(rank), size_(size) {
+  links_.reserve(static_cast<size_t>(size));
+  for (int peer = 0; peer < size; ++peer) links_.emplace_back(size);
   epoll_ = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_.valid()) {
     throw Error(Status::kSystem, fmt::format("epoll_create1 failed: {}", std::strerror(errno)));
@@ -61,16 +55,8 @@ void ControlChannel::serve() {
 void ControlChannel::serve_link(int peer) {
   Link& link = links_[peer];
   while (link.socket.valid() && !link.closed) {
-    char* target;
-    size_t wanted;
-    if (link.header_done < sizeof(FrameHeader)) {
-      target = reinterpret_cast<char*>(&link.header) + link.header_done;
-      wanted = sizeof(FrameHeader) - link.header_done;
-    } else {
-      target = link.text.data() + link.text_done;
-      wanted = link.header.length - link.text_done;
-    }
-    ssize_t received = wanted ? ::recv(link.socket.fd(), target, wanted, MSG_DONTWAIT) : 0;
+    ssize_t received =
+        ::recv(link.socket.fd(), link.reader.space(), link.reader.wanted(), MSG_DONTWAIT);
     if (received < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -78,51 +64,47 @@ void ControlChannel::serve_link(int peer) {
       close_link(peer);
       throw lost(peer, fmt::format("its connection failed: {}", std::strerror(error)));
     }
-    if (wanted && received == 0) {
+    if (received == 0) {
       close_link(peer);
       if (!link.said_goodbye) {
         throw lost(peer, "its connection closed without a goodbye (did it die?)");
       }
       return;
     }
-    if (link.header_done < sizeof(FrameHeader)) {
-      link.header_done += received;
-      if (link.header_done < sizeof(FrameHeader)) continue;
-      if (link.header.magic != kControlMagic || link.header.length > kMaxText) {
+    switch (link.reader.advance(static_cast<size_t>(received))) {
+      case ControlFrameReader::Step::kMore:
+        break;
+      case ControlFrameReader::Step::kFrame:
+        handle_frame(peer);
+        break;
+      case ControlFrameReader::Step::kMalformedHeader:
         log::warn("rank {} sent a malformed control frame; dropping the connection", peer);
         close_link(peer);
         throw lost(peer, "it sent a malformed control frame");
-      }
-    } else {
-      link.text_done += received;
+      case ControlFrameReader::Step::kMalformedFrame:
+        throw lost(peer, "it sent a malformed control frame");
+      case ControlFrameReader::Step::kUnknownKind:
+        throw lost(peer, "it sent an unknown control frame");
     }
-    if (link.text_done < link.header.length) continue;
-    link.header_done = 0;
-    link.text_done = 0;
-    handle_frame(peer);
   }
 }
 
 void ControlChannel::handle_frame(int peer) {
   Link& link = links_[peer];
-  const FrameHeader& header = link.header;
-  if (header.kind == kControlGoodbye) {
-    link.said_goodbye = true;
-    return;
+  const ControlFrameReader& frame = link.reader;
+  switch (frame.kind()) {
+    case ControlKind::kGoodbye:
+      link.said_goodbye = true;
+      return;
+    case ControlKind::kWake:
+      return;  // its whole purpose was to end a poll()
+    case ControlKind::kAbort:
+      remote_failure_ = true;
+      remote_origin_ = frame.origin();
+      remote_text_.assign(frame.text());
+      throw Error(frame.status(),
+                  fmt::format("{} (reported by rank {})", remote_text_, frame.origin()));
   }
-  if (header.kind == kControlWake) return;  // its whole purpose was to end a poll()
-  Status status = Status::kSuccess;
-  if (header.kind != kControlAbort) throw lost(peer, "it sent an unknown control frame");
-  if (!status_from_wire(header.status, status) || status == Status::kSuccess) {
-    throw lost(peer, "it sent a malformed control frame");
-  }
-  if (header.origin < 0 || header.origin >= size_) {
-    throw lost(peer, "it sent a malformed control frame");
-  }
-  remote_failure_ = true;
-  remote_origin_ = header.origin;
-  remote_text_.assign(link.text.data(), header.length);
-  throw Error(status, fmt::format("{} (reported by rank {})", remote_text_, header.origin));
 }
 
 void ControlChannel::close_link(int peer) {
@@ -150,16 +132,15 @@ Error ControlChannel::lost(int peer, const std::string& why) const {
   return Error(Status::kPeerLost, fmt::format("rank {} lost rank {}: {}", rank_, peer, why));
 }
 
-void ControlChannel::send_frame(int peer, uint32_t kind, Status status, int origin,
+void ControlChannel::send_frame(int peer, ControlKind kind, Status status, int origin,
                                 const std::string& text) noexcept {
   Link& link = links_[peer];
   if (!link.socket.valid() || link.closed) return;
-  FrameHeader header;
-  header.magic = kControlMagic;
-  header.kind = kind;
+  ControlFrameHeader header;
+  header.kind = static_cast<uint32_t>(kind);
   header.status = static_cast<int32_t>(status);
   header.origin = origin;
-  header.length = static_cast<uint32_t>(std::min(text.size(), kMaxText));
+  header.length = static_cast<uint32_t>(std::min(text.size(), kControlMaxText));
   if (link.unsent.size() + sizeof(header) + header.length > kMaxUnsent) {
     log::warn("rank {} has read none of {} bytes of control frames; closing its control "
               "connection",
@@ -199,17 +180,17 @@ void ControlChannel::tell_peers(const Error& error) noexcept {
   int origin = remote_failure_ ? remote_origin_ : rank_;
   const std::string text = remote_failure_ ? remote_text_ : std::string(error.what());
   for (int peer = 0; peer < size_; ++peer) {
-    if (peer != origin) send_frame(peer, kControlAbort, error.status(), origin, text);
+    if (peer != origin) send_frame(peer, ControlKind::kAbort, error.status(), origin, text);
   }
 }
 
 void ControlChannel::ring_doorbell(int peer) noexcept {
-  send_frame(peer, kControlWake, Status::kSuccess, rank_, "");
+  send_frame(peer, ControlKind::kWake, Status::kSuccess, rank_, "");
 }
 
 void ControlChannel::say_goodbye() noexcept {
   for (int peer = 0; peer < size_; ++peer) {
-    send_frame(peer, kControlGoodbye, Status::kSuccess, rank_, "");
+    send_frame(peer, ControlKind::kGoodbye, Status::kSuccess, rank_, "");
   }
   for (auto& link : links_) {
     if (link.socket.valid()) ::shutdown(link.socket.fd(), SHUT_WR);

@@ -1,7 +1,8 @@
 // The control connection to every peer: how failures reach every rank, and how a dead peer shows.
 //
 // Each pair of ranks keeps one authenticated TCP socket (set up by connect_mesh) that carries small
-// frames only, a fixed header and at most 4 KiB of text:
+// frames only, a fixed header and at most 4 KiB of text (control_frame.hpp: their layout and
+// reader):
 //   ABORT    a rank failed: its status, the rank that failed first and that rank's message. Every
 //            peer stops waiting and reports that first cause, not a consequence of it.
 //   GOODBYE  a rank destroys its communicator normally.
@@ -25,6 +26,7 @@
 #include "core/deadline.hpp"
 #include "kolo/status.hpp"
 #include "net/socket.hpp"
+#include "transport/control_frame.hpp"
 
 namespace kolo {
 
@@ -74,24 +76,12 @@ class ControlChannel {
   void wait_until_closed(const Deadline& deadline) noexcept;
 
  private:
-  static constexpr size_t kMaxText = 4096;
-
-  struct FrameHeader {
-    uint32_t magic = 0;
-    uint32_t kind = 0;
-    int32_t status = 0;
-    int32_t origin = -1;  // ABORT: the rank that failed first
-    uint32_t length = 0;
-  };
-
   struct Link {
+    explicit Link(int ranks) : reader(ranks) {}
     net::Socket socket;
     bool closed = false;
     bool said_goodbye = false;
-    FrameHeader header;
-    size_t header_done = 0;
-    std::array<char, kMaxText> text{};
-    size_t text_done = 0;
+    ControlFrameReader reader;
     // Bytes of frames not sent yet: a frame that a full socket cut short is finished before any
     // later frame starts, so that the peer never reads half a frame followed by another.
     std::string unsent;
@@ -103,7 +93,7 @@ class ControlChannel {
   void serve_link(int peer);
   void handle_frame(int peer);
   void close_link(int peer);
-  void send_frame(int peer, uint32_t kind, Status status, int origin,
+  void send_frame(int peer, ControlKind kind, Status status, int origin,
                   const std::string& text) noexcept;
   // Sends what the link has unsent until it is all out or the deadline passes; a failed socket
   // drops it (the peer is gone).

@@ -22,6 +22,7 @@
 #include "net/socket.hpp"
 #include "transport/control_channel.hpp"
 #include "transport/framing.hpp"
+#include "transport/shm/shm_segment.hpp"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -32,31 +33,13 @@ namespace {
 
 constexpr uint64_t kSegmentMagic = 0x6b6f6c6f73686d31;  // "kolosh m1"
 constexpr uint32_t kHelloMagic = 0x4f4c4548;            // "HELO"
-constexpr size_t kAlign = 64;
-constexpr size_t kCapacity = ShmChannel::kSlotBytes * ShmChannel::kSlots;
-constexpr size_t kHeaderPage = 4096;
-constexpr size_t kSegmentBytes = kHeaderPage + 2 * kCapacity;
+constexpr size_t kAlign = shm::kCacheLine;  // messages are padded to whole cache lines
+using shm::kCapacity;
+using shm::kSegmentBytes;
+using shm::RingCounters;
+using shm::SegmentHeader;
 
 static_assert(sizeof(FrameHeader) == kAlign, "a frame header lies whole within the ring");
-
-// One direction's counters, each on its own cache line so that producer and consumer do not
-// share one.
-struct RingCounters {
-  alignas(kAlign) std::atomic<uint64_t> head;  // bytes published by the producer
-  alignas(kAlign) std::atomic<uint64_t> tail;  // bytes consumed by the consumer
-  alignas(kAlign) std::atomic<uint32_t> consumer_waiting;
-  alignas(kAlign) std::atomic<uint32_t> producer_waiting;
-};
-static_assert(std::atomic<uint64_t>::is_always_lock_free, "counters must be address-free");
-
-struct SegmentHeader {
-  uint64_t magic;
-  uint64_t cookie;
-  uint64_t slot_bytes;
-  uint64_t slots;
-  RingCounters rings[2];  // 0: lower rank to higher, 1: higher to lower
-};
-static_assert(sizeof(SegmentHeader) <= kHeaderPage);
 
 // Set-up frames on the control socket.
 struct Hello {
@@ -185,11 +168,10 @@ struct ShmChannel::Link {
   void attach(void* memory, bool lower) {
     mapping = memory;
     auto* header = static_cast<SegmentHeader*>(memory);
-    char* data = static_cast<char*>(memory) + kHeaderPage;
     out = &header->rings[lower ? 0 : 1];
     in = &header->rings[lower ? 1 : 0];
-    out_data = data + (lower ? 0 : kCapacity);
-    in_data = data + (lower ? kCapacity : 0);
+    out_data = shm::ring_data(memory, lower ? 0 : 1);
+    in_data = shm::ring_data(memory, lower ? 1 : 0);
   }
 };
 
@@ -272,9 +254,7 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, const std::str
         header->cookie = cookies[peer] = random_u64();
         header->slot_bytes = kSlotBytes;
         header->slots = kSlots;
-        auto link = std::make_unique<Link>();
-        link->attach(memory, true);
-        links_[peer] = std::move(link);
+        adopt_segment(peer, memory);
         names[peer] = name;
         std::memcpy(offer.name, name.data(), name.size());
         offer.cookie = cookies[peer];
@@ -322,9 +302,7 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, const std::str
           why[peer] = fmt::format("cannot open its shared segment: {}", std::strerror(error));
           log::warn("ucx: rank {}: {}; rank {} keeps UCX", rank_, why[peer], peer);
         } else {
-          auto link = std::make_unique<Link>();
-          link->attach(memory, false);
-          links_[peer] = std::move(link);
+          adopt_segment(peer, memory);
           answer = 1;
         }
       }
@@ -363,6 +341,16 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, const std::str
       log::info("ucx: rank {} reaches rank {} through UCX ({})", rank_, peer, why[peer]);
     }
   }
+}
+
+void ShmChannel::adopt_segment(int peer, void* mapping) {
+  auto link = std::make_unique<Link>();
+  link->attach(mapping, rank_ < peer);
+  links_[peer] = std::move(link);
+}
+
+size_t ShmChannel::segment_bytes() {
+  return kSegmentBytes;
 }
 
 // ---- transfers ----------------------------------------------------------------------------------

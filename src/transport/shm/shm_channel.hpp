@@ -92,6 +92,13 @@ class ShmChannel {
   void connect(const std::vector<PeerSockets>& sockets, const std::string& host, bool enabled,
                Copy copy, const Deadline& deadline);
 
+  // Makes a mapped segment of segment_bytes() (shm_segment.hpp) the link to `peer`, this rank on
+  // the side its rank gives it; the channel unmaps it when destroyed. connect() adopts every
+  // segment it makes or opens; tests/fuzz/shm_ring.cpp adopts one that it writes as a hostile
+  // peer would.
+  void adopt_segment(int peer, void* mapping);
+  static size_t segment_bytes();
+
   bool connected(int peer) const { return links_[peer] != nullptr; }
   bool any() const { return connected_count_ > 0; }
   // Whether some peer is on another host (host identities differ), known after connect().
