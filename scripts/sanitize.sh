@@ -5,7 +5,8 @@
 #   build-asan  AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer: the whole
 #               suite except the Python package's (Python would need libasan preloaded), the soak
 #               (the plain build runs it), three of UCX's four flavours (ucx_stream_*,
-#               ucx_shm_*, ucx_tcp_*: the same kolo code as ucx_* under other UCX settings), to
+#               ucx_shm_*, ucx_tcp_*: the same kolo code as ucx_* under other UCX settings) and
+#               ucx_fusion_* (the engine of fusion_* over the transport of the other ucx_*), to
 #               keep .ci/run within its budget, and the checks that run no kolo code under the
 #               sanitizers: layers, install_deps, scaling_model (Python scripts) and
 #               install_consumers (programs built outside Meson, without the sanitizer runtime
@@ -41,7 +42,7 @@ if [ "$which" != tsan ]; then
   if build build-asan address,undefined; then
     asan_tests=$(meson test -C build-asan --list --no-suite python --no-suite soak 2>/dev/null |
       sed 's|.* / ||' |
-      grep -v -E '^(ucx_(stream|shm|tcp)_.*|install_consumers|install_deps|layers|scaling_model)$')
+      grep -v -E '^(ucx_(stream|shm|tcp|fusion)_.*|install_consumers|install_deps|layers|scaling_model)$')
     # shellcheck disable=SC2086
     ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" \
     LSAN_OPTIONS="suppressions=$here/tests/sanitizers/lsan.supp:print_suppressions=0" \
