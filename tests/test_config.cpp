@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "capture_stderr.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/topology.hpp"
@@ -655,29 +656,6 @@ TEST_CASE("status_name for every status", "[status]") {
 }
 
 // ---- Logger ----------------------------------------------------------------------------------
-
-namespace {
-
-// Runs body with stderr sent to a temporary file, and returns what was written.
-template <typename Body>
-std::string capture_stderr(Body body) {
-  std::FILE* file = std::tmpfile();
-  REQUIRE(file != nullptr);
-  int saved = dup(STDERR_FILENO);
-  REQUIRE(dup2(fileno(file), STDERR_FILENO) >= 0);
-  body();
-  dup2(saved, STDERR_FILENO);
-  close(saved);
-  std::string text;
-  std::rewind(file);
-  char buffer[4096];
-  size_t got;
-  while ((got = std::fread(buffer, 1, sizeof(buffer), file)) > 0) text.append(buffer, got);
-  std::fclose(file);
-  return text;
-}
-
-}  // namespace
 
 TEST_CASE("log lines carry host, rank and level, one line per message", "[log]") {
   char host[256] = {};

@@ -4,6 +4,13 @@
 // Protocol: after authentication (net/auth.hpp, purpose kPurposeStore) a client sends requests and
 // reads one response each. Keys are at most 4 KiB and values at most 16 MiB; longer lengths read
 // from the wire drop the connection (logged) before anything is allocated.
+//
+// Bounds (StoreLimits; the README's "Errors and faults" lists the defaults): connections that have
+// not yet authenticated are capped, the oldest dropped to make room for a new one, so strangers
+// cannot take rank 0's descriptors; warnings about strangers are rate-limited; the keys stored and
+// their bytes are capped, a SET or ADD beyond either refused with an error that says so; a parked
+// GET or WAIT is forgotten when its connection closes. Authenticated connections are not capped:
+// each belongs to a rank of the job.
 #pragma once
 
 #include <cstdint>
@@ -19,17 +26,36 @@ namespace kolo {
 inline constexpr size_t kStoreMaxKeyBytes = 4096;
 inline constexpr size_t kStoreMaxValueBytes = 16u << 20;
 
+// What the server holds at most. The defaults are generous for a job (a communicator stores a few
+// short keys per rank) and small next to rank 0's memory and descriptors.
+struct StoreLimits {
+  size_t unauthenticated = 64;      // connections still in the handshake
+  size_t keys = size_t{1} << 20;    // keys stored
+  size_t bytes = size_t{256} << 20;  // keys and values together
+};
+
+// A snapshot of what the server holds, published by its thread after every round of events.
+struct StoreStats {
+  size_t keys = 0;
+  size_t bytes = 0;             // keys and values together
+  size_t waiters = 0;           // (connection, key) pairs of parked GETs and WAITs
+  size_t connections = 0;       // authenticated and not
+  size_t unauthenticated = 0;
+  uint64_t strangers_dropped = 0;  // connections dropped before or at authentication
+};
+
 // Serves the store from a background thread until destroyed. Any number of clients; a client that
 // fails authentication or sends a malformed frame is dropped and logged, others carry on.
 class StoreServer {
  public:
   // Binds endpoint (port 0 picks one). Throws kolo::Error(kSystem) naming the address on failure.
-  StoreServer(const net::Endpoint& endpoint, std::string secret);
+  StoreServer(const net::Endpoint& endpoint, std::string secret, StoreLimits limits = {});
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
 
   net::Endpoint endpoint() const;  // the bound address (with the real port)
+  StoreStats stats() const;
 
  private:
   struct Impl;

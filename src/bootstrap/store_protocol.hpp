@@ -86,13 +86,13 @@ struct Request {
 
 enum class Parse { kIncomplete, kComplete, kMalformed };
 
-// Reads one request from the front of a buffer that may hold only part of it. Called with
+// Reads one request from the front of bytes that may hold only part of it. Called with
 // request == nullptr it only checks and measures, so a request still arriving is never copied;
 // once complete it is called again to decode.
 class RequestParser {
  public:
-  RequestParser(const std::vector<uint8_t>& buffer, Request* request)
-      : data_(buffer.data()), size_(buffer.size()), request_(request) {}
+  RequestParser(const uint8_t* data, size_t size, Request* request)
+      : data_(data), size_(size), request_(request) {}
 
   Parse parse() {
     if (!has(1)) return Parse::kIncomplete;
@@ -179,6 +179,5 @@ class RequestParser {
   Request* request_;
   std::string reason_;
 };
-
 
 }  // namespace kolo::store_protocol

@@ -6,8 +6,18 @@
 // net/auth.hpp driven one message at a time (a stranger that never answers costs one idle entry
 // until its 5 s handshake deadline, not a stalled loop). A GET or WAIT for a key that does not
 // exist yet is parked on the server and answered when a SET or ADD creates the key; the client
-// bounds how long it is prepared to wait. While a connection has a parked request or unsent
-// output, the server reads nothing more from it, so its input buffer stays bounded by one request.
+// bounds how long it is prepared to wait, and when it gives up and closes, its waiters go with it.
+// While a connection has a parked request or unsent output, the server reads nothing more from it,
+// so its input buffer stays bounded by one request and a read's chunk.
+//
+// Bounds (StoreLimits): at most `unauthenticated` connections in the handshake (a new one pushes
+// out the oldest, so a flood of silent strangers holds a fixed number of rank 0's descriptors and a
+// real client that answers at once still gets in); warnings about strangers pass a log::Throttle;
+// SET and ADD that would take the store past its key or byte limit are refused with an error.
+// Requests are consumed from the input by an offset, and the consumed prefix is dropped once per
+// read, so a client that pipelines many small requests costs linear time, not quadratic.
+#include "bootstrap/store.hpp"
+
 #include <fmt/format.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -20,12 +30,12 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <mutex>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 
-#include "bootstrap/store.hpp"
 #include "bootstrap/store_protocol.hpp"
 #include "core/deadline.hpp"
 #include "core/log.hpp"
@@ -50,11 +60,13 @@ struct StoreServer::Impl {
     uint32_t events = 0;  // what epoll is currently asked to report
     net::AuthNonce nonce{};
     std::vector<uint8_t> input;
+    size_t input_start = 0;  // input before this offset has been executed
     std::vector<uint8_t> output;
     size_t output_sent = 0;
     // A parked GET or WAIT: what it waits for and how many of its keys are still missing.
     Op parked_op = Op::kGet;
     std::string parked_key;
+    std::vector<std::string> parked_missing;  // the keys this connection has waiters on
     size_t missing = 0;
     uint64_t park_generation = 0;
   };
@@ -66,8 +78,14 @@ struct StoreServer::Impl {
 
   static constexpr uint64_t kListenerId = 0;
   static constexpr uint64_t kWakeId = 1;
+  // Replies pile up to this many unsent bytes before the server stops executing a client's
+  // requests (one send for a batch of pipelined requests, not one each).
+  static constexpr size_t kMaxPendingOutput = 64 * 1024;
+  static constexpr uint32_t kStrangerWarnings = 5;  // logged per kStrangerWarningPeriod
+  static constexpr auto kStrangerWarningPeriod = std::chrono::seconds(10);
 
   std::string secret;
+  StoreLimits limits;
   net::Socket listener;
   net::Endpoint bound;
   net::Socket epoll;
@@ -85,6 +103,45 @@ struct StoreServer::Impl {
   bool accept_paused = false;
   Clock::time_point accept_resume{};
   Clock::time_point last_accept_warning{};
+  size_t unauthenticated = 0;  // connections in State::kHandshake
+  size_t stored_bytes = 0;     // keys and values in `data`
+  size_t waiter_count = 0;     // entries in `waiters`
+  uint64_t strangers_dropped = 0;
+  log::Throttle stranger_warnings{kStrangerWarnings, kStrangerWarningPeriod};
+
+  // What stats() returns: a copy the loop publishes after every round.
+  mutable std::mutex stats_mutex;
+  StoreStats published;
+
+  // -- strangers --
+
+  // A warning about a connection that never became a client: the first few of every period are
+  // logged, the rest counted and reported together (report_held_back).
+  template <typename... Args>
+  void warn_stranger(fmt::format_string<Args...> format, Args&&... args) {
+    if (stranger_warnings.allow(Clock::now())) {
+      log::warn(format, std::forward<Args>(args)...);
+    }
+  }
+
+  void report_held_back(bool final) {
+    uint64_t held = stranger_warnings.take_held_back(Clock::now(), final);
+    if (held > 0) {
+      log::warn("rendezvous store at {}: {} more warnings about connections that did not "
+                "authenticate were held back (at most {} are logged every {} s)",
+                bound.to_string(), held, kStrangerWarnings, kStrangerWarningPeriod.count());
+    }
+  }
+
+  void publish_stats() {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    published.keys = data.size();
+    published.bytes = stored_bytes;
+    published.waiters = waiter_count;
+    published.connections = connections.size();
+    published.unauthenticated = unauthenticated;
+    published.strangers_dropped = strangers_dropped;
+  }
 
   // -- epoll plumbing --
 
@@ -127,8 +184,31 @@ struct StoreServer::Impl {
     connection.socket.close();
     connection.closed = true;
     connection.input.clear();
+    connection.input_start = 0;
     connection.output.clear();
+    if (connection.state == State::kHandshake) {
+      --unauthenticated;
+      ++strangers_dropped;
+    }
+    if (connection.state == State::kParked) forget_waiters(connection);
     dead.push_back(connection.id);
+  }
+
+  // Removes a parked connection's entries from `waiters`, so that clients that give up and close
+  // (after a timeout, say) leave nothing behind.
+  void forget_waiters(Connection& connection) {
+    for (const std::string& key : connection.parked_missing) {
+      auto it = waiters.find(key);
+      if (it == waiters.end()) continue;
+      std::vector<Waiter>& list = it->second;
+      size_t before = list.size();
+      list.erase(std::remove_if(list.begin(), list.end(),
+                                [&](const Waiter& w) { return w.connection == connection.id; }),
+                 list.end());
+      waiter_count -= before - list.size();
+      if (list.empty()) waiters.erase(it);
+    }
+    connection.parked_missing.clear();
   }
 
   // -- the loop --
@@ -144,7 +224,10 @@ struct StoreServer::Impl {
       }
       for (int i = 0; i < ready; ++i) {
         uint64_t id = events[i].data.u64;
-        if (id == kWakeId) return;
+        if (id == kWakeId) {
+          report_held_back(true);
+          return;
+        }
         if (id == kListenerId) {
           accept_connections();
           continue;
@@ -166,6 +249,8 @@ struct StoreServer::Impl {
       }
       for (uint64_t id : dead) connections.erase(id);
       dead.clear();
+      report_held_back(false);
+      publish_stats();
     }
   }
 
@@ -187,6 +272,7 @@ struct StoreServer::Impl {
     auto wake_at = Clock::time_point::max();
     if (!handshake_deadlines.empty()) wake_at = handshake_deadlines.front().first;
     if (accept_paused) wake_at = std::min(wake_at, accept_resume);
+    wake_at = std::min(wake_at, stranger_warnings.report_due());
     if (wake_at == Clock::time_point::max()) return -1;
     if (wake_at <= now) return 0;
     auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake_at - now).count();
@@ -226,6 +312,7 @@ struct StoreServer::Impl {
   }
 
   void start_handshake(net::Socket socket) {
+    if (unauthenticated >= limits.unauthenticated) drop_oldest_handshake();
     uint64_t id = next_id++;
     Connection& connection = connections[id];
     connection.id = id;
@@ -235,6 +322,7 @@ struct StoreServer::Impl {
       connection.peer = "an unknown address";
     }
     connection.socket = std::move(socket);
+    ++unauthenticated;
     guarded(connection, [&](Connection& c) {
       net::set_nodelay(c.socket);
       c.nonce = net::make_auth_nonce();
@@ -242,30 +330,53 @@ struct StoreServer::Impl {
       c.events = 0;
       handshake_deadlines.emplace_back(Clock::now() + kHandshakeTime, c.id);
       queue(c, c.nonce.data(), c.nonce.size());
+      flush(c);
     });
+  }
+
+  // Takes the first entry off the deadlines (in arrival order, so the connection that has been
+  // silent longest) and returns its connection if that is still in the handshake, else nullptr:
+  // entries of connections that have since authenticated or gone are simply discarded.
+  Connection* pop_handshake() {
+    uint64_t id = handshake_deadlines.front().second;
+    handshake_deadlines.pop_front();
+    auto it = connections.find(id);
+    if (it == connections.end() || it->second.closed) return nullptr;
+    return it->second.state == State::kHandshake ? &it->second : nullptr;
+  }
+
+  // Makes room for a new connection when the handshakes are at their cap.
+  void drop_oldest_handshake() {
+    while (!handshake_deadlines.empty()) {
+      Connection* oldest = pop_handshake();
+      if (oldest == nullptr) continue;
+      warn_stranger(
+          "rendezvous store: {} connections are waiting to authenticate (the limit); dropped "
+          "the oldest, from {}",
+          limits.unauthenticated, oldest->peer);
+      drop(*oldest);
+      return;
+    }
   }
 
   void expire_handshakes() {
     auto now = Clock::now();
     while (!handshake_deadlines.empty() && handshake_deadlines.front().first <= now) {
-      uint64_t id = handshake_deadlines.front().second;
-      handshake_deadlines.pop_front();
-      auto it = connections.find(id);
-      if (it == connections.end() || it->second.closed) continue;
-      if (it->second.state != State::kHandshake) continue;
-      log::warn(
+      Connection* late = pop_handshake();
+      if (late == nullptr) continue;
+      warn_stranger(
           "rendezvous store: the connection from {} did not authenticate within {} s; "
           "dropped",
-          it->second.peer, kHandshakeTime.count());
-      drop(it->second);
+          late->peer, kHandshakeTime.count());
+      drop(*late);
     }
   }
 
   void handle_event(Connection& connection, uint32_t events) {
     if (events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
       if (connection.state == State::kHandshake) {
-        log::warn("rendezvous store: the connection from {} closed before authenticating",
-                  connection.peer);
+        warn_stranger("rendezvous store: the connection from {} closed before authenticating",
+                      connection.peer);
       } else if (connection.state == State::kParked) {
         log::info("rendezvous store: {} disconnected while waiting for key '{}'", connection.peer,
                   connection.parked_key);
@@ -293,8 +404,8 @@ struct StoreServer::Impl {
     connection.input.resize(old_size + (n > 0 ? static_cast<size_t>(n) : 0));
     if (n == 0) {
       if (connection.state == State::kHandshake) {
-        log::warn("rendezvous store: the connection from {} closed before authenticating",
-                  connection.peer);
+        warn_stranger("rendezvous store: the connection from {} closed before authenticating",
+                      connection.peer);
       } else {
         log::info("rendezvous store: {} disconnected", connection.peer);
       }
@@ -320,12 +431,12 @@ struct StoreServer::Impl {
     try {
       hello = net::check_auth_answer(secret, connection.nonce, answer, connection.peer);
     } catch (const Error& error) {
-      log::warn("rendezvous store: {}", error.what());
+      warn_stranger("rendezvous store: {}", error.what());
       drop(connection);
       return;
     }
     if (hello.purpose != net::kPurposeStore) {
-      log::warn(
+      warn_stranger(
           "rendezvous store: the connection from {} (rank {}) was opened for purpose {}, "
           "not for the store; dropped",
           connection.peer, hello.rank, hello.purpose);
@@ -334,16 +445,22 @@ struct StoreServer::Impl {
     }
     connection.peer = fmt::format("rank {} ({})", hello.rank, connection.peer);
     connection.state = State::kReady;
+    --unauthenticated;
     log::info("rendezvous store: {} connected", connection.peer);
     const net::AuthProof proof = net::acceptor_proof(secret, connection.nonce, answer);
     queue(connection, proof.data(), proof.size());
   }
 
   // Executes complete requests for as long as the connection can take them.
+  // Executes complete requests for as long as the connection can take them, then sends the
+  // replies together and drops the executed prefix of the input once.
   void process_input(Connection& connection) {
-    while (!connection.closed && connection.state == State::kReady && connection.output.empty() &&
-           !connection.input.empty()) {
-      RequestParser check(connection.input, nullptr);
+    while (!connection.closed && connection.state == State::kReady &&
+           connection.output.size() - connection.output_sent < kMaxPendingOutput &&
+           connection.input_start < connection.input.size()) {
+      const uint8_t* next = connection.input.data() + connection.input_start;
+      size_t available = connection.input.size() - connection.input_start;
+      RequestParser check(next, available, nullptr);
       Parse result = check.parse();
       if (result == Parse::kIncomplete) break;
       if (result == Parse::kMalformed) {
@@ -352,13 +469,21 @@ struct StoreServer::Impl {
         return;
       }
       Request request;
-      RequestParser decode(connection.input, &request);
+      RequestParser decode(next, available, &request);
       decode.parse();
-      connection.input.erase(connection.input.begin(),
-                             connection.input.begin() + static_cast<ptrdiff_t>(check.consumed()));
+      connection.input_start += check.consumed();
       execute(connection, std::move(request));
     }
-    update_interest(connection);
+    if (connection.closed) return;
+    if (connection.input_start == connection.input.size()) {
+      connection.input.clear();
+    } else if (connection.input_start > 0) {
+      connection.input.erase(connection.input.begin(),
+                             connection.input.begin() +
+                                 static_cast<ptrdiff_t>(connection.input_start));
+    }
+    connection.input_start = 0;
+    flush(connection);
   }
 
   void execute(Connection& connection, Request request) {
@@ -367,6 +492,8 @@ struct StoreServer::Impl {
         const std::string& key = request.keys.front();
         log::trace("rendezvous store: {} sets '{}' ({} bytes)", connection.peer, key,
                    request.value.size());
+        std::string refusal = over_limit(key, request.value.size());
+        if (!refusal.empty()) return refuse(connection, refusal);
         store(key, std::move(request.value));
         uint8_t ok = kReplyOk;
         queue(connection, &ok, 1);
@@ -393,6 +520,8 @@ struct StoreServer::Impl {
         for (const auto& key : missing) {
           waiters[key].push_back(Waiter{connection.id, connection.park_generation});
         }
+        waiter_count += missing.size();
+        connection.parked_missing = std::move(missing);
         return;
       }
       case Op::kAdd: {
@@ -412,6 +541,8 @@ struct StoreServer::Impl {
           return refuse(connection, fmt::format("adding {} to key '{}' (now {}) overflows int64",
                                                 request.delta, key, current));
         }
+        std::string refusal = over_limit(key, 8);
+        if (!refusal.empty()) return refuse(connection, refusal);
         std::vector<uint8_t> encoded;
         append_u64(encoded, static_cast<uint64_t>(sum));
         store(key, encoded);
@@ -431,8 +562,30 @@ struct StoreServer::Impl {
     queue(connection, reply.data(), reply.size());
   }
 
+  // Why storing a value of value_bytes under key would take the store past a limit; empty when
+  // it fits.
+  std::string over_limit(const std::string& key, size_t value_bytes) const {
+    auto it = data.find(key);
+    if (it == data.end() && data.size() >= limits.keys) {
+      return fmt::format("the store holds {} keys, its limit; key '{}' was not stored",
+                         data.size(), key);
+    }
+    size_t old_bytes = it == data.end() ? 0 : key.size() + it->second.size();
+    size_t total = stored_bytes - old_bytes + key.size() + value_bytes;
+    if (total > limits.bytes) {
+      return fmt::format(
+          "storing key '{}' ({} bytes of value) would take the store to {} bytes of keys and "
+          "values, over its limit of {}; not stored",
+          key, value_bytes, total, limits.bytes);
+    }
+    return {};
+  }
+
   // Stores a value and answers every parked request that was waiting only for this key.
   void store(const std::string& key, std::vector<uint8_t> value) {
+    auto existing = data.find(key);
+    if (existing != data.end()) stored_bytes -= key.size() + existing->second.size();
+    stored_bytes += key.size() + value.size();
     auto [it, created] = data.insert_or_assign(key, std::move(value));
     (void)it;
     if (!created) return;
@@ -440,6 +593,7 @@ struct StoreServer::Impl {
     if (waiting == waiters.end()) return;
     std::vector<Waiter> list = std::move(waiting->second);
     waiters.erase(waiting);
+    waiter_count -= list.size();
     for (const Waiter& waiter : list) {
       auto found = connections.find(waiter.connection);
       if (found == connections.end()) continue;
@@ -450,6 +604,7 @@ struct StoreServer::Impl {
       }
       if (--other.missing == 0) {
         other.state = State::kReady;
+        other.parked_missing.clear();
         answer_parked(other);
         to_process.push_back(other.id);  // it may have more input; handled after this round
       }
@@ -470,9 +625,9 @@ struct StoreServer::Impl {
     queue(connection, reply.data(), reply.size());
   }
 
+  // Appends a reply; the caller flushes (process_input does, once for a batch of replies).
   void queue(Connection& connection, const void* bytes, size_t size) {
     append_bytes(connection.output, bytes, size);
-    flush(connection);
   }
 
   void flush(Connection& connection) {
@@ -499,9 +654,11 @@ struct StoreServer::Impl {
   }
 };
 
-StoreServer::StoreServer(const net::Endpoint& endpoint, std::string secret)
+StoreServer::StoreServer(const net::Endpoint& endpoint, std::string secret, StoreLimits limits)
     : impl_(std::make_unique<Impl>()) {
   impl_->secret = std::move(secret);
+  impl_->limits = limits;
+  impl_->limits.unauthenticated = std::max<size_t>(limits.unauthenticated, 1);
   try {
     impl_->listener = net::listen_on(endpoint);
     net::set_nonblocking(impl_->listener, true);
@@ -530,6 +687,11 @@ StoreServer::~StoreServer() {
 
 net::Endpoint StoreServer::endpoint() const {
   return impl_->bound;
+}
+
+StoreStats StoreServer::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->stats_mutex);
+  return impl_->published;
 }
 
 }  // namespace kolo

@@ -1,0 +1,75 @@
+#!/bin/sh
+# Builds kolo with sanitizers and runs tests under them; scripts/test.sh calls it after the plain
+# suite and counts its results in its last line. What each part costs is in the README
+# (Development).
+#   build-asan  AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer: the whole
+#               suite except the Python package's (Python would need libasan preloaded), the soak
+#               (the plain build runs it), three of UCX's four flavours (ucx_stream_*,
+#               ucx_shm_*, ucx_tcp_*: the same kolo code as ucx_* under other UCX settings) and
+#               ucx_fusion_* (the engine of fusion_* over the transport of the other ucx_*), to
+#               keep .ci/run within its budget, and the checks that run no kolo code under the
+#               sanitizers: layers, install_deps, scaling_model (Python scripts) and
+#               install_consumers (programs built outside Meson, without the sanitizer runtime
+#               that the sanitized libkolo needs to come first).
+#   build-tsan  ThreadSanitizer: the fusion engine (fusion_*), the splits and the threaded unit
+#               tests, over kolo's own transports; only what they need is built.
+# Any report fails the test that made it (halt_on_error). Both runs set UCX_MEM_EVENTS=no: UCX's
+# libucm hooks madvise, which glibc calls as a thread exits, and takes a lock there that the
+# sanitizer's runtime no longer handles for that thread (SIGSEGV in __tsan::MutexPreReadLock
+# under ucm_madvise); without memory events UCX only gives up its registration cache.
+# Suppressions, for third-party libraries only, are in tests/sanitizers/ with the reason for each.
+#   sh scripts/sanitize.sh [asan|tsan]     both by default, or one of them
+set -u
+cd "$(dirname "$0")/.."
+here=$(pwd)
+which=${1:-all}
+status=0
+
+# Configures (once) and builds a sanitizer build dir; the rest of the arguments are targets.
+build() {
+  dir=$1
+  sanitize=$2
+  shift 2
+  rm -f "$dir/meson-logs/testlog.json"
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" -Dbuildtype=debugoptimized -Db_sanitize="$sanitize" -Db_lundef=false \
+      >/dev/null || return 1
+  fi
+  ninja -C "$dir" "$@"
+}
+
+if [ "$which" != tsan ]; then
+  if build build-asan address,undefined; then
+    asan_tests=$(meson test -C build-asan --list --no-suite python --no-suite soak 2>/dev/null |
+      sed 's|.* / ||' |
+      grep -v -E '^(ucx_(stream|shm|tcp|fusion)_.*|install_consumers|install_deps|layers|scaling_model)$')
+    # shellcheck disable=SC2086
+    ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" \
+    LSAN_OPTIONS="suppressions=$here/tests/sanitizers/lsan.supp:print_suppressions=0" \
+    UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" UCX_MEM_EVENTS=no \
+      meson test -C build-asan --no-rebuild --print-errorlogs --num-processes 1 $asan_tests ||
+      status=$?
+  else
+    status=1
+  fi
+fi
+
+if [ "$which" != asan ]; then
+  tsan_tests="test_store test_config test_fusion_units split fault_sigkill_split"
+  for tag in orders many bitwise large mixed cache group broadcast duplicate mismatch badargs \
+    peerlost destroy leave stall threads idle allgather allgather_errors; do
+    tsan_tests="$tsan_tests fusion_$tag"
+  done
+  if build build-tsan thread src/kolorun tests/test_fusion tests/kolo_fusion_worker \
+    tests/test_fusion_units tests/test_more_collectives tests/kolo_test_collectives \
+    tests/test_store tests/test_config; then
+    # shellcheck disable=SC2086
+    TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tests/sanitizers/tsan.supp" \
+    UCX_MEM_EVENTS=no \
+      meson test -C build-tsan --no-rebuild --print-errorlogs --num-processes 1 $tsan_tests ||
+      status=$?
+  else
+    status=1
+  fi
+fi
+exit $status
