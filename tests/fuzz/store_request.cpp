@@ -9,17 +9,19 @@ using namespace kolo;
 using namespace kolo::store_protocol;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  std::vector<uint8_t> input(data, data + size);
-  while (!input.empty()) {
-    RequestParser check(input, nullptr);
+  size_t offset = 0;
+  while (offset < size) {
+    const uint8_t* front = data + offset;
+    const size_t left = size - offset;
+    RequestParser check(front, left, nullptr);
     const Parse result = check.parse();
     FUZZ_REQUIRE(result != Parse::kMalformed || !check.reason().empty());
     if (result != Parse::kComplete) return 0;
     const size_t consumed = check.consumed();
-    FUZZ_REQUIRE(consumed >= 1 && consumed <= input.size() && consumed <= kMaxRequestBytes);
+    FUZZ_REQUIRE(consumed >= 1 && consumed <= left && consumed <= kMaxRequestBytes);
 
     Request request;
-    RequestParser decode(input, &request);
+    RequestParser decode(front, left, &request);
     FUZZ_REQUIRE(decode.parse() == Parse::kComplete && decode.consumed() == consumed);
     FUZZ_REQUIRE(request.op == Op::kWait ? request.keys.size() <= kMaxWaitKeys
                                          : request.keys.size() == 1);
@@ -28,9 +30,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     FUZZ_REQUIRE(request.value.size() <= kStoreMaxValueBytes);
 
-    const std::vector<uint8_t> prefix(input.begin(), input.begin() + consumed - 1);
-    FUZZ_REQUIRE(RequestParser(prefix, nullptr).parse() == Parse::kIncomplete);
-    input.erase(input.begin(), input.begin() + static_cast<ptrdiff_t>(consumed));
+    FUZZ_REQUIRE(RequestParser(front, consumed - 1, nullptr).parse() == Parse::kIncomplete);
+    offset += consumed;
   }
   return 0;
 }
