@@ -75,12 +75,14 @@
 // KOLO_ERR_CANCELLED.
 //
 // Where each part lives: this file holds the application side (submission, the queue,
-// completion) and the engine thread's life (connect, the cycle loop, stop); negotiation.cpp the
-// messages of a cycle, the idle sleep and the goodbye; executor.cpp the batches, run fused through
-// the fusion buffer or alone; timeline.* the trace and all of its JSON.
+// completion) and the engine thread's life (connect, the cycle, the idle sleep, stop); request.*
+// a submission and its checks; negotiation.* the channel that carries a cycle's messages, the
+// wake-up and the goodbye; coordinator.* rank 0's answers; executor.* the batches, run fused
+// through the fusion buffer or alone; timeline.* the trace and all of its JSON.
 #include "fusion/engine.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -92,111 +94,30 @@
 #include "core/arguments.hpp"
 #include "core/log.hpp"
 #include "fusion/coordinator.hpp"
+#include "fusion/negotiation.hpp"
 #include "fusion/timeline.hpp"
-#include "gpu/gpu.hpp"
 #include "ring/ring.hpp"
 
 namespace kolo::fusion {
 namespace {
 
-const char* call_name(const UnitSpec& spec) {
-  if (spec.kind == Kind::kBroadcast) return "kolo_broadcast_async";
-  if (spec.kind == Kind::kAllgather) return "kolo_allgather_async";
-  return spec.members.size() > 1 ? "kolo_allreduce_group_async" : "kolo_allreduce_async";
+// Announcements sent per cycle are bounded so that the message stays far below kMaxPayloadBytes;
+// the rest wait a cycle.
+constexpr size_t kAnnouncementBudget = kMaxPayloadBytes / 2;
+// With a transport that has no readiness fd, idle ranks look at it this often.
+constexpr int kIdlePollMsWithoutFd = 2;
+
+// For the message of a response that does not fit what this rank submitted: with an allgather's
+// counts, which describe() leaves out.
+std::string describe_scheduled(const UnitSpec& spec) {
+  if (spec.kind != Kind::kAllgather) return describe(spec);
+  return fmt::format("{} with counts [{}]", describe(spec), fmt::join(spec.gather_counts, ", "));
 }
 
-using arguments::overlap;
-using arguments::partially_overlap;
-
-// An allgather's send buffer holds this rank's count, its receive buffer recv_capacity elements;
-// the two must be apart (where this rank's block lands is known only once every rank's count is).
-void check_allgather_buffers(const UnitSpec& spec, const MemberBuffers& buffers, int rank) {
-  const char* call = call_name(spec);
-  const Member& member = spec.members.front();
-  const size_t element = dtype_size(spec.dtype);
-  if ((member.count > 0 && gpu::is_device_memory(buffers.send)) ||
-      (spec.recv_capacity > 0 && gpu::is_device_memory(buffers.recv))) {
-    throw Error(Status::kUnsupported,
-                fmt::format("{}: tensor '{}' is in GPU memory; named operations take host "
-                            "memory only so far",
-                            call, member.name));
-  }
-  if (!buffers.send && member.count > 0) {
-    throw Error(Status::kInvalidArgument,
-                fmt::format("{}: the send buffer of tensor '{}' is NULL but count is {} (rank {})",
-                            call, member.name, member.count, rank));
-  }
-  if (!buffers.recv && spec.recv_capacity > 0) {
-    throw Error(Status::kInvalidArgument,
-                fmt::format("{}: the receive buffer of tensor '{}' is NULL but recv_capacity is "
-                            "{} (rank {})",
-                            call, member.name, spec.recv_capacity, rank));
-  }
-  if (overlap(buffers.send, member.count * element, buffers.recv, spec.recv_capacity * element)) {
-    throw Error(Status::kInvalidArgument,
-                fmt::format("{}: the send and receive buffers of tensor '{}' overlap; a named "
-                            "allgather does not run in place (rank {})",
-                            call, member.name, rank));
-  }
-}
-
-// Buffers must be there for every element and must not overlap in ways that would make the
-// result depend on the order of copies.
-void check_buffers(const UnitSpec& spec, const std::vector<MemberBuffers>& buffers, int rank) {
-  const char* call = call_name(spec);
-  if (buffers.size() != spec.members.size()) {
-    throw Error(Status::kInternal, fmt::format("{}: {} buffers for {} tensors", call,
-                                               buffers.size(), spec.members.size()));
-  }
-  if (spec.kind == Kind::kAllgather) return check_allgather_buffers(spec, buffers.front(), rank);
-  const size_t element = dtype_size(spec.dtype);
-  struct Region {
-    const std::byte* begin;
-    const std::byte* end;
-    const std::string* name;
-  };
-  std::vector<Region> outputs;
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    const Member& member = spec.members[i];
-    const size_t bytes = member.count * element;
-    if (member.count == 0) continue;
-    if (gpu::is_device_memory(buffers[i].send) || gpu::is_device_memory(buffers[i].recv)) {
-      throw Error(Status::kUnsupported,
-                  fmt::format("{}: tensor '{}' is in GPU memory; named operations take host "
-                              "memory only so far (kolo_allreduce takes device buffers)",
-                              call, member.name));
-    }
-    if (spec.kind == Kind::kAllreduce && !buffers[i].send) {
-      throw Error(
-          Status::kInvalidArgument,
-          fmt::format("{}: the send buffer of tensor '{}' is NULL but count is {} (rank {})", call,
-                      member.name, member.count, rank));
-    }
-    if (!buffers[i].recv) {
-      throw Error(Status::kInvalidArgument,
-                  fmt::format("{}: the {} buffer of tensor '{}' is NULL but count is {} (rank {})",
-                              call, spec.kind == Kind::kAllreduce ? "receive" : "", member.name,
-                              member.count, rank));
-    }
-    if (spec.kind == Kind::kAllreduce &&
-        partially_overlap(buffers[i].send, buffers[i].recv, bytes)) {
-      throw Error(Status::kInvalidArgument,
-                  fmt::format("{}: the send and receive buffers of tensor '{}' overlap without "
-                              "being the same buffer",
-                              call, member.name));
-    }
-    auto* begin = static_cast<const std::byte*>(buffers[i].recv);
-    outputs.push_back({begin, begin + bytes, &member.name});
-  }
-  std::sort(outputs.begin(), outputs.end(),
-            [](const Region& a, const Region& b) { return a.begin < b.begin; });
-  for (size_t i = 1; i < outputs.size(); ++i) {
-    if (outputs[i].begin < outputs[i - 1].end) {
-      throw Error(Status::kInvalidArgument,
-                  fmt::format("{}: the output buffers of tensors '{}' and '{}' overlap", call,
-                              *outputs[i - 1].name, *outputs[i].name));
-    }
-  }
+std::string describe_submitted(const UnitSpec& spec) {
+  if (spec.kind != Kind::kAllgather) return describe(spec);
+  return fmt::format("{} with count {} and recv_capacity {}", describe(spec),
+                     spec.members.front().count, spec.recv_capacity);
 }
 
 UnitSpec single_tensor_spec(Kind kind, DataType dtype, NamedTensor& tensor) {
@@ -215,7 +136,10 @@ FusionEngine::FusionEngine(const Config& config, Connector connect)
       rank_(config.rank),
       size_(config.size),
       fusion_threshold_(config.fusion_threshold_bytes),
-      cache_(static_cast<uint32_t>(config.cache_capacity)) {
+      cache_(static_cast<uint32_t>(config.cache_capacity)),
+      executor_(config.size, [this](const Request& request, std::vector<uint64_t> counts) {
+        finish(request.spec().key(), Status::kSuccess, "", std::move(counts));
+      }) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) {
     throw Error(Status::kSystem,
@@ -327,8 +251,18 @@ void FusionEngine::communicator_failed(const Error& error) {
 }
 
 FusionStats FusionEngine::stats() const {
-  std::lock_guard<std::mutex> lock(stats_mutex_);
-  return stats_;
+  FusionStats stats;
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats = stats_;
+  }
+  const ExecutorStats ran = executor_.stats();
+  stats.collectives = ran.collectives;
+  stats.fused_collectives = ran.fused_collectives;
+  stats.tensors_fused = ran.tensors_fused;
+  stats.bytes_copied = ran.bytes_copied;
+  stats.fusion_buffer_bytes = ran.fusion_buffer_bytes;
+  return stats;
 }
 
 void FusionEngine::set_activity(std::string activity) {
@@ -445,6 +379,8 @@ void FusionEngine::run() {
     fail_everything(internal);
   }
   set_activity("finished");
+  executor_.attach(nullptr, nullptr);
+  channel_.reset();
   ring_.reset();
   transport_.reset();  // says goodbye to the peers' engines
   timeline_.reset();   // closes the trace
@@ -456,18 +392,15 @@ void FusionEngine::connect() {
   Links links = connect_();
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
+  channel_ = std::make_unique<NegotiationChannel>(
+      *transport_, rank_, size_, cache_.capacity(), config_.timeout_s,
+      NegotiationChannel::Hooks{
+          [this] { check_stop(); },
+          [this](std::string activity) { set_activity(std::move(activity)); }});
   if (rank_ == 0) {
     coordinator_ = std::make_unique<Coordinator>(
         CoordinatorSettings{size_, config_.stall_warning_s, config_.stall_abort_s}, cache_);
   }
-  const size_t peers = static_cast<size_t>(size_);
-  in_headers_.resize(peers);
-  in_payloads_.resize(peers);
-  out_header_transfers_.resize(peers);
-  out_payload_transfers_.resize(peers);
-  in_header_transfers_.resize(peers);
-  in_payload_transfers_.resize(peers);
-  wake_transfers_.resize(peers);
   if (!config_.timeline_path.empty()) {
     try {
       timeline_ =
@@ -477,6 +410,7 @@ void FusionEngine::connect() {
       log::warn("{}; running without a timeline", error.what());
     }
   }
+  executor_.attach(ring_.get(), timeline_.get());
   log::info(
       "fusion engine: rank {} connected ({} ranks, cycle {} ms, fusion threshold {} bytes, "
       "cache {} entries)",
@@ -519,6 +453,194 @@ void FusionEngine::sleep_until(Clock::time_point when) {
     ::ppoll(&wake, 1, &timeout, nullptr);
     drain_signal();
   }
+}
+
+void FusionEngine::run_cycle() {
+  ++cycle_;
+  const Clock::time_point started = Clock::now();
+  RequestList mine = build_requests();
+  const size_t announced = mine.announcements.size();
+  std::vector<Arrival> arrivals;
+  ResponseList response;
+  if (rank_ == 0) {
+    std::vector<RequestList> lists = channel_->gather_requests(cycle_, std::move(mine));
+    response = coordinator_->process(cycle_, lists, fusion_threshold_.load(), Clock::now(),
+                                     timeline_ ? &arrivals : nullptr);
+    channel_->send_response(cycle_, response);
+  } else {
+    response = channel_->exchange(cycle_, mine, cache_);
+  }
+  const Clock::time_point received = Clock::now();
+  execute(response, received, arrivals);
+  idle_ = response.idle;
+  set_activity(idle_ ? "idle, asleep until the next submission" : "between cycles");
+  if (coordinator_ && received - last_summary_ >= std::chrono::seconds(1)) {
+    last_summary_ = received;
+    std::string summary = coordinator_->waiting_summary(received);
+    std::lock_guard<std::mutex> lock(activity_mutex_);
+    waiting_ranks_ = std::move(summary);
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.cycles;
+    if (idle_) ++stats_.idle_sleeps;
+  }
+  if (timeline_) {
+    if (announced > 0 || !response.batches.empty() || !response.errors.empty()) {
+      timeline_->span(
+          cycles_row_, "CYCLE", started, received,
+          Timeline::cycle_args(cycle_, announced, response.batches.size(), response.errors.size()));
+    }
+    if (idle_) timeline_->instant(cycles_row_, "IDLE", Clock::now());
+  }
+}
+
+RequestList FusionEngine::build_requests() {
+  std::vector<std::shared_ptr<Request>> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fresh.swap(queue_);
+  }
+  for (auto& request : fresh) {
+    std::string key = request->spec().key();
+    pending_.emplace(std::move(key), LocalUnit{std::move(request), false});
+  }
+  RequestList list;
+  if (cache_.capacity() > 0) list.ready_words.assign((cache_.capacity() + 63) / 64, 0);
+  std::vector<LocalUnit*> uncached;
+  for (auto& [key, unit] : pending_) {
+    if (unit.announced) continue;
+    int32_t slot = cache_.find(unit.request->spec());
+    if (slot >= 0) {
+      list.ready_words[slot / 64] |= uint64_t{1} << (slot % 64);
+    } else {
+      uncached.push_back(&unit);
+    }
+  }
+  std::sort(uncached.begin(), uncached.end(), [](const LocalUnit* a, const LocalUnit* b) {
+    return a->request->submitted() < b->request->submitted();
+  });
+  size_t budget = kAnnouncementBudget;
+  for (LocalUnit* unit : uncached) {
+    size_t bytes = encoded_size(unit->request->spec());
+    if (bytes > budget) break;  // the rest next cycle
+    budget -= bytes;
+    list.announcements.push_back(unit->request->spec());
+    unit->announced = true;
+  }
+  return list;
+}
+
+void FusionEngine::execute(const ResponseList& response, Clock::time_point received,
+                           const std::vector<Arrival>& arrivals) {
+  for (const ResponseError& error : response.errors) {
+    if (pending_.count(error.key)) finish(error.key, error.status, error.message);
+  }
+  std::vector<std::vector<LocalUnit*>> units(response.batches.size());
+  std::unordered_set<const LocalUnit*> scheduled_units;
+  uint64_t hits = 0, negotiated = 0;
+  for (size_t b = 0; b < response.batches.size(); ++b) {
+    for (const ResponseUnit& scheduled : response.batches[b].units) {
+      const UnitSpec* spec = spec_of(scheduled, cache_);
+      if (!spec) {
+        throw Error(Status::kInternal,
+                    fmt::format("fusion engine: rank 0 scheduled cache slot {}, which is empty "
+                                "on rank {}",
+                                scheduled.slot, rank_));
+      }
+      auto it = pending_.find(spec->key());
+      if (it == pending_.end() || !matches_submission(it->second.request->spec(), *spec, rank_)) {
+        throw Error(
+            Status::kInternal,
+            fmt::format("fusion engine: rank 0 scheduled {} but rank {} has {}",
+                        describe_scheduled(*spec), rank_,
+                        it == pending_.end()
+                            ? std::string("not submitted it")
+                            : "submitted " + describe_submitted(it->second.request->spec())));
+      }
+      if (!scheduled_units.insert(&it->second).second) {
+        throw Error(Status::kInternal,
+                    fmt::format("fusion engine: rank 0 scheduled {} twice in one response",
+                                describe(*spec)));
+      }
+      units[b].push_back(&it->second);
+      ++(scheduled.hit ? hits : negotiated);
+    }
+  }
+  for (const Batch& batch : response.batches) {
+    for (const ResponseUnit& scheduled : batch.units) {
+      if (!scheduled.hit && scheduled.slot >= 0) {
+        cache_.store(static_cast<uint32_t>(scheduled.slot), scheduled.spec);
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.cache_hits += hits;
+    stats_.negotiated += negotiated;
+  }
+  if (timeline_) {
+    for (const Arrival& arrival : arrivals) {
+      uint32_t row = timeline_->row(arrival.key);
+      for (int rank = 0; rank < size_; ++rank) {
+        timeline_->instant(row, "SUBMITTED", arrival.per_rank[rank],
+                           Timeline::submitted_args(rank));
+      }
+    }
+    for (size_t b = 0; b < units.size(); ++b) {
+      for (const LocalUnit* unit : units[b]) {
+        const std::string args = Timeline::negotiate_args(cycle_, !unit->announced);
+        for (const Member& member : unit->request->spec().members) {
+          timeline_->span(timeline_->row(member.name), "NEGOTIATE", unit->request->submitted(),
+                          received, args);
+        }
+      }
+    }
+  }
+  for (size_t b = 0; b < units.size(); ++b) {
+    if (units[b].empty()) continue;
+    set_activity(
+        fmt::format("cycle {}: running {}{}", cycle_, describe(units[b][0]->request->spec()),
+                    units[b].size() > 1 ? fmt::format(" and {} more", units[b].size() - 1) : ""));
+    std::vector<const Request*> requests;
+    for (const LocalUnit* unit : units[b]) requests.push_back(unit->request.get());
+    executor_.run(response.batches[b], requests, received, fusion_threshold_.load());
+  }
+}
+
+void FusionEngine::idle_wait() {
+  const uint64_t next = cycle_ + 1;
+  channel_->post_idle(next);
+  const int ready_fd = channel_->readiness_fd();
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      // Units still pending here were not announced yet (the announcement budget): rank 0 cannot
+      // know them, so this rank wakes everyone itself.
+      if (stop_ || outside_failure_ || !queue_.empty() || !pending_.empty() || channel_->woken()) {
+        idle_waiting_ = false;
+        break;
+      }
+      idle_waiting_ = true;
+    }
+    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {ready_fd, POLLIN, 0}};
+    ::poll(fds, ready_fd >= 0 ? 2 : 1, ready_fd >= 0 ? -1 : kIdlePollMsWithoutFd);
+    drain_signal();
+    channel_->progress_now();
+  }
+  bool stopping;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping = stop_;
+  }
+  if (stopping) {
+    // Every rank is idle and expects a message from this one: a BYE there lets the peers stop
+    // quietly, where a vanished connection would be a failure that aborts them all.
+    channel_->say_bye(next, -1);
+    throw Stopped{};
+  }
+  check_stop();
+  channel_->wake(next);
 }
 
 void FusionEngine::finish(const std::string& key, Status status, const std::string& message,

@@ -1,5 +1,9 @@
 // The fusion engine of a communicator: named asynchronous operations, negotiated, fused and run
-// by a background thread on connections of its own. See engine.cpp for how it works.
+// by a background thread on connections of its own. See engine.cpp for how it works. This class
+// is the application side (submission, the queue, completion) and the engine thread's cycle; the
+// NegotiationChannel (negotiation.hpp) carries a cycle's messages, the Coordinator
+// (coordinator.hpp) answers them on rank 0, the Executor (executor.hpp) runs what they schedule,
+// and the Timeline (timeline.hpp) writes the trace.
 #pragma once
 
 #include <atomic>
@@ -17,6 +21,7 @@
 #include "core/config.hpp"
 #include "core/op_descriptor.hpp"
 #include "fusion/cache.hpp"
+#include "fusion/executor.hpp"
 #include "fusion/request.hpp"
 #include "fusion/wire.hpp"
 #include "ring/ring.hpp"
@@ -26,6 +31,7 @@ namespace kolo {
 namespace fusion {
 
 class Coordinator;
+class NegotiationChannel;
 class Timeline;
 struct Arrival;
 
@@ -113,9 +119,6 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
     bool announced = false;  // its spec went to rank 0 (not a cache hit)
   };
   struct Stopped {};  // thrown inside the engine thread when shutdown() asks it to stop
-  struct Departed {   // a peer left while every rank was idle
-    Error error;
-  };
   enum class State { kNotStarted, kConnecting, kRunning, kFinished };
 
   // Queues a named operation, checked first (what the calls above build).
@@ -127,31 +130,16 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   void loop();
   void run_cycle();
   RequestList build_requests();
-  ResponseList exchange_as_coordinator(RequestList mine, std::vector<Arrival>* arrivals);
-  ResponseList exchange_as_member(const RequestList& mine);
   void execute(const ResponseList& response, Clock::time_point received,
                const std::vector<Arrival>& arrivals);
-  void run_batch(const Batch& batch, const std::vector<LocalUnit*>& units,
-                 Clock::time_point received);
-  void run_fused(const std::vector<LocalUnit*>& units, Clock::time_point received);
-  void run_alone(LocalUnit& unit, Clock::time_point received);
-  void run_allgather(LocalUnit& unit, const std::vector<uint64_t>& counts,
-                     Clock::time_point received);
   void finish(const std::string& key, Status status, const std::string& message,
               std::vector<uint64_t> gathered_counts = {});
   void fail_everything(const Error& error);
   void idle_wait();
-  void say_bye(uint64_t cycle, int departed) noexcept;
   void sleep_until(Clock::time_point when);
   void check_stop();
-  template <typename Done, typename Describe>
-  void wait_for(Done&& done, Describe&& what);
   void signal();
   void drain_signal();
-  OpDescriptor control_descriptor(MessageKind kind, uint64_t cycle) const;
-  MessageHeader header(MessageKind kind, uint64_t cycle, uint64_t payload_bytes) const;
-  void check_header(const MessageHeader& header, MessageKind kind, uint64_t cycle, int from) const;
-  std::byte* fusion_buffer(size_t bytes);
 
   const Config config_;
   const Connector connect_;
@@ -182,30 +170,15 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Ring> ring_;
   ResponseCache cache_;
+  std::unique_ptr<NegotiationChannel> channel_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0
   std::unique_ptr<Timeline> timeline_;
+  Executor executor_;
   uint32_t cycles_row_ = 0;
   std::unordered_map<std::string, LocalUnit> pending_;
   uint64_t cycle_ = 0;
   Clock::time_point last_summary_{};  // rank 0: when waiting_ranks_ was last refreshed
-  uint64_t sequence_ = 0;
   bool idle_ = false;
-  std::unique_ptr<std::byte[]> fusion_buffer_;
-  size_t fusion_buffer_bytes_ = 0;
-
-  // Negotiation messages: this rank's outgoing and incoming headers, payloads and transfers.
-  MessageHeader out_header_;
-  std::vector<uint8_t> out_payload_;
-  MessageHeader wake_header_;
-  std::vector<MessageHeader> in_headers_;          // [peer]
-  std::vector<std::vector<uint8_t>> in_payloads_;  // [peer]
-  std::vector<Transfer> out_header_transfers_;     // [peer]
-  std::vector<Transfer> out_payload_transfers_;    // [peer]
-  std::vector<Transfer> in_header_transfers_;      // [peer]
-  std::vector<Transfer> in_payload_transfers_;     // [peer]
-  std::vector<Transfer> wake_transfers_;           // [peer]
-  bool requests_posted_ = false;                   // rank 0: next cycle's headers are posted
-  bool wake_posted_ = false;                       // WAKE receive (others) or sends (rank 0)
 };
 
 }  // namespace fusion

@@ -26,6 +26,14 @@ struct MemberBuffers {
   void* recv = nullptr;
 };
 
+// The name of the C call that submits `spec` (kolo_allreduce_async, ...), for messages.
+const char* call_name(const UnitSpec& spec);
+
+// Checks the caller's buffers of a submission: one per member, there for every element, not
+// overlapping in ways that would make the result depend on the order of copies, in host memory.
+// Throws kolo::Error (kInvalidArgument, kUnsupported) naming the call, the tensor and `rank`.
+void check_buffers(const UnitSpec& spec, const std::vector<MemberBuffers>& buffers, int rank);
+
 class Request {
  public:
   using Callback = std::function<void(Status)>;

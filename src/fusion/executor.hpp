@@ -1,0 +1,75 @@
+// The fusion engine's executor: runs the batches of a response, every rank the same collectives
+// in the same order, fused through the fusion buffer (fused_layout.hpp) or alone in the caller's
+// buffers. It owns the fusion buffer and the sequence numbers of the engine's collectives; the
+// engine (engine.hpp) matches a response to this rank's submissions and hands it the requests.
+// Engine thread only, except stats().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/deadline.hpp"
+#include "fusion/request.hpp"
+#include "fusion/wire.hpp"
+
+namespace kolo {
+class Ring;
+namespace fusion {
+
+class Timeline;
+
+// What the executor has done, for FusionStats.
+struct ExecutorStats {
+  uint64_t collectives = 0;          // collectives run
+  uint64_t fused_collectives = 0;    // of which through the fusion buffer
+  uint64_t tensors_fused = 0;        // tensors that went through the fusion buffer
+  uint64_t bytes_copied = 0;         // into and out of the fusion buffer
+  uint64_t fusion_buffer_bytes = 0;  // its size now
+};
+
+class Executor {
+ public:
+  // Told of every request the executor has run to the end, with an allgather's counts (every
+  // rank's, in rank order); the engine completes it.
+  using Finished = std::function<void(const Request& request, std::vector<uint64_t> counts)>;
+
+  Executor(int size, Finished finished);
+
+  // The ring to run on and the trace to write (or nullptr), once the engine has connected.
+  void attach(Ring* ring, Timeline* timeline);
+
+  // Runs one batch of a response: `requests` are this rank's, in the batch's order, `received`
+  // when the response arrived. The fusion buffer is sized at least `fusion_threshold` bytes when
+  // first needed. Throws kolo::Error when a collective fails.
+  void run(const Batch& batch, const std::vector<const Request*>& requests,
+           Clock::time_point received, uint64_t fusion_threshold);
+
+  ExecutorStats stats() const;
+
+ private:
+  void run_fused(const std::vector<const Request*>& requests, Clock::time_point received,
+                 uint64_t fusion_threshold);
+  void run_alone(const Request& request, Clock::time_point received);
+  void run_allgather(const Request& request, const std::vector<uint64_t>& counts,
+                     Clock::time_point received);
+  std::byte* fusion_buffer(size_t bytes, uint64_t fusion_threshold);
+  void count(const ExecutorStats& more);
+
+  const int size_;
+  const Finished finished_;
+  Ring* ring_ = nullptr;
+  Timeline* timeline_ = nullptr;
+  uint64_t sequence_ = 0;  // of the collectives on the engine's ring
+  std::unique_ptr<std::byte[]> buffer_;
+  size_t buffer_bytes_ = 0;
+  mutable std::mutex stats_mutex_;
+  ExecutorStats stats_;
+};
+
+}  // namespace fusion
+}  // namespace kolo
