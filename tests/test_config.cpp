@@ -292,7 +292,7 @@ TEST_CASE("defaults", "[config]") {
   CHECK(config.timeout_s == 300.0);
   CHECK(config.tcp_streams == 1);
   CHECK(config.segment_bytes == 1024 * 1024);
-  CHECK(config.transport == "tcp");
+  CHECK(config.transport == "auto");
   CHECK(config.allreduce == "auto");
   CHECK(config.host_id.empty());
   CHECK(config.bind == "none");

@@ -45,7 +45,7 @@ const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_SOCKET_IFNAME", "(any interface)", "network interface to listen on, such as eth0"},
     {"KOLO_SEGMENT_BYTES", "1M",
      "largest ring pipeline segment, 4K..256M (K/M/G suffixes, powers of 1024)"},
-    {"KOLO_TRANSPORT", "tcp", "tcp, ucx or auto"},
+    {"KOLO_TRANSPORT", "auto", "tcp, ucx or auto"},
     {"KOLO_ALLREDUCE", "auto",
      "allreduce schedule: ring (flat), hierarchical (through one leader per host) or auto"},
     {"KOLO_HOST_ID", "(host name and boot id)",

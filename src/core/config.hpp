@@ -54,7 +54,7 @@ struct Config {
   int tcp_streams = 1;               // KOLO_TCP_STREAMS, 1..16
   std::string socket_ifname;         // KOLO_SOCKET_IFNAME
   uint64_t segment_bytes = 1 << 20;  // KOLO_SEGMENT_BYTES, 4 KiB .. 256 MiB
-  std::string transport = "tcp";     // KOLO_TRANSPORT: tcp | ucx | auto
+  std::string transport = "auto";    // KOLO_TRANSPORT: tcp | ucx | auto
   // KOLO_ALLREDUCE: auto | ring | hierarchical (ring/algorithms.hpp); the same on every rank.
   std::string allreduce = "auto";
   // KOLO_HOST_ID: what makes two ranks one host (core/host.hpp); "" = host name and boot id.

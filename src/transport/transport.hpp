@@ -41,7 +41,7 @@ class StoreClient;
 // one message and the README's table of variables is one list; the communicator layer fills this
 // from it (comm/connect.cpp).
 struct TransportSettings {
-  std::string transport = "tcp";      // KOLO_TRANSPORT: a registry name or "auto"
+  std::string transport = "auto";     // KOLO_TRANSPORT: a registry name or "auto"
   std::string addr;                   // KOLO_ADDR: the store, and the route toward other hosts
   std::string secret;                 // the job secret every connection proves
   double timeout_s = 300.0;           // KOLO_TIMEOUT: every wait during set-up

@@ -37,14 +37,15 @@ bool has_active_rdma_port() {
 
 }  // namespace
 
-bool ucx_is_faster(const TransportSettings& /*settings*/, StoreClient& store, int rank, int size,
+bool ucx_is_faster(const TransportSettings& settings, StoreClient& store, int rank, int size,
                    uint64_t context, std::string& reason) {
   if (size == 1) {
     reason = "a single rank sends nothing";
     return false;
   }
   store.set_string(store_key(context, "transport-auto", rank),
-                   fmt::format("{} {}", has_active_rdma_port() ? 1 : 0, net::host_name()));
+                   fmt::format("{} {}", has_active_rdma_port() ? 1 : 0,
+                               settings.host.empty() ? net::host_name() : settings.host));
   if (rank == 0) {
     std::set<std::string> hosts;
     int without_rdma = 0;
