@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Two builds of kolo side by side: runs one benchmark command for build A, then for build B,
 round after round (so that both see the same spells of a shared machine), and prints the median
-of every time in the benchmark's table with the ratio B / A (above 1: B is slower).
+of every time in the benchmark's table with the ratio B / A (above 1: B is slower), and in how
+many rounds B was the faster: a sign test, since a real difference wins most rounds whatever the
+load, where noise splits them.
 
     /usr/bin/python3 bench/ab_compare.py --rounds 5 /tmp/kolo-base/build build -- \\
         {build}/src/kolorun -np 2 {build}/bench/allreduce_perf -b 8 -e 256M -f 4 -n 20
@@ -77,14 +79,17 @@ def main():
         print(f"# round {round_ + 1} of {args.rounds} done", file=sys.stderr, flush=True)
     print(f"# {' '.join(args.command)}")
     print(f"# A = {args.a}, B = {args.b}, {args.rounds} alternating rounds, medians")
-    print("| row | column | A | B | B / A |")
-    print("|---|---|--:|--:|--:|")
+    print("| row | column | A | B | B / A | rounds B faster |")
+    print("|---|---|--:|--:|--:|--:|")
     for key in sorted(samples["a"], key=lambda k: (str(type(k[0])), k[0], k[1])):
         if key not in samples["b"]:
             continue
-        a, b = statistics.median(samples["a"][key]), statistics.median(samples["b"][key])
+        a_runs, b_runs = samples["a"][key], samples["b"][key]
+        a, b = statistics.median(a_runs), statistics.median(b_runs)
         ratio = f"{b / a:.2f}" if a > 0 else "-"
-        print(f"| {key[0]} | {key[1]} | {a:g} | {b:g} | {ratio} |")
+        faster = sum(1 for x, y in zip(a_runs, b_runs) if y < x)
+        print(f"| {key[0]} | {key[1]} | {a:g} | {b:g} | {ratio} | {faster} of "
+              f"{min(len(a_runs), len(b_runs))} |")
 
 
 if __name__ == "__main__":
