@@ -4,8 +4,8 @@
 // the variables of each UCX flavour in the test's environment, which every rank inherits. Were
 // those variables ignored, the tests would still pass over TCP; so under a flavour the ranks log
 // at INFO (with_flavour_logging), and every passing rank's log must name the transport and, when
-// the rank has peers, the path of that flavour (check_flavour), as tests/test_ucx.cpp checks its
-// own runs.
+// the rank has peers, the path of that flavour (check_flavour, which expect_all_pass_on_transport
+// runs on every rank), as tests/test_ucx.cpp checks its own runs.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -14,6 +14,9 @@
 #include <optional>
 #include <regex>
 #include <string>
+#include <vector>
+
+#include "job.hpp"
 
 namespace kolo::test {
 
@@ -52,6 +55,13 @@ inline void check_flavour(const std::string& output, size_t ranks) {
   if (!flavour) return;
   CHECK(output.find("transport " + flavour->transport) != std::string::npos);
   if (ranks > 1) CHECK(std::regex_search(output, std::regex(flavour->path)));
+}
+
+// Every rank passed (expect_all_pass) and, under a flavour, ran on its transport and path.
+inline void expect_all_pass_on_transport(const std::vector<ProcessResult>& results,
+                                         const std::string& marker) {
+  expect_all_pass(results, marker,
+                  [&](const std::string& output) { check_flavour(output, results.size()); });
 }
 
 }  // namespace kolo::test

@@ -1,8 +1,10 @@
 // Starting N ranks of a test worker (kolo_test_worker unless named) by hand (no launcher), as a
 // user of mpirun-less start-up would: each process gets KOLO_RANK, KOLO_SIZE, KOLO_ADDR and the
-// job secret.
+// job secret. And the check that every rank of a job passed.
 #pragma once
 
+#include <catch2/catch.hpp>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -49,6 +51,19 @@ inline Job start_job(int size, const std::vector<std::string>& worker_args,
     job.ranks.emplace_back(argv, env);
   }
   return job;
+}
+
+// Every rank finished in time, exited 0 and printed `marker`, and its output passes `also` where
+// given; a failed check shows the rank and its output.
+inline void expect_all_pass(const std::vector<ProcessResult>& results, const std::string& marker,
+                            const std::function<void(const std::string& output)>& also = {}) {
+  for (size_t rank = 0; rank < results.size(); ++rank) {
+    INFO("rank " << rank << " output:\n" << results[rank].output);
+    CHECK_FALSE(results[rank].timed_out);
+    CHECK(results[rank].exit_code == 0);
+    CHECK(results[rank].output.find(marker) != std::string::npos);
+    if (also) also(results[rank].output);
+  }
 }
 
 }  // namespace kolo::test

@@ -4,20 +4,8 @@
 
 #include "job.hpp"
 
+using kolo::test::expect_all_pass;
 using kolo::test::start_job;
-
-namespace {
-
-void expect_all_pass(const std::vector<kolo::test::ProcessResult>& results, const char* marker) {
-  for (size_t rank = 0; rank < results.size(); ++rank) {
-    INFO("rank " << rank << " output:\n" << results[rank].output);
-    CHECK_FALSE(results[rank].timed_out);
-    CHECK(results[rank].exit_code == 0);
-    CHECK(results[rank].output.find(marker) != std::string::npos);
-  }
-}
-
-}  // namespace
 
 TEST_CASE("allreduce: every dtype, op and size, N = 1..5", "[collectives][allreduce]") {
   for (int n = 1; n <= 5; ++n) {

@@ -15,6 +15,7 @@
 #include "flavour.hpp"
 #include "job.hpp"
 
+using kolo::test::expect_all_pass_on_transport;
 using kolo::test::start_job;
 
 namespace {
@@ -25,25 +26,14 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// Under a transport flavour the ranks log at INFO, for expect_all_pass to check the path; a test
-// that kills a rank runs as before, without it (`log_flavour` false).
+// Under a transport flavour the ranks log at INFO, for expect_all_pass_on_transport to check the
+// path; a test that kills a rank runs as before, without it (`log_flavour` false).
 std::vector<kolo::test::ProcessResult> run(int size, const std::vector<std::string>& args,
                                            const std::map<std::string, std::string>& env = {},
                                            double timeout_s = 120, bool log_flavour = true) {
   auto job = start_job(size, args, log_flavour ? kolo::test::with_flavour_logging(env) : env,
                        kWorker);
   return job.wait(timeout_s);
-}
-
-void expect_all_pass(const std::vector<kolo::test::ProcessResult>& results,
-                     const std::string& marker) {
-  for (size_t rank = 0; rank < results.size(); ++rank) {
-    INFO("rank " << rank << " output:\n" << results[rank].output);
-    CHECK_FALSE(results[rank].timed_out);
-    CHECK(results[rank].exit_code == 0);
-    CHECK(contains(results[rank].output, marker));
-    kolo::test::check_flavour(results[rank].output, results.size());
-  }
 }
 
 // A fresh directory for one test's timelines.
@@ -72,7 +62,7 @@ uint64_t counter(const std::string& output, const std::string& name) {
 TEST_CASE("ranks submit the same tensors in different orders", "[fusion][orders]") {
   for (int n : {1, 2, 3, 4}) {
     DYNAMIC_SECTION("N = " << n) {
-      expect_all_pass(run(n, {"orders"}), "orders checks passed");
+      expect_all_pass_on_transport(run(n, {"orders"}), "orders checks passed");
     }
   }
 }
@@ -80,7 +70,7 @@ TEST_CASE("ranks submit the same tensors in different orders", "[fusion][orders]
 TEST_CASE("hundreds of small tensors are packed into a few collectives", "[fusion][many]") {
   for (int n : {2, 5}) {
     DYNAMIC_SECTION("N = " << n) {
-      expect_all_pass(run(n, {"many"}), "many checks passed");
+      expect_all_pass_on_transport(run(n, {"many"}), "many checks passed");
     }
   }
 }
@@ -89,18 +79,19 @@ TEST_CASE("fused results are bitwise identical to unfused ones, every dtype and 
           "[fusion][bitwise]") {
   for (int n : {2, 3, 4}) {
     DYNAMIC_SECTION("N = " << n) {
-      expect_all_pass(run(n, {"bitwise"}, {}, 300), "bitwise checks passed");
+      expect_all_pass_on_transport(run(n, {"bitwise"}, {}, 300), "bitwise checks passed");
     }
   }
   SECTION("small pipeline segments and several streams") {
-    expect_all_pass(
+    expect_all_pass_on_transport(
         run(3, {"bitwise"}, {{"KOLO_SEGMENT_BYTES", "4K"}, {"KOLO_TCP_STREAMS", "2"}}, 300),
         "bitwise checks passed");
   }
 }
 
 TEST_CASE("tensors larger than the fusion threshold run alone", "[fusion][large]") {
-  expect_all_pass(run(3, {"large"}, {{"KOLO_FUSION_THRESHOLD", "64K"}}), "large checks passed");
+  expect_all_pass_on_transport(run(3, {"large"}, {{"KOLO_FUSION_THRESHOLD", "64K"}}),
+                               "large checks passed");
 }
 
 TEST_CASE("mixed dtypes, ops and factors are never fused together; the timeline shows it",
@@ -108,7 +99,7 @@ TEST_CASE("mixed dtypes, ops and factors are never fused together; the timeline 
   const int n = 3;
   auto directory = scratch_directory("mixed");
   auto results = run(n, {"mixed"}, {{"KOLO_TIMELINE", (directory / "trace.json").string()}});
-  expect_all_pass(results, "mixed checks passed");
+  expect_all_pass_on_transport(results, "mixed checks passed");
 
   for (int rank = 0; rank < n; ++rank) {
     auto path = directory / ("trace.rank" + std::to_string(rank) + ".json");
@@ -161,7 +152,7 @@ TEST_CASE("the response cache carries a steady loop and survives a changing set"
           "[fusion][cache]") {
   SECTION("a cache large enough: almost every tensor is a hit") {
     auto results = run(3, {"cache", "40"});
-    expect_all_pass(results, "cache checks passed");
+    expect_all_pass_on_transport(results, "cache checks passed");
     for (const auto& result : results) {
       INFO(result.output);
       uint64_t hits = counter(result.output, "cache_hits");
@@ -172,12 +163,12 @@ TEST_CASE("the response cache carries a steady loop and survives a changing set"
   }
   SECTION("a cache of 8 entries: evictions every step, results still right") {
     auto results = run(3, {"cache", "12"}, {{"KOLO_CACHE_CAPACITY", "8"}});
-    expect_all_pass(results, "cache checks passed");
+    expect_all_pass_on_transport(results, "cache checks passed");
     for (const auto& result : results) CHECK(counter(result.output, "cache_hits") > 0);
   }
   SECTION("no cache") {
     auto results = run(2, {"cache", "6"}, {{"KOLO_CACHE_CAPACITY", "0"}});
-    expect_all_pass(results, "cache checks passed");
+    expect_all_pass_on_transport(results, "cache checks passed");
     for (const auto& result : results) CHECK(counter(result.output, "cache_hits") == 0);
   }
   SECTION("ranks with different cache capacities get KOLO_ERR_CONFIG") {
@@ -206,7 +197,7 @@ TEST_CASE("the response cache carries a steady loop and survives a changing set"
 TEST_CASE("a group runs as one collective, beside single tensors", "[fusion][group]") {
   for (int n : {1, 3}) {
     DYNAMIC_SECTION("N = " << n) {
-      expect_all_pass(run(n, {"group"}), "group checks passed");
+      expect_all_pass_on_transport(run(n, {"group"}), "group checks passed");
     }
   }
 }
@@ -214,21 +205,21 @@ TEST_CASE("a group runs as one collective, beside single tensors", "[fusion][gro
 TEST_CASE("named broadcasts from every root", "[fusion][broadcast]") {
   for (int n : {2, 3}) {
     DYNAMIC_SECTION("N = " << n) {
-      expect_all_pass(run(n, {"broadcast"}), "broadcast checks passed");
+      expect_all_pass_on_transport(run(n, {"broadcast"}), "broadcast checks passed");
     }
   }
 }
 
 TEST_CASE("a name submitted twice before completion is refused at once",
           "[fusion][errors][duplicate]") {
-  expect_all_pass(run(2, {"duplicate"}), "duplicate checks passed");
+  expect_all_pass_on_transport(run(2, {"duplicate"}), "duplicate checks passed");
 }
 
 TEST_CASE("ranks that disagree about a tensor fail it on every rank, naming it",
           "[fusion][errors][mismatch]") {
   for (int n : {2, 3}) {
     DYNAMIC_SECTION("N = " << n) {
-      expect_all_pass(run(n, {"mismatch"}), "mismatch checks passed");
+      expect_all_pass_on_transport(run(n, {"mismatch"}), "mismatch checks passed");
     }
   }
 }
@@ -236,7 +227,7 @@ TEST_CASE("ranks that disagree about a tensor fail it on every rank, naming it",
 TEST_CASE("invalid arguments of named calls are refused", "[fusion][errors][badargs]") {
   for (int n : {1, 2}) {
     DYNAMIC_SECTION("N = " << n) {
-      expect_all_pass(run(n, {"badargs"}), "badargs checks passed");
+      expect_all_pass_on_transport(run(n, {"badargs"}), "badargs checks passed");
     }
   }
 }
@@ -245,14 +236,14 @@ TEST_CASE("named allgathers: a count per rank, zero too, every dtype, beside nam
           "[fusion][allgather]") {
   for (int n : {1, 2, 3, 4}) {
     DYNAMIC_SECTION("N = " << n) {
-      expect_all_pass(run(n, {"allgather"}), "allgather checks passed");
+      expect_all_pass_on_transport(run(n, {"allgather"}), "allgather checks passed");
     }
   }
   SECTION("the timeline shows each allgather as a collective of its own") {
     const int n = 3;
     auto directory = scratch_directory("allgather");
     auto results = run(n, {"allgather"}, {{"KOLO_TIMELINE", (directory / "trace.json").string()}});
-    expect_all_pass(results, "allgather checks passed");
+    expect_all_pass_on_transport(results, "allgather checks passed");
     for (int rank = 0; rank < n; ++rank) {
       auto path = directory / ("trace.rank" + std::to_string(rank) + ".json");
       INFO("timeline " << path);
@@ -282,7 +273,7 @@ TEST_CASE("named allgathers: too small a capacity, disagreeing ranks, bad argume
           "[fusion][errors][allgather_errors]") {
   for (int n : {1, 2, 3}) {
     DYNAMIC_SECTION("N = " << n) {
-      expect_all_pass(run(n, {"allgather_errors"}), "allgather_errors checks passed");
+      expect_all_pass_on_transport(run(n, {"allgather_errors"}), "allgather_errors checks passed");
     }
   }
 }
@@ -310,7 +301,7 @@ TEST_CASE("destroying a communicator with pending requests cancels them cleanly"
   for (int n : {2, 3}) {
     DYNAMIC_SECTION("N = " << n) {
       auto results = run(n, {"destroy"}, {}, 60);
-      expect_all_pass(results, "destroy checks passed");
+      expect_all_pass_on_transport(results, "destroy checks passed");
       CHECK(contains(results[0].output, "KOLO_ERR_CANCELLED"));
     }
   }
@@ -320,7 +311,7 @@ TEST_CASE("ranks that leave once all work is done leave quietly", "[fusion][erro
   for (int n : {2, 3, 4}) {
     DYNAMIC_SECTION("N = " << n) {
       auto results = run(n, {"leave"}, {}, 60);
-      expect_all_pass(results, "leave checks passed");
+      expect_all_pass_on_transport(results, "leave checks passed");
       for (const auto& result : results) {
         INFO(result.output);
         CHECK_FALSE(contains(result.output, "WARN"));
@@ -333,7 +324,7 @@ TEST_CASE("stalled tensors: a warning names them and the missing ranks; optional
           "[fusion][stall]") {
   SECTION("warning") {
     auto results = run(3, {"stall"}, {{"KOLO_STALL_WARNING_S", "1"}});
-    expect_all_pass(results, "stall checks passed");
+    expect_all_pass_on_transport(results, "stall checks passed");
     INFO(results[0].output);
     CHECK(contains(results[0].output, "'late.tensor' missing rank 2"));
     CHECK(contains(results[0].output, "KOLO_STALL_WARNING_S"));
@@ -342,7 +333,7 @@ TEST_CASE("stalled tensors: a warning names them and the missing ranks; optional
   SECTION("abort") {
     auto results = run(3, {"stall", "abort"},
                        {{"KOLO_STALL_WARNING_S", "0.5"}, {"KOLO_STALL_ABORT_S", "1.5"}});
-    expect_all_pass(results, "stall checks passed");
+    expect_all_pass_on_transport(results, "stall checks passed");
     CHECK(contains(results[0].output, "'never.tensor' missing rank 2"));
   }
 }
@@ -351,11 +342,11 @@ TEST_CASE("ordered and named calls from two threads of one program do not race",
           "[fusion][threads]") {
   for (int n : {2, 3}) {
     DYNAMIC_SECTION("N = " << n) {
-      expect_all_pass(run(n, {"threads"}), "threads checks passed");
+      expect_all_pass_on_transport(run(n, {"threads"}), "threads checks passed");
     }
   }
 }
 
 TEST_CASE("an idle communicator runs no cycles and uses no CPU", "[fusion][idle]") {
-  expect_all_pass(run(3, {"idle"}), "idle checks passed");
+  expect_all_pass_on_transport(run(3, {"idle"}), "idle checks passed");
 }

@@ -12,6 +12,7 @@
 #include "kolo_build_config.h"
 
 using kolo::test::contains;
+using kolo::test::expect_all_pass;
 using kolo::test::start_job;
 
 namespace {
@@ -23,15 +24,6 @@ std::vector<Env> hosts(const std::vector<std::string>& host_of_rank) {
   std::vector<Env> env;
   for (const std::string& host : host_of_rank) env.push_back({{"KOLO_HOST_ID", "host-" + host}});
   return env;
-}
-
-void expect_all_pass(const std::vector<kolo::test::ProcessResult>& results, const char* marker) {
-  for (size_t rank = 0; rank < results.size(); ++rank) {
-    INFO("rank " << rank << " output:\n" << results[rank].output);
-    CHECK_FALSE(results[rank].timed_out);
-    CHECK(results[rank].exit_code == 0);
-    CHECK(contains(results[rank].output, marker));
-  }
 }
 
 struct Layout {

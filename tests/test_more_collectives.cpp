@@ -13,27 +13,18 @@
 #include "job.hpp"
 
 using kolo::test::contains;
+using kolo::test::expect_all_pass_on_transport;
 
 namespace {
 
 const char* kWorker = "tests/kolo_test_collectives";
 
-// Under a transport flavour the ranks log at INFO, for expect_all_pass to check the path; the
-// fault tests that kill or starve a rank run as before, without it (`log_flavour` false).
+// Under a transport flavour the ranks log at INFO, for expect_all_pass_on_transport to check the
+// path; the fault tests that kill or starve a rank run as before, without it (`log_flavour` false).
 kolo::test::Job start(int size, const std::vector<std::string>& args,
                       const std::map<std::string, std::string>& env = {}, bool log_flavour = true) {
   return kolo::test::start_job(size, args,
                                log_flavour ? kolo::test::with_flavour_logging(env) : env, kWorker);
-}
-
-void expect_all_pass(const std::vector<kolo::test::ProcessResult>& results, const char* marker) {
-  for (size_t rank = 0; rank < results.size(); ++rank) {
-    INFO("rank " << rank << " output:\n" << results[rank].output);
-    CHECK_FALSE(results[rank].timed_out);
-    CHECK(results[rank].exit_code == 0);
-    CHECK(contains(results[rank].output, marker));
-    kolo::test::check_flavour(results[rank].output, results.size());
-  }
 }
 
 }  // namespace
@@ -43,13 +34,13 @@ TEST_CASE("allgather and allgatherv: every dtype and size, uneven counts, N = 1.
   for (int n = 1; n <= 5; ++n) {
     DYNAMIC_SECTION("N = " << n) {
       auto job = start(n, {"allgather"});
-      expect_all_pass(job.wait(600), "allgather checks passed");
+      expect_all_pass_on_transport(job.wait(600), "allgather checks passed");
     }
   }
   SECTION("small segments and several streams, N = 3") {
     auto job =
         start(3, {"allgather", "quick"}, {{"KOLO_SEGMENT_BYTES", "4K"}, {"KOLO_TCP_STREAMS", "3"}});
-    expect_all_pass(job.wait(600), "allgather checks passed");
+    expect_all_pass_on_transport(job.wait(600), "allgather checks passed");
   }
 }
 
@@ -58,13 +49,13 @@ TEST_CASE("reduce-scatter and reduce-scatterv: every dtype, op and size, N = 1..
   for (int n = 1; n <= 5; ++n) {
     DYNAMIC_SECTION("N = " << n) {
       auto job = start(n, {"reduce_scatter"});
-      expect_all_pass(job.wait(600), "reduce_scatter checks passed");
+      expect_all_pass_on_transport(job.wait(600), "reduce_scatter checks passed");
     }
   }
   SECTION("small segments and several streams, N = 4") {
     auto job = start(4, {"reduce_scatter", "quick"},
                      {{"KOLO_SEGMENT_BYTES", "4K"}, {"KOLO_TCP_STREAMS", "2"}});
-    expect_all_pass(job.wait(600), "reduce_scatter checks passed");
+    expect_all_pass_on_transport(job.wait(600), "reduce_scatter checks passed");
   }
 }
 
@@ -73,7 +64,7 @@ TEST_CASE("alltoall and alltoallv: dtypes, sizes, gaps and zeros, in place, N = 
   for (int n = 1; n <= 5; ++n) {
     DYNAMIC_SECTION("N = " << n) {
       auto job = start(n, {"alltoall"});
-      expect_all_pass(job.wait(600), "alltoall checks passed");
+      expect_all_pass_on_transport(job.wait(600), "alltoall checks passed");
     }
   }
 }
@@ -82,12 +73,12 @@ TEST_CASE("reduce: every root, dtype, op and size, in place, N = 1..5", "[collec
   for (int n = 1; n <= 5; ++n) {
     DYNAMIC_SECTION("N = " << n) {
       auto job = start(n, {"reduce", n >= 4 ? "quick" : ""});
-      expect_all_pass(job.wait(600), "reduce checks passed");
+      expect_all_pass_on_transport(job.wait(600), "reduce checks passed");
     }
   }
   SECTION("small segments, N = 3") {
     auto job = start(3, {"reduce", "quick"}, {{"KOLO_SEGMENT_BYTES", "4K"}});
-    expect_all_pass(job.wait(600), "reduce checks passed");
+    expect_all_pass_on_transport(job.wait(600), "reduce checks passed");
   }
 }
 
@@ -96,7 +87,7 @@ TEST_CASE("send/recv: every pair both ways, tags and sizes, between collectives"
   for (int n = 1; n <= 4; ++n) {
     DYNAMIC_SECTION("N = " << n) {
       auto job = start(n, {"sendrecv"}, {{"KOLO_TCP_STREAMS", n == 3 ? "2" : "1"}});
-      expect_all_pass(job.wait(300), "sendrecv checks passed");
+      expect_all_pass_on_transport(job.wait(300), "sendrecv checks passed");
     }
   }
 }
@@ -106,7 +97,7 @@ TEST_CASE("split: odd/even, singletons, opting out, nested, threads, parent dest
   for (int n = 1; n <= 5; ++n) {
     DYNAMIC_SECTION("N = " << n) {
       auto job = start(n, {"split"});
-      expect_all_pass(job.wait(300), "split checks passed");
+      expect_all_pass_on_transport(job.wait(300), "split checks passed");
     }
   }
 }
@@ -216,7 +207,7 @@ TEST_CASE("the new collectives: invalid vectors and arguments are refused before
   for (int n : {1, 2, 3}) {
     DYNAMIC_SECTION("N = " << n) {
       auto job = start(n, {"badargs"});
-      expect_all_pass(job.wait(60), "bad-argument checks passed");
+      expect_all_pass_on_transport(job.wait(60), "bad-argument checks passed");
     }
   }
 }

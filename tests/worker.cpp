@@ -29,25 +29,12 @@
 #include <vector>
 
 #include "reference.hpp"
+#include "worker_common.hpp"
 
 namespace {
 
 using namespace kolo::test::reference;
-
-int g_rank = 0;
-int g_size = 1;
-
-[[noreturn]] void fail(const std::string& message) {
-  fmt::print(stderr, "rank {}: FAILED: {}\n", g_rank, message);
-  std::exit(1);
-}
-
-void check_status(kolo_comm_t comm, kolo_status_t status, const char* what) {
-  if (status != KOLO_SUCCESS) {
-    fail(fmt::format("{} returned {}: {}", what, kolo_status_string(status),
-                     kolo_comm_last_error(comm)));
-  }
-}
+using namespace kolo::test::worker;
 
 // ---- scenarios ---------------------------------------------------------------------------------
 
@@ -100,7 +87,7 @@ int run_allreduce(kolo_comm_t comm, bool quick) {
             std::string what = fmt::format("allreduce {} {} count {} {}{}", type.name, op_name(op),
                                            count, in_place ? "in place" : "out of place",
                                            scale.pre != 1.0 ? " prescale 0.5 postscale 2" : "");
-            check_status(comm, status, what.c_str());
+            check_status(comm, status, what);
             size_t bad = first_difference(recv, buffers.expected.data(), count, type.size);
             if (bad != count) {
               fail(fmt::format("{}: element {} expected {} got {}", what, bad,

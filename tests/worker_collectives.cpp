@@ -37,39 +37,12 @@
 #include <vector>
 
 #include "reference.hpp"
+#include "worker_common.hpp"
 
 namespace {
 
 using namespace kolo::test::reference;
-
-int g_rank = 0;  // in the world communicator
-int g_size = 1;
-
-[[noreturn]] void fail(const std::string& message) {
-  fmt::print(stderr, "rank {}: FAILED: {}\n", g_rank, message);
-  std::exit(1);
-}
-
-void check_status(kolo_comm_t comm, kolo_status_t status, const std::string& what) {
-  if (status != KOLO_SUCCESS) {
-    fail(fmt::format("{} returned {}: {}", what, kolo_status_string(status),
-                     kolo_comm_last_error(comm)));
-  }
-}
-
-// A communicator and this rank's place in it.
-struct Comm {
-  kolo_comm_t handle = nullptr;
-  int rank = 0;
-  int size = 1;
-};
-
-Comm describe_comm(kolo_comm_t handle) {
-  Comm comm{handle, -1, -1};
-  check_status(handle, kolo_comm_rank(handle, &comm.rank), "kolo_comm_rank");
-  check_status(handle, kolo_comm_size(handle, &comm.size), "kolo_comm_size");
-  return comm;
-}
+using namespace kolo::test::worker;
 
 const TypeInfo& type_of(kolo_dtype_t dtype) {
   for (const TypeInfo& type : kTypes) {

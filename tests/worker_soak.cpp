@@ -48,10 +48,12 @@
 #include <vector>
 
 #include "reference.hpp"
+#include "worker_common.hpp"
 
 namespace {
 
 using namespace kolo::test::reference;
+using namespace kolo::test::worker;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kRoundsPerCheck = 16;  // rounds between agreements on whether to stop
@@ -62,39 +64,12 @@ constexpr size_t kLargestElement = 8;
 constexpr int64_t kMaxGrowthKiB = 32 * 1024;
 constexpr int kShownWrong = 10;  // wrong results described in full; the rest only counted
 
-int g_rank = 0;
-int g_size = 1;
 std::atomic<int> g_wrong_shown{0};
-
-[[noreturn]] void fail(const std::string& message) {
-  fmt::print(stderr, "rank {}: FAILED: {}\n", g_rank, message);
-  std::exit(1);
-}
-
-void check_status(kolo_comm_t comm, kolo_status_t status, const std::string& what) {
-  if (status != KOLO_SUCCESS) {
-    fail(fmt::format("{} returned {}: {}", what, kolo_status_string(status),
-                     kolo_comm_last_error(comm)));
-  }
-}
-
-struct Comm {
-  kolo_comm_t handle = nullptr;
-  int rank = 0;
-  int size = 1;
-};
-
-Comm describe(kolo_comm_t handle) {
-  Comm comm{handle, 0, 1};
-  check_status(handle, kolo_comm_rank(handle, &comm.rank), "kolo_comm_rank");
-  check_status(handle, kolo_comm_size(handle, &comm.size), "kolo_comm_size");
-  return comm;
-}
 
 Comm split(const Comm& parent, int color, int key) {
   kolo_comm_t child = nullptr;
   check_status(parent.handle, kolo_comm_split(parent.handle, color, key, &child), "kolo_comm_split");
-  return describe(child);
+  return describe_comm(child);
 }
 
 // The draws every rank makes alike. mt19937_64 is specified to the bit, and `below` uses no
@@ -446,7 +421,7 @@ int main(int argc, char** argv) {
 
   kolo_comm_t world_handle = nullptr;
   if (kolo_comm_init(nullptr, &world_handle) != KOLO_SUCCESS) fail(kolo_comm_last_error(nullptr));
-  Comm world = describe(world_handle);
+  Comm world = describe_comm(world_handle);
   g_rank = world.rank;
   g_size = world.size;
   Figures at_init = measure();

@@ -35,6 +35,7 @@
 // neighbour at every step: ranks that disagree about the call always find out, even for count 0.
 #include <algorithm>
 
+#include "ring/reducing_call.hpp"
 #include "ring/ring.hpp"
 
 namespace kolo {
@@ -93,13 +94,8 @@ class ChunkLayout {
 void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf) {
   const int n = ring.size();
   const int r = ring.rank();
-  ReduceSpec spec{op.dtype, op.op, op.prescale, op.postscale, n};
-  const auto* input = static_cast<const std::byte*>(sendbuf);
-  auto* output = static_cast<std::byte*>(recvbuf);
-  if (n == 1) {
-    reduce_single(output, input, op.count, spec);
-    return;
-  }
+  const ReducingCall call(ring, op, sendbuf, recvbuf, op.count);
+  if (call.finished) return;
 
   const size_t element = dtype_size(op.dtype);
   const size_t accumulator = accumulator_size(op.dtype);
@@ -110,7 +106,7 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
   const bool send_input_directly = partials_in_output && op.prescale == 1.0;
   std::byte* partials =
       partials_in_output
-          ? output
+          ? call.output
           : ring.buffer(Ring::kPartials, std::max<uint64_t>(1, op.count) * accumulator);
   std::byte* slots =
       ring.buffer(Ring::kReceiveSlots, kReceiveSlots * segment_elements * accumulator);
@@ -167,7 +163,7 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
       const Step& step = receives[posted_receives];
       Transfer& transfer = receive_transfers[posted_receives];
       if (step.action == Action::kGather) {
-        transfer.reset(ring.left(), op, output + step.segment.begin * element,
+        transfer.reset(ring.left(), op, call.output + step.segment.begin * element,
                        step.segment.length * element);
       } else {
         if (free_slots.empty()) break;
@@ -179,8 +175,9 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
         const uint64_t begin = step.segment.begin;
         const bool finish = step.action == Action::kFinish;
         reductions[posted_receives] = {
-            &spec, finish, finish ? output + begin * element : partials + begin * accumulator,
-            input + begin * element};
+            &call.spec, finish,
+            finish ? call.output + begin * element : partials + begin * accumulator,
+            call.input + begin * element};
         reductions[posted_receives].attach(transfer);
       }
       ring.transport().post_recv(transfer);
@@ -204,13 +201,14 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
       const uint64_t length = step.segment.length;
       Transfer& transfer = send_transfers[posted_sends];
       if (step.action == Action::kSendOutput) {
-        transfer.reset(ring.right(), op, output + begin * element, length * element);
+        transfer.reset(ring.right(), op, call.output + begin * element, length * element);
       } else if (step.action == Action::kSendInput && send_input_directly) {
-        transfer.reset(ring.right(), op, const_cast<std::byte*>(input + begin * element),
+        transfer.reset(ring.right(), op, const_cast<std::byte*>(call.input + begin * element),
                        length * element);
       } else {
         if (step.action == Action::kSendInput) {
-          reduce_load(partials + begin * accumulator, input + begin * element, length, spec);
+          reduce_load(partials + begin * accumulator, call.input + begin * element, length,
+                      call.spec);
         }
         transfer.reset(ring.right(), op, partials + begin * accumulator, length * accumulator);
       }

@@ -50,6 +50,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "ring/reducing_call.hpp"
 #include "ring/ring.hpp"
 
 namespace kolo {
@@ -78,13 +79,8 @@ void hierarchical_allreduce(Ring& ring, const OpDescriptor& op, const void* send
                             void* recvbuf) {
   const int n = ring.size();
   const int r = ring.rank();
-  const ReduceSpec spec{op.dtype, op.op, op.prescale, op.postscale, n};
-  const auto* input = static_cast<const std::byte*>(sendbuf);
-  auto* output = static_cast<std::byte*>(recvbuf);
-  if (n == 1) {
-    reduce_single(output, input, op.count, spec);
-    return;
-  }
+  const ReducingCall call(ring, op, sendbuf, recvbuf, op.count);
+  if (call.finished) return;
   const HostMap& hosts = ring.hosts();
   const int leader = hosts.leader_of(r);
   const size_t element = dtype_size(op.dtype);
@@ -93,8 +89,8 @@ void hierarchical_allreduce(Ring& ring, const OpDescriptor& op, const void* send
   ring.begin();
 
   if (r != leader) {
-    send_and_wait(ring, op, leader, input, bytes);
-    receive_and_wait(ring, op, leader, output, bytes);
+    send_and_wait(ring, op, leader, call.input, bytes);
+    receive_and_wait(ring, op, leader, call.output, bytes);
     return;
   }
 
@@ -110,11 +106,11 @@ void hierarchical_allreduce(Ring& ring, const OpDescriptor& op, const void* send
     transfers[m].reset(members[m], op, inputs + m * bytes, bytes);
     ring.transport().post_recv(transfers[m]);
   }
-  reduce_load(partial, input, op.count, spec);
+  reduce_load(partial, call.input, op.count, call.spec);
   for (size_t m = 0; m < members.size(); ++m) {
     while (!transfers[m].complete) ring.wait(op, members[m]);
     ring.made_progress();
-    reduce_combine(partial, partial, inputs + m * bytes, op.count, spec);
+    reduce_combine(partial, partial, inputs + m * bytes, op.count, call.spec);
   }
 
   // Between the hosts: the leaders allreduce their partials, as partials.
@@ -138,10 +134,10 @@ void hierarchical_allreduce(Ring& ring, const OpDescriptor& op, const void* send
   std::byte* identity = ring.buffer(Ring::kScratch, std::max<size_t>(1, bytes));
   fill_identity(identity, op.count, op.dtype, op.op);
   const ReduceSpec finish_spec{op.dtype, op.op, 1.0, op.postscale, n};
-  reduce_finish(output, partial, identity, op.count, finish_spec);
+  reduce_finish(call.output, partial, identity, op.count, finish_spec);
   transfers = ring.transfers(members.size());
   for (size_t m = 0; m < members.size(); ++m) {
-    transfers[m].reset(members[m], op, output, bytes);
+    transfers[m].reset(members[m], op, call.output, bytes);
     ring.transport().post_send(transfers[m]);
   }
   for (size_t m = 0; m < members.size(); ++m) {

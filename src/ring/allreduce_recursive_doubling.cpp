@@ -32,6 +32,7 @@
 #include <limits>
 #include <utility>
 
+#include "ring/reducing_call.hpp"
 #include "ring/ring.hpp"
 
 namespace kolo {
@@ -103,13 +104,8 @@ void recursive_doubling_allreduce(Ring& ring, const OpDescriptor& op, const void
                                   void* recvbuf) {
   const int n = ring.size();
   const int r = ring.rank();
-  const ReduceSpec spec{op.dtype, op.op, op.prescale, op.postscale, n};
-  const auto* input = static_cast<const std::byte*>(sendbuf);
-  auto* output = static_cast<std::byte*>(recvbuf);
-  if (n == 1) {
-    reduce_single(output, input, op.count, spec);
-    return;
-  }
+  const ReducingCall call(ring, op, sendbuf, recvbuf, op.count);
+  if (call.finished) return;
   // Two partials combine as accumulator-typed values, with nothing left to prescale.
   const ReduceSpec partial_spec{accumulator_type(op.dtype), op.op, 1.0, 1.0, n};
   const size_t element = dtype_size(op.dtype);
@@ -146,17 +142,17 @@ void recursive_doubling_allreduce(Ring& ring, const OpDescriptor& op, const void
   if (r >= powers) {
     // Hand our contribution to r - P and wait for the result. The input goes as it is when it
     // already is a partial (no conversion, no prescale).
-    const void* contribution = input;
+    const void* contribution = call.input;
     if (accumulator != element || op.prescale != 1.0) {
-      reduce_load(mine, input, op.count, spec);
+      reduce_load(mine, call.input, op.count, call.spec);
       contribution = mine;
     }
     exchange(r - powers, kSend, contribution, partial_bytes, nullptr, 0);
-    exchange(r - powers, kReceive, nullptr, 0, output, op.count * element);
+    exchange(r - powers, kReceive, nullptr, 0, call.output, op.count * element);
     return;
   }
 
-  reduce_load(mine, input, op.count, spec);
+  reduce_load(mine, call.input, op.count, call.spec);
   if (r < extra) {
     exchange(r + powers, kReceive, nullptr, 0, theirs, partial_bytes);
     reduce_combine(mine, mine, theirs, op.count, partial_spec);
@@ -174,8 +170,8 @@ void recursive_doubling_allreduce(Ring& ring, const OpDescriptor& op, const void
   std::byte* identity = ring.buffer(Ring::kScratch, std::max<size_t>(1, op.count * element));
   fill_identity(identity, op.count, op.dtype, op.op);
   const ReduceSpec finish_spec{op.dtype, op.op, 1.0, op.postscale, n};
-  reduce_finish(output, mine, identity, op.count, finish_spec);
-  if (r < extra) exchange(r + powers, kSend, output, op.count * element, nullptr, 0);
+  reduce_finish(call.output, mine, identity, op.count, finish_spec);
+  if (r < extra) exchange(r + powers, kSend, call.output, op.count * element, nullptr, 0);
 }
 
 }  // namespace kolo

@@ -27,6 +27,7 @@
 // get KOLO_ERR_MISMATCH, and no buffer is written.
 #include <algorithm>
 
+#include "ring/reducing_call.hpp"
 #include "ring/ring.hpp"
 
 namespace kolo {
@@ -39,13 +40,8 @@ constexpr size_t kNone = ~size_t{0};
 
 void chain_reduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf) {
   const int n = ring.size();
-  const ReduceSpec spec{op.dtype, op.op, op.prescale, op.postscale, n};
-  const auto* input = static_cast<const std::byte*>(sendbuf);
-  auto* output = static_cast<std::byte*>(recvbuf);
-  if (n == 1) {
-    reduce_single(output, input, op.count, spec);
-    return;
-  }
+  const ReducingCall call(ring, op, sendbuf, recvbuf, op.count);
+  if (call.finished) return;
   ring_agree(ring, op);
 
   const int position = (ring.rank() - op.root - 1 + 2 * n) % n;
@@ -87,12 +83,14 @@ void chain_reduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void*
       while (posted_sends < send_total && (send_input_directly || !free_slots.empty())) {
         const uint64_t k = posted_sends;
         if (send_input_directly) {
-          sends[k].reset(ring.right(), op, const_cast<std::byte*>(input + begin_of(k) * element),
+          sends[k].reset(ring.right(), op,
+                         const_cast<std::byte*>(call.input + begin_of(k) * element),
                          length_of(k) * element);
         } else {
           send_slot[k] = free_slots.back();
           free_slots.pop_back();
-          reduce_load(slot_data(send_slot[k]), input + begin_of(k) * element, length_of(k), spec);
+          reduce_load(slot_data(send_slot[k]), call.input + begin_of(k) * element, length_of(k),
+                      call.spec);
           sends[k].reset(ring.right(), op, slot_data(send_slot[k]), length_of(k) * accumulator);
         }
         ring.transport().post_send(sends[k]);
@@ -107,9 +105,9 @@ void chain_reduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void*
         receives[k].reset(ring.left(), op, slot_data(receive_slot[k]), length_of(k) * accumulator);
         // The root finishes into the output; every other rank combines in the slot and sends
         // the partial on from there.
-        reductions[k] = {&spec, is_root,
-                         is_root ? output + begin_of(k) * element : slot_data(receive_slot[k]),
-                         input + begin_of(k) * element};
+        reductions[k] = {&call.spec, is_root,
+                         is_root ? call.output + begin_of(k) * element : slot_data(receive_slot[k]),
+                         call.input + begin_of(k) * element};
         reductions[k].attach(receives[k]);
         ring.transport().post_recv(receives[k]);
         ++posted_receives;

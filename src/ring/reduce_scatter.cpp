@@ -30,6 +30,7 @@
 // rank can finish while another reports KOLO_ERR_MISMATCH.
 #include <algorithm>
 
+#include "ring/reducing_call.hpp"
 #include "ring/ring.hpp"
 
 namespace kolo {
@@ -57,13 +58,8 @@ void ring_reduce_scatter(Ring& ring, const OpDescriptor& op, const void* sendbuf
                          const Blocks& blocks) {
   const int n = ring.size();
   const int r = ring.rank();
-  const ReduceSpec spec{op.dtype, op.op, op.prescale, op.postscale, n};
-  const auto* input = static_cast<const std::byte*>(sendbuf);
-  auto* output = static_cast<std::byte*>(recvbuf);
-  if (n == 1) {
-    reduce_single(output, input, blocks.counts[0], spec);
-    return;
-  }
+  const ReducingCall call(ring, op, sendbuf, recvbuf, blocks.counts[0]);
+  if (call.finished) return;
 
   const size_t element = dtype_size(op.dtype);
   const size_t accumulator = accumulator_size(op.dtype);
@@ -125,10 +121,11 @@ void ring_reduce_scatter(Ring& ring, const OpDescriptor& op, const void* sendbuf
       transfer.reset(ring.left(), op, slots + slot * segment * accumulator,
                      step.length * accumulator);
       const bool finish = step.action == Action::kFinish;
-      reductions[posted_receives] = {&spec, finish,
-                                     finish ? output + (step.begin - blocks.offsets[r]) * element
-                                            : partials + step.begin * accumulator,
-                                     input + step.begin * element};
+      reductions[posted_receives] = {&call.spec, finish,
+                                     finish
+                                         ? call.output + (step.begin - blocks.offsets[r]) * element
+                                         : partials + step.begin * accumulator,
+                                     call.input + step.begin * element};
       reductions[posted_receives].attach(transfer);
       ring.transport().post_recv(transfer);
       ++posted_receives;
@@ -147,12 +144,12 @@ void ring_reduce_scatter(Ring& ring, const OpDescriptor& op, const void* sendbuf
       const Step& step = sends[posted_sends];
       Transfer& transfer = send_transfers[posted_sends];
       if (step.action == Action::kSendInput && send_input_directly) {
-        transfer.reset(ring.right(), op, const_cast<std::byte*>(input + step.begin * element),
+        transfer.reset(ring.right(), op, const_cast<std::byte*>(call.input + step.begin * element),
                        step.length * element);
       } else {
         if (step.action == Action::kSendInput) {
-          reduce_load(partials + step.begin * accumulator, input + step.begin * element,
-                      step.length, spec);
+          reduce_load(partials + step.begin * accumulator, call.input + step.begin * element,
+                      step.length, call.spec);
         }
         transfer.reset(ring.right(), op, partials + step.begin * accumulator,
                        step.length * accumulator);

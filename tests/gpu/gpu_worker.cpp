@@ -34,25 +34,12 @@
 #include <vector>
 
 #include "../reference.hpp"
+#include "../worker_common.hpp"
 
 namespace {
 
 using namespace kolo::test::reference;
-
-int g_rank = 0;
-int g_size = 1;
-
-[[noreturn]] void fail(const std::string& message) {
-  fmt::print(stderr, "rank {}: FAILED: {}\n", g_rank, message);
-  std::exit(1);
-}
-
-void check_status(kolo_comm_t comm, kolo_status_t status, const std::string& what) {
-  if (status != KOLO_SUCCESS) {
-    fail(fmt::format("{} returned {}: {}", what, kolo_status_string(status),
-                     kolo_comm_last_error(comm)));
-  }
-}
+using namespace kolo::test::worker;
 
 void check_cuda(cudaError_t error, const char* what) {
   if (error != cudaSuccess) {

@@ -31,6 +31,7 @@
 namespace {
 
 using kolo::DataType;
+using kolo::test::expect_all_pass;
 
 int g_devices = 0;
 
@@ -143,15 +144,6 @@ kolo::test::Job start_gpu_job(int size, const std::vector<std::string>& worker_a
     job.ranks.emplace_back(argv, env);
   }
   return job;
-}
-
-void expect_all_pass(const std::vector<kolo::test::ProcessResult>& results, const char* marker) {
-  for (size_t rank = 0; rank < results.size(); ++rank) {
-    INFO("rank " << rank << " output:\n" << results[rank].output);
-    CHECK_FALSE(results[rank].timed_out);
-    CHECK(results[rank].exit_code == 0);
-    CHECK(results[rank].output.find(marker) != std::string::npos);
-  }
 }
 
 // A communicator of one rank in this process, for the tests that call the C++ core directly.
