@@ -100,6 +100,23 @@ TEST_CASE("split: odd/even, singletons, opting out, nested, threads, parent dest
       expect_all_pass_on_transport(job.wait(300), "split checks passed");
     }
   }
+  SECTION("each new communicator's rank 0 erases its keys from the store, N = 3") {
+    auto job = start(3, {"split"}, {{"KOLO_DEBUG", "INFO"}});
+    auto results = job.wait(300);
+    expect_all_pass_on_transport(results, "split checks passed");
+    const std::regex erased("split: erased the ([0-9]+) store key\\(s\\) of communicator");
+    size_t erasures = 0;
+    for (const auto& result : results) {
+      INFO(result.output);
+      CHECK_FALSE(contains(result.output, "could not erase"));
+      for (auto it = std::sregex_iterator(result.output.begin(), result.output.end(), erased);
+           it != std::sregex_iterator(); ++it) {
+        ++erasures;
+        CHECK(std::stoul((*it)[1].str()) > 0);  // at least each member's address
+      }
+    }
+    CHECK(erasures > 0);
+  }
 }
 
 TEST_CASE("SIGUSR1: each rank reports the call it is in, the peer it waits for and its names",

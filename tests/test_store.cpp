@@ -482,6 +482,34 @@ TEST_CASE("store: set then get, overwrite, binary and empty values", "[store]") 
   CHECK(other.get_string("addr/0") == "10.0.0.1:4001");
 }
 
+TEST_CASE("store: erase_prefix removes exactly the keys under a prefix", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient client(server.endpoint(), kSecret, 0, 5.0);
+  client.set_string("kolo/ab/addr/0", "one");
+  client.set_string("kolo/ab/addr/1", "two");
+  client.set_string("kolo/ab/verdict", "three");
+  client.set_string("kolo/abc/addr/0", "a neighbour whose name starts the same");
+  client.add("kolo/1/ready", 1);
+  const size_t kept_bytes = std::string("kolo/abc/addr/0").size() +
+                            std::string("a neighbour whose name starts the same").size() +
+                            std::string("kolo/1/ready").size() + 8;
+  REQUIRE(eventually([&] { return server.stats().keys == 5; }, 2.0));
+
+  CHECK(client.erase_prefix("kolo/ab/") == 3);
+  REQUIRE(eventually([&] { return server.stats().keys == 2; }, 2.0));
+  CHECK(server.stats().bytes == kept_bytes);
+  CHECK(client.get_string("kolo/abc/addr/0") == "a neighbour whose name starts the same");
+  CHECK(client.add("kolo/1/ready", 1) == 2);
+  CHECK(client.erase_prefix("kolo/ab/") == 0);  // nothing left to erase
+  // An erased key can be set and read again.
+  client.set_string("kolo/ab/addr/0", "again");
+  CHECK(client.get_string("kolo/ab/addr/0") == "again");
+
+  Error error = expect_error([&] { client.erase_prefix(""); });
+  CHECK(error.status() == Status::kInvalidArgument);
+  CHECK_THAT(error.what(), Contains("erase"));
+}
+
 TEST_CASE("store: a large value makes the round trip; an oversized one is refused", "[store]") {
   StoreServer server({"127.0.0.1", 0}, kSecret);
   StoreClient client(server.endpoint(), kSecret, 0, 5.0);

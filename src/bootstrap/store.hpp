@@ -79,6 +79,9 @@ class StoreClient {
   void wait(const std::vector<std::string>& keys);
   // Atomically adds delta to the integer stored at key (missing counts as 0); returns the sum.
   int64_t add(const std::string& key, int64_t delta);
+  // Erases every key that starts with prefix (1..kStoreMaxKeyBytes bytes); returns how many. For
+  // keys no rank will read again, such as a finished split's (store_key(context, "")).
+  uint64_t erase_prefix(const std::string& prefix);
 
   // Convenience for text values.
   void set_string(const std::string& key, const std::string& value);

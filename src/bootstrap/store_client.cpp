@@ -211,6 +211,19 @@ std::string StoreClient::get_string(const std::string& key) {
   return std::string(value.begin(), value.end());
 }
 
+uint64_t StoreClient::erase_prefix(const std::string& prefix) {
+  impl_->check_key(prefix, "erase");
+  std::vector<uint8_t> request{static_cast<uint8_t>(Op::kErase)};
+  append_key(request, prefix);
+  Impl& impl = *impl_;
+  return impl.transact(fmt::format("erasing the keys that start with '{}'", prefix), request,
+                       [&](const Deadline& deadline) {
+                         uint8_t count[8];
+                         net::recv_all(impl.socket, count, 8, deadline);
+                         return decode_u64(count);
+                       });
+}
+
 std::string store_key(uint64_t context, std::string_view what) {
   return fmt::format("kolo/{:x}/{}", context, what);
 }

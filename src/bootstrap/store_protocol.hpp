@@ -7,8 +7,10 @@
 //   GET   u8 2, u32 key_bytes, key
 //   WAIT  u8 3, u32 key_count, key_count x (u32 key_bytes, key)
 //   ADD   u8 4, u32 key_bytes, key, i64 delta
+//   ERASE u8 5, u32 prefix_bytes, prefix  (every key that starts with prefix)
 // Replies (server to client):
-//   ok     u8 0, then for GET u32 value_bytes and the value, for ADD the i64 sum, else nothing
+//   ok     u8 0, then for GET u32 value_bytes and the value, for ADD the i64 sum, for ERASE the
+//          u64 number of keys erased, else nothing
 //   error  u8 1, u32 message_bytes, message  (ADD on a value that is not a counter, or overflow)
 // Keys are 1..kStoreMaxKeyBytes bytes, values at most kStoreMaxValueBytes; each length is checked
 // as soon as it has arrived, before its bytes are awaited or anything is allocated for them.
@@ -26,7 +28,7 @@
 
 namespace kolo::store_protocol {
 
-enum class Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4 };
+enum class Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kErase = 5 };
 inline constexpr uint8_t kReplyOk = 0;
 inline constexpr uint8_t kReplyError = 1;
 
@@ -79,7 +81,7 @@ inline std::string quote_keys(const std::vector<std::string>& keys) {
 
 struct Request {
   Op op = Op::kSet;
-  std::vector<std::string> keys;  // one key, or WAIT's keys
+  std::vector<std::string> keys;  // one key, WAIT's keys, or ERASE's prefix
   std::vector<uint8_t> value;     // SET
   int64_t delta = 0;              // ADD
 };
@@ -115,6 +117,7 @@ class RequestParser {
         return Parse::kComplete;
       }
       case Op::kGet:
+      case Op::kErase:
         return parse_key();
       case Op::kWait: {
         if (!has(4)) return Parse::kIncomplete;

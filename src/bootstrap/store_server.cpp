@@ -551,6 +551,25 @@ struct StoreServer::Impl {
         queue(connection, reply.data(), reply.size());
         return;
       }
+      case Op::kErase: {
+        const std::string& prefix = request.keys.front();
+        uint64_t erased = 0;
+        for (auto it = data.begin(); it != data.end();) {
+          if (it->first.compare(0, prefix.size(), prefix) == 0) {
+            stored_bytes -= it->first.size() + it->second.size();
+            it = data.erase(it);
+            ++erased;
+          } else {
+            ++it;
+          }
+        }
+        log::trace("rendezvous store: {} erased {} key(s) starting with '{}'", connection.peer,
+                   erased, prefix);
+        std::vector<uint8_t> reply{kReplyOk};
+        append_u64(reply, erased);
+        queue(connection, reply.data(), reply.size());
+        return;
+      }
     }
   }
 

@@ -16,7 +16,8 @@
 //      probability) from every other communicator in the job.
 //   4. Outcome: an allreduce (max) on the parent of every rank's status, so that either every
 //      rank gets its new communicator, or every rank reports the failure (naming a rank that
-//      failed). This also keeps every rank in the call until every member is done with the store.
+//      failed). This also keeps every rank in the call until every member is done with the store,
+//      after which the new communicator's rank 0 erases its keys there.
 //
 // Because each communicator has its own transport (its own sockets and progress), its own lock
 // and its own sequence numbers, operations on a parent, its children and their siblings never mix,
@@ -147,6 +148,18 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
                 fmt::format("split: rank {} of the parent communicator could not join its new "
                             "communicator, so no rank gets one (see that rank's error)",
                             outcome[1]));
+  }
+  // Every member is past its connect (the outcome above waited for all of them), so no rank reads
+  // the new communicator's keys again: its rank 0 erases them, so that a job that splits again
+  // and again does not fill the store. Keys written later (a GPU set-up) stay.
+  if (child && child->rank() == 0) {
+    try {
+      const uint64_t erased = child->store_->erase_prefix(store_key(child->context_, ""));
+      log::info("split: erased the {} store key(s) of communicator {:x}", erased, child->context_);
+    } catch (const Error& error) {
+      log::warn("split: could not erase the store keys of communicator {:x}: {}", child->context_,
+                error.what());
+    }
   }
   return child;
 }
