@@ -77,7 +77,7 @@ def rank_collectives(port):
     dist.destroy_process_group()
 
 
-def rank_ddp_training(port):
+def rank_ddp_training(port, find_unused=False):
     import torch
     dist = _init(port)
     n, me = dist.get_world_size(), dist.get_rank()
@@ -86,12 +86,22 @@ def rank_ddp_training(port):
     x = torch.randn(steps, local_batch * n, 6, generator=generator)
     y = torch.randn(steps, local_batch * n, 2, generator=generator)
 
+    class Model(torch.nn.Module):  # `unused` gets no gradient (find_unused_parameters)
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(),
+                                           torch.nn.Linear(12, 2))
+            self.unused = torch.nn.Linear(6, 2) if find_unused else None
+
+        def forward(self, inputs):
+            return self.net(inputs)
+
     def make_model(seed):
         torch.manual_seed(seed)
-        return torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(),
-                                   torch.nn.Linear(12, 2))
+        return Model()
     model = make_model(seed=me)  # DDP broadcasts rank 0's weights at construction
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0001)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0001,
+                                                    find_unused_parameters=find_unused)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     for step in range(steps):
         optimizer.zero_grad()
@@ -229,6 +239,12 @@ def test_allreduce_mismatch_raises_on_every_rank(n):
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_ddp_training_matches_the_global_batch(n):
     ranks.run(n, __file__, "rank_ddp_training", args={"port": 0})
+
+
+@pytest.mark.parametrize("n", [2])
+def test_ddp_with_unused_parameters(n):
+    # DDP's reducer then also reduces a map of used parameters and waits for that Work from C++.
+    ranks.run(n, __file__, "rank_ddp_training", args={"port": 0, "find_unused": True})
 
 
 def _torchrun(n):
