@@ -172,6 +172,7 @@ def rank_async_allreduces(port):
     import kolo
     group = dist.distributed_c10d._get_default_group()
     orphan = group.allreduce([torch.ones(3)]) if me == 0 and n > 1 else None
+    kolo.world().barrier()  # rank 0 has submitted it before any rank shuts the group down
     group.shutdown()
     if orphan is not None:
         try:

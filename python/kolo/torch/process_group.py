@@ -46,7 +46,9 @@ Failures and bounds: every wait is bounded by the group's timeout (init_process_
 becomes the communicator's timeout, in place of KOLO_TIMEOUT): a request still pending then fails its Work with
 KoloTimeoutError (kolo keeps its buffers until the group is shut down). shutdown() destroys the
 communicator, which fails every pending request with CancelledError, and stops the waiter
-thread; the thread is a daemon and never delays the interpreter's exit.
+thread. The thread is a daemon, and is also stopped at exit before the interpreter finalizes
+(a thread that touches a torch future during finalization can abort the process): it holds up
+the exit only while a request is still pending, at most a few seconds.
 """
 
 import collections
@@ -119,6 +121,10 @@ class _Completions:
                 self._thread = threading.Thread(target=self._run, name="kolo-process-group",
                                                 daemon=True)
                 self._thread.start()
+                try:  # run before the interpreter finalizes, as for non-daemon threads
+                    threading._register_atexit(self._stop_at_exit)
+                except (AttributeError, RuntimeError):  # no such hook, or already exiting
+                    pass
             self._issued += 1
             self._queue.append((handles, future, work))
             self._condition.notify_all()
@@ -185,6 +191,15 @@ class _Completions:
         with self._condition:
             self._stopping = True
             self._condition.notify_all()
+
+    def _stop_at_exit(self):
+        """At exit, before the interpreter finalizes: a thread still running then would take
+        the GIL back inside torch's future code (set_result releases it) after finalization has
+        begun, where Python ends the thread and the C++ runtime aborts the process. The thread
+        ends as soon as its queue is empty; a request still pending at exit holds the exit up
+        for at most a few seconds."""
+        self.stop()
+        self._thread.join(5.0)
 
     def join(self):
         """Waits for the thread to end (after stop(), and after destroying the communicator,
