@@ -48,7 +48,7 @@ KoloTimeoutError (kolo keeps its buffers until the group is shut down). shutdown
 communicator, which fails every pending request with CancelledError, and stops the waiter
 thread. The thread is a daemon, and is also stopped at exit before the interpreter finalizes
 (a thread that touches a torch future during finalization can abort the process): it holds up
-the exit only while a request is still pending, at most a few seconds.
+the exit only while a request is still pending, at most 5 s.
 """
 
 import collections
@@ -193,11 +193,11 @@ class _Completions:
             self._condition.notify_all()
 
     def _stop_at_exit(self):
-        """At exit, before the interpreter finalizes: a thread still running then would take
-        the GIL back inside torch's future code (set_result releases it) after finalization has
-        begun, where Python ends the thread and the C++ runtime aborts the process. The thread
-        ends as soon as its queue is empty; a request still pending at exit holds the exit up
-        for at most a few seconds."""
+        """At exit, before the interpreter finalizes. A daemon thread still running then may be
+        inside torch's future code, which takes the GIL back in a C++ destructor (set_result
+        releases it); once finalization has begun Python ends the thread there, and the C++
+        runtime aborts the process. The thread ends as soon as its queue is empty; a request
+        still pending at exit holds the exit up for at most 5 s."""
         self.stop()
         self._thread.join(5.0)
 
