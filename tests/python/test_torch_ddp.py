@@ -1,8 +1,8 @@
 """The torch.distributed backend "kolo" (registered by `import kolo.torch`) on 1, 2 and 4 ranks:
 torch.distributed's collectives against references, asynchronous allreduces (several in flight,
 pending after submission, ordered before later calls, failures raised by wait() on every rank,
-shutdown), DistributedDataParallel training equal to one process on the global batch, and the
-Horovod API and DDP under torchrun."""
+a lost peer, shutdown), DistributedDataParallel training equal to one process on the global
+batch, and the Horovod API and DDP under torchrun."""
 
 import os
 import socket
@@ -212,6 +212,29 @@ def rank_allreduce_mismatch(port):
     dist.destroy_process_group()
 
 
+def rank_allreduce_lost_peer(port):
+    import time
+    import torch
+    import kolo
+    dist = _init(port)
+    n, me = dist.get_world_size(), dist.get_rank()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if me == n - 1:  # leaves without a word: the others' pending allreduce fails, never hangs
+        os._exit(0)
+    work = dist.all_reduce(torch.ones(1 << 20), async_op=True)
+    start = time.monotonic()
+    try:
+        work.wait()
+    except kolo.KoloError as error:
+        assert isinstance(error, (kolo.PeerLostError, kolo.KoloTimeoutError)), error
+    else:
+        raise AssertionError(f"rank {me}: an allreduce without rank {n - 1} succeeded")
+    assert time.monotonic() - start < 60, "the failure took longer than the timeout"
+    assert work.is_completed()
+    os._exit(0)  # the group is broken; skip torch's teardown
+
+
 def rank_horovod_api_under_torchrun():
     import torch
     import kolo.torch as hvd
@@ -235,6 +258,11 @@ def test_async_allreduces(n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_allreduce_mismatch_raises_on_every_rank(n):
     ranks.run(n, __file__, "rank_allreduce_mismatch", args={"port": 0})
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_allreduce_fails_when_a_peer_is_lost(n):
+    ranks.run(n, __file__, "rank_allreduce_lost_peer", args={"port": 0})
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
