@@ -43,8 +43,9 @@ wait.) isend/irecv block like send/recv: two ranks that both isend before their 
 proceed (kolo's sends are synchronous; order such exchanges).
 
 Failures and bounds: every wait is bounded by the group's timeout (init_process_group's, which
-becomes the communicator's timeout, in place of KOLO_TIMEOUT): a request still pending then fails its Work with
-KoloTimeoutError (kolo keeps its buffers until the group is shut down). shutdown() destroys the
+becomes the communicator's timeout in place of KOLO_TIMEOUT): a request still pending then
+fails its Work with KoloTimeoutError (kolo keeps its buffers until the group is shut down). A
+lost peer fails every pending request with PeerLostError at once. shutdown() destroys the
 communicator, which fails every pending request with CancelledError, and stops the waiter
 thread. The thread is a daemon, and is also stopped at exit before the interpreter finalizes
 (a thread that touches a torch future during finalization can abort the process): it holds up
