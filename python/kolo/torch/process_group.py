@@ -179,7 +179,9 @@ class _Completions:
                     future.set_result(work._tensors)
                 else:
                     future.set_exception(error)
-            finally:
+            except RuntimeError:
+                pass  # the application completed the future itself: nothing left to tell it
+            finally:  # the thread goes on whatever happened: DDP waits for later futures
                 with self._condition:
                     self._queue.popleft()
                     self._completed += 1
