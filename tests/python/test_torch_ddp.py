@@ -1,6 +1,8 @@
 """The torch.distributed backend "kolo" (registered by `import kolo.torch`) on 1, 2 and 4 ranks:
-torch.distributed's collectives against references, DistributedDataParallel training equal to
-one process on the global batch, and the Horovod API and DDP under torchrun."""
+torch.distributed's collectives against references, asynchronous allreduces (several in flight,
+pending after submission, ordered before later calls, failures raised by wait() on every rank,
+a lost peer, shutdown), DistributedDataParallel training equal to one process on the global
+batch, and the Horovod API and DDP under torchrun."""
 
 import os
 import socket
@@ -75,7 +77,7 @@ def rank_collectives(port):
     dist.destroy_process_group()
 
 
-def rank_ddp_training(port):
+def rank_ddp_training(port, find_unused=False):
     import torch
     dist = _init(port)
     n, me = dist.get_world_size(), dist.get_rank()
@@ -84,12 +86,22 @@ def rank_ddp_training(port):
     x = torch.randn(steps, local_batch * n, 6, generator=generator)
     y = torch.randn(steps, local_batch * n, 2, generator=generator)
 
+    class Model(torch.nn.Module):  # `unused` gets no gradient (find_unused_parameters)
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(),
+                                           torch.nn.Linear(12, 2))
+            self.unused = torch.nn.Linear(6, 2) if find_unused else None
+
+        def forward(self, inputs):
+            return self.net(inputs)
+
     def make_model(seed):
         torch.manual_seed(seed)
-        return torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(),
-                                   torch.nn.Linear(12, 2))
+        return Model()
     model = make_model(seed=me)  # DDP broadcasts rank 0's weights at construction
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0001)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0001,
+                                                    find_unused_parameters=find_unused)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     for step in range(steps):
         optimizer.zero_grad()
@@ -112,6 +124,117 @@ def rank_ddp_training(port):
     dist.destroy_process_group()
 
 
+def rank_async_allreduces(port):
+    import threading
+    import torch
+    dist = _init(port)
+    n, me = dist.get_world_size(), dist.get_rank()
+    # Several in flight at once, of different sizes, dtypes and ops, waited for in reverse.
+    cases = [(torch.float32, 1, dist.ReduceOp.SUM), (torch.float64, 1000, dist.ReduceOp.MAX),
+             (torch.int32, 7, dist.ReduceOp.MIN), (torch.bfloat16, 33, dist.ReduceOp.SUM),
+             (torch.float32, 300_000, dist.ReduceOp.SUM), (torch.int64, 0, dist.ReduceOp.SUM)]
+    tensors, works = [], []
+    for dtype, count, op in cases:
+        t = (torch.arange(count) % 5 + me * 2 + 1).to(dtype)
+        tensors.append(t)
+        works.append(dist.all_reduce(t, op=op, async_op=True))
+    for (dtype, count, op), t, work in reversed(list(zip(cases, tensors, works))):
+        assert work.wait() is True
+        values = [(torch.arange(count) % 5 + r * 2 + 1).to(torch.float64) for r in range(n)]
+        reduce = {dist.ReduceOp.SUM: lambda v: torch.stack(v).sum(0),
+                  dist.ReduceOp.MAX: lambda v: torch.stack(v).max(0).values,
+                  dist.ReduceOp.MIN: lambda v: torch.stack(v).min(0).values}[op]
+        expected = reduce(values).to(dtype)
+        assert torch.equal(t, expected), f"{dtype} x {count} {op}: expected {expected}, got {t}"
+        assert work.is_completed()
+        assert work.get_future().wait()[0] is t
+    # A large allreduce is still pending when the call returns (it overlaps what follows),
+    # and complete after wait().
+    big = torch.full((8 << 20,), float(me + 1))
+    work = dist.all_reduce(big, async_op=True)
+    pending_at_return = not work.is_completed()
+    work.wait()
+    assert work.is_completed() and torch.equal(big, torch.full_like(big, n * (n + 1) / 2))
+    if n > 1:
+        assert pending_at_return, "a 32 MiB allreduce had completed before the call returned"
+    # An ordered call after pending allreduces runs after them: the broadcast sends rank 0's
+    # reduced values, and the barrier returns with the earlier allreduce complete.
+    t = torch.full((100_000,), float(me + 1))
+    first = dist.all_reduce(t, async_op=True)
+    dist.broadcast(t, src=0)
+    assert first.is_completed() and torch.equal(t, torch.full_like(t, n * (n + 1) / 2))
+    t = torch.ones(50_000)
+    second = dist.all_reduce(t, async_op=True)
+    dist.barrier()
+    assert second.is_completed() and torch.equal(t, torch.full_like(t, n))
+    # The waiter thread stops on shutdown; an allreduce submitted on this rank alone fails
+    # with kolo's CancelledError instead of hanging.
+    import kolo
+    group = dist.distributed_c10d._get_default_group()
+    orphan = group.allreduce([torch.ones(3)]) if me == 0 and n > 1 else None
+    kolo.world().barrier()  # rank 0 has submitted it before any rank shuts the group down
+    group.shutdown()
+    if orphan is not None:
+        try:
+            orphan.wait()
+        except kolo.KoloError as error:
+            assert isinstance(error, (kolo.CancelledError, kolo.PeerLostError)), error
+        else:
+            raise AssertionError("an allreduce only rank 0 submitted succeeded")
+    left = [t.name for t in threading.enumerate() if t.name == "kolo-process-group"]
+    assert not left, f"waiter threads still running after shutdown: {left}"
+    dist.destroy_process_group()
+
+
+def rank_allreduce_mismatch(port):
+    import torch
+    import kolo
+    dist = _init(port)
+    n, me = dist.get_world_size(), dist.get_rank()
+    # Rank 0 reduces 4 elements, the others 5: every rank's wait() raises kolo's MismatchError,
+    # naming the tensor and the ranks; the synchronous call raises it too.
+    for asynchronous in (True, False):
+        t = torch.ones(4 if me == 0 else 5)
+        try:
+            work = dist.all_reduce(t, async_op=asynchronous)
+            if asynchronous:
+                work.wait()
+        except kolo.MismatchError as error:
+            message = str(error)
+            assert "torch.allreduce." in message and "rank" in message, message
+        else:
+            raise AssertionError(f"a mismatched allreduce (async_op={asynchronous}) did not "
+                                 f"raise on rank {me}")
+    # Other tensors, and the group, are not affected.
+    t = torch.ones(6)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((6,), float(n)))
+    dist.destroy_process_group()
+
+
+def rank_allreduce_lost_peer(port):
+    import time
+    import torch
+    import kolo
+    dist = _init(port)
+    n, me = dist.get_world_size(), dist.get_rank()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if me == n - 1:  # leaves without a word: the others' pending allreduce fails, never hangs
+        os._exit(0)
+    work = dist.all_reduce(torch.ones(1 << 20), async_op=True)
+    start = time.monotonic()
+    try:
+        work.wait()
+    except kolo.KoloError as error:
+        assert isinstance(error, (kolo.PeerLostError, kolo.KoloTimeoutError)), error
+    else:
+        raise AssertionError(f"rank {me}: an allreduce without rank {n - 1} succeeded")
+    assert time.monotonic() - start < 60, "the failure took longer than the timeout"
+    assert work.is_completed()
+    os._exit(0)  # the group is broken; skip torch's teardown
+
+
 def rank_horovod_api_under_torchrun():
     import torch
     import kolo.torch as hvd
@@ -128,8 +251,29 @@ def test_torch_distributed_collectives(n):
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
+def test_async_allreduces(n):
+    ranks.run(n, __file__, "rank_async_allreduces", args={"port": 0})
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_allreduce_mismatch_raises_on_every_rank(n):
+    ranks.run(n, __file__, "rank_allreduce_mismatch", args={"port": 0})
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_allreduce_fails_when_a_peer_is_lost(n):
+    ranks.run(n, __file__, "rank_allreduce_lost_peer", args={"port": 0})
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
 def test_ddp_training_matches_the_global_batch(n):
     ranks.run(n, __file__, "rank_ddp_training", args={"port": 0})
+
+
+@pytest.mark.parametrize("n", [2])
+def test_ddp_with_unused_parameters(n):
+    # DDP's reducer then also reduces a map of used parameters and waits for that Work from C++.
+    ranks.run(n, __file__, "rank_ddp_training", args={"port": 0, "find_unused": True})
 
 
 def _torchrun(n):
