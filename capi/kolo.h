@@ -593,6 +593,26 @@ KOLO_API const char *kolo_request_last_error(kolo_request_t request);
  */
 KOLO_API kolo_status_t kolo_request_free(kolo_request_t request);
 
+/*
+ * Horovod's join, for ranks with uneven data: a rank that has run out of data calls kolo_join and
+ * submits nothing more. Until every rank of comm has joined, the named operations that the others
+ * submit run without waiting for it: a rank that has joined takes part with zeros (allreduce: its
+ * contribution is zero, so KOLO_OP_SUM gives the sum over the ranks that have not joined, and
+ * KOLO_OP_AVG that sum divided by the number of ranks of comm, as in Horovod; allgather: it
+ * contributes no elements); a broadcast whose root has joined fails with
+ * KOLO_ERR_INVALID_ARGUMENT on the ranks that submitted it. Named calls on a rank that has joined
+ * fail with KOLO_ERR_INVALID_ARGUMENT. Ordered collectives are not affected: every rank must still
+ * call them.
+ *
+ * Blocks until every rank has joined, then writes to *last_rank (if not NULL) the rank that
+ * joined last (of ranks that joined in the same negotiation cycle, the highest) -- the same
+ * value on every rank -- and the ranks may submit again. Bounded by KOLO_TIMEOUT: after it,
+ * KOLO_ERR_TIMEOUT, and the rank stays joined (call kolo_join again to wait on). Fails with the
+ * communicator's error when it breaks (KOLO_ERR_PEER_LOST, ...). Several threads may wait in
+ * kolo_join on one communicator; they return together.
+ */
+KOLO_API kolo_status_t kolo_join(kolo_comm_t comm, int *last_rank);
+
 /* Counters of the fusion engine of this rank, for tests, tuning and benchmarks. */
 typedef struct kolo_fusion_stats {
   size_t struct_size;           /* set by the caller: sizeof(kolo_fusion_stats_t) */

@@ -509,6 +509,13 @@ kolo_status_t kolo_comm_fusion_stats(kolo_comm_t comm, kolo_fusion_stats_t* stat
   });
 }
 
+kolo_status_t kolo_join(kolo_comm_t comm, int* last_rank) {
+  return guarded(comm, [&] {
+    const int last = communicator_of(comm).fusion().join();
+    if (last_rank) *last_rank = last;
+  });
+}
+
 kolo_status_t kolo_comm_set_fusion_threshold(kolo_comm_t comm, uint64_t bytes) {
   return guarded(comm, [&] {
     communicator_of(comm).fusion().set_fusion_threshold(bytes);

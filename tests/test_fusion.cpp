@@ -210,6 +210,15 @@ TEST_CASE("named broadcasts from every root", "[fusion][broadcast]") {
   }
 }
 
+TEST_CASE("kolo_join: ranks with fewer steps join, the others go on with zeros for them",
+          "[fusion][join]") {
+  for (int n : {1, 2, 4}) {
+    DYNAMIC_SECTION("N = " << n) {
+      expect_all_pass_on_transport(run(n, {"join"}), "join checks passed");
+    }
+  }
+}
+
 TEST_CASE("a name submitted twice before completion is refused at once",
           "[fusion][errors][duplicate]") {
   expect_all_pass_on_transport(run(2, {"duplicate"}), "duplicate checks passed");

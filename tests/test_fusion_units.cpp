@@ -153,6 +153,7 @@ TEST_CASE("negotiation messages round-trip and malformed ones are refused", "[fu
 
   ResponseList response;
   response.idle = true;
+  response.all_joined = 2;
   response.errors.push_back({"bad", Status::kMismatch, "ranks disagree about tensor 'bad'"});
   Batch batch;
   batch.fused = true;
@@ -164,6 +165,16 @@ TEST_CASE("negotiation messages round-trip and malformed ones are refused", "[fu
   cache.store(5, allreduce("z", 2));  // the hit's unit, fusable with y
   ResponseList back = decode_responses(bytes.data(), bytes.size(), 3, cache);
   CHECK(back.idle);
+  CHECK(back.all_joined == 2);
+  {  // the last rank to join must be a rank of the job (or -1: not every rank has joined)
+    ResponseList outside = response;
+    outside.all_joined = 3;
+    std::vector<uint8_t> encoded;
+    encode(outside, encoded);
+    ResponseCache with_z(128);
+    with_z.store(5, allreduce("z", 2));
+    CHECK_THROWS_AS(decode_responses(encoded.data(), encoded.size(), 3, with_z), Error);
+  }
   REQUIRE(back.errors.size() == 1);
   CHECK(back.errors[0].message == response.errors[0].message);
   CHECK(back.errors[0].status == Status::kMismatch);
@@ -512,9 +523,19 @@ TEST_CASE("allgather units: wire format, matching and the coordinator", "[fusion
   requests.announcements = {gather("g", 5, 100)};
   std::vector<uint8_t> bytes;
   encode(requests, bytes);
-  CHECK(bytes.size() == 4 + 4 + encoded_size(requests.announcements[0]));
+  CHECK(bytes.size() == 4 + 4 + encoded_size(requests.announcements[0]) + 1);  // + joined flag
   RequestList back = decode_requests(bytes.data(), bytes.size(), 3, 64);
   CHECK(back.announcements == requests.announcements);
+  CHECK_FALSE(back.joined);
+  {  // kolo_join's flag travels, and nothing but 0 or 1 is accepted for it
+    RequestList joined = requests;
+    joined.joined = true;
+    std::vector<uint8_t> flagged;
+    encode(joined, flagged);
+    CHECK(decode_requests(flagged.data(), flagged.size(), 3, 64).joined);
+    flagged.back() = 2;
+    CHECK(refused_requests(flagged, 3));
+  }
   for (size_t cut = 0; cut < bytes.size(); ++cut) {
     CHECK(refused_requests(std::vector<uint8_t>(bytes.begin(), bytes.begin() + cut), 3));
   }

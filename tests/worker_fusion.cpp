@@ -602,6 +602,119 @@ int run_broadcast(kolo_comm_t comm) {
   return 0;
 }
 
+// kolo_join with uneven data: rank r has 2 + r steps, then joins. Each step submits 20 small
+// float32 sums (fused), a 2 MiB float32 average (alone) and an int32 allgather of r + 1 elements;
+// ranks that have joined count as zeros (and send no allgather elements). The last rank, alone at
+// the end, also submits a broadcast from rank 0, which has joined: refused on it. Every rank's
+// join returns the last rank; then one more allreduce of every rank runs as before.
+int run_join(kolo_comm_t comm) {
+  const int steps = 2 + g_rank;
+  constexpr int kSmall = 20;
+  constexpr uint64_t kSmallCount = 333;
+  constexpr uint64_t kLargeCount = (2u << 20) / 4;
+  auto active = [](int rank, int step) { return 2 + rank > step; };
+  auto value = [](int rank, uint64_t k) { return static_cast<float>((rank + 1) * (k % 7 + 1)); };
+  uint64_t capacity = 0;
+  for (int q = 0; q < g_size; ++q) capacity += static_cast<uint64_t>(q + 1);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::vector<float>> small(kSmall, std::vector<float>(kSmallCount));
+    std::vector<float> large(kLargeCount);
+    std::vector<int32_t> mine(static_cast<size_t>(g_rank + 1)), gathered(capacity, -1);
+    for (auto& tensor : small) {
+      for (uint64_t k = 0; k < kSmallCount; ++k) tensor[k] = value(g_rank, k);
+    }
+    for (uint64_t k = 0; k < kLargeCount; ++k) large[k] = value(g_rank, k);
+    for (size_t j = 0; j < mine.size(); ++j) mine[j] = g_rank * 100 + static_cast<int32_t>(j);
+    std::vector<kolo_request_t> requests(kSmall + 2);
+    for (int i = 0; i < kSmall; ++i) {
+      check(comm,
+            kolo_allreduce_async(comm, fmt::format("join.{}.{}", step, i).c_str(), small[i].data(),
+                                 small[i].data(), kSmallCount, KOLO_FLOAT32, KOLO_SUM, nullptr,
+                                 &requests[i]),
+            "kolo_allreduce_async");
+    }
+    check(comm,
+          kolo_allreduce_async(comm, fmt::format("join.{}.large", step).c_str(), large.data(),
+                               large.data(), kLargeCount, KOLO_FLOAT32, KOLO_AVG, nullptr,
+                               &requests[kSmall]),
+          "kolo_allreduce_async");
+    check(comm,
+          kolo_allgather_async(comm, fmt::format("join.{}.gather", step).c_str(), mine.data(),
+                               mine.size(), gathered.data(), capacity, KOLO_INT32, nullptr,
+                               &requests[kSmall + 1]),
+          "kolo_allgather_async");
+    for (kolo_request_t request : requests) {
+      if (kolo_request_wait(request) != KOLO_SUCCESS) fail(kolo_request_last_error(request));
+    }
+    // The references: the ranks still active at this step, in rank order.
+    for (uint64_t k = 0; k < kLargeCount; ++k) {
+      float sum = 0;
+      for (int q = 0; q < g_size; ++q) sum += active(q, step) ? value(q, k) : 0.0f;
+      if (k < kSmallCount) {
+        for (int i = 0; i < kSmall; ++i) {
+          if (small[i][k] != sum) {
+            fail(fmt::format("step {} tensor {} element {}: {} where the active ranks sum to {}",
+                             step, i, k, small[i][k], sum));
+          }
+        }
+      }
+      if (large[k] != sum / static_cast<float>(g_size)) {
+        fail(fmt::format("step {} large element {}: {} where the average over {} ranks is {}", step,
+                         k, large[k], g_size, sum / static_cast<float>(g_size)));
+      }
+    }
+    std::vector<uint64_t> counts(g_size);
+    check(comm, kolo_request_counts(requests[kSmall + 1], counts.data(), g_size),
+          "kolo_request_counts");
+    size_t at = 0;
+    for (int q = 0; q < g_size; ++q) {
+      const uint64_t expected = active(q, step) ? static_cast<uint64_t>(q + 1) : 0;
+      if (counts[q] != expected) {
+        fail(fmt::format("step {}: rank {} gathered {} elements, expected {}", step, q, counts[q],
+                         expected));
+      }
+      for (uint64_t j = 0; j < expected; ++j, ++at) {
+        if (gathered[at] != q * 100 + static_cast<int32_t>(j)) {
+          fail(fmt::format("step {}: gathered element {} is {}", step, at, gathered[at]));
+        }
+      }
+    }
+    for (kolo_request_t request : requests) kolo_request_free(request);
+  }
+  if (g_rank == g_size - 1 && g_size > 1) {  // everyone else has joined by now
+    std::vector<float> buffer(10, 1.0f);
+    kolo_request_t request = nullptr;
+    check(comm,
+          kolo_broadcast_async(comm, "join.from_joined_root", buffer.data(), buffer.size(),
+                               KOLO_FLOAT32, 0, nullptr, &request),
+          "kolo_broadcast_async");
+    if (kolo_request_wait(request) != KOLO_ERR_INVALID_ARGUMENT ||
+        !contains(kolo_request_last_error(request), "kolo_join")) {
+      fail(fmt::format("a broadcast from a rank that has joined: {}",
+                       kolo_request_last_error(request)));
+    }
+    kolo_request_free(request);
+  }
+  int last = -1;
+  check(comm, kolo_join(comm, &last), "kolo_join");
+  if (last != g_size - 1) fail(fmt::format("kolo_join returned {}, not {}", last, g_size - 1));
+  // Joining is over: a named allreduce needs every rank again.
+  std::vector<float> after(1000, static_cast<float>(g_rank + 1));
+  kolo_request_t request = nullptr;
+  check(comm,
+        kolo_allreduce_async(comm, "join.after", after.data(), after.data(), after.size(),
+                             KOLO_FLOAT32, KOLO_SUM, nullptr, &request),
+        "kolo_allreduce_async");
+  if (kolo_request_wait(request) != KOLO_SUCCESS) fail(kolo_request_last_error(request));
+  kolo_request_free(request);
+  const float all = static_cast<float>(g_size * (g_size + 1) / 2);
+  for (float x : after) {
+    if (x != all) fail(fmt::format("after the join: {} where every rank sums to {}", x, all));
+  }
+  fmt::print("rank {}: join checks passed\n", g_rank);
+  return 0;
+}
+
 int run_duplicate(kolo_comm_t comm) {
   Tensor first = make_tensor("dup", KOLO_FLOAT32, KOLO_SUM, 1000, 1);
   first.prepare(0);
@@ -1528,6 +1641,8 @@ int main(int argc, char** argv) {
     result = run_group(comm);
   } else if (scenario == "broadcast") {
     result = run_broadcast(comm);
+  } else if (scenario == "join") {
+    result = run_join(comm);
   } else if (scenario == "duplicate") {
     result = run_duplicate(comm);
   } else if (scenario == "mismatch") {

@@ -141,6 +141,7 @@ _SIGNATURES = {
     "kolo_request_free": (status_t, [request_t]),
     "kolo_comm_fusion_stats": (status_t, [comm_t, ctypes.POINTER(FusionStats)]),
     "kolo_comm_set_fusion_threshold": (status_t, [comm_t, _u64]),
+    "kolo_join": (status_t, [comm_t, _intp]),
     "kolo_allreduce_scaled_on_stream": (status_t, [comm_t, _ptr, _ptr, _u64, _int, _int,
                                                    ctypes.c_double, ctypes.c_double, _ptr]),
     "kolo_broadcast_on_stream": (status_t, [comm_t, _ptr, _u64, _int, _int, _ptr]),

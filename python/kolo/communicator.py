@@ -722,6 +722,15 @@ class Communicator:
         self._check(lib.kolo_comm_fusion_stats(self._live(), ctypes.byref(stats)))
         return {name: getattr(stats, name) for name, _ in stats._fields_[1:]}
 
+    def join(self):
+        """kolo_join: this rank has no more named operations to submit (it ran out of data). The
+        named operations the others submit meanwhile run with zeros for this rank (allgather: no
+        elements; a broadcast from this rank fails). Blocks until every rank has joined (bounded
+        by the timeout) and returns the rank that joined last, the same on every rank."""
+        last = ctypes.c_int(-1)
+        self._check(lib.kolo_join(self._live(), ctypes.byref(last)))
+        return last.value
+
     def set_fusion_threshold(self, nbytes):
         """Sets the bytes one fused collective may hold (0: no fusion); rank 0's value counts.
         Never blocks."""

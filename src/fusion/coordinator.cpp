@@ -43,7 +43,26 @@ std::string format_ranks(const std::vector<int>& ranks) {
 }
 
 Coordinator::Coordinator(const CoordinatorSettings& settings, const ResponseCache& cache)
-    : settings_(settings), cache_(cache), last_used_(cache.capacity(), kNeverUsed) {}
+    : settings_(settings),
+      cache_(cache),
+      last_used_(cache.capacity(), kNeverUsed),
+      joined_(static_cast<size_t>(settings.ranks), false) {}
+
+bool Coordinator::complete(const Entry& entry) const {
+  int counted = entry.submitted;
+  for (int rank = 0; rank < settings_.ranks; ++rank) {
+    if (joined_[rank] && entry.spec_of_rank[rank] < 0) ++counted;
+  }
+  return entry.submitted > 0 && counted == settings_.ranks;
+}
+
+std::string Coordinator::joined_root_problem(const UnitSpec& spec, bool root_submitted) const {
+  if (spec.kind != Kind::kBroadcast || root_submitted || !joined_[spec.root]) return "";
+  return fmt::format(
+      "broadcast '{}' from rank {}, which has called kolo_join: a rank that has joined has no "
+      "data to broadcast",
+      spec.members.front().name, spec.root);
+}
 
 Coordinator::Entry& Coordinator::entry_for(const std::string& key, Clock::time_point now) {
   auto [it, created] = ledger_.try_emplace(key);
@@ -111,7 +130,7 @@ std::string Coordinator::capacity_problem(const std::string& key, const Entry& e
   std::string short_ranks;
   size_t too_small = 0;
   for (size_t rank = 0; rank < entry.capacities.size(); ++rank) {
-    if (entry.capacities[rank] >= *total) continue;
+    if (entry.capacities[rank] >= *total || entry.spec_of_rank[rank] < 0) continue;
     if (too_small++ < kShown) {
       short_ranks += fmt::format("{}{} on rank {}", short_ranks.empty() ? "" : ", ",
                                  entry.capacities[rank], rank);
@@ -279,6 +298,14 @@ ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>
   std::deque<UnitSpec> ready_specs;  // specs of ready ledger entries (stable addresses)
 
   for (int rank = 0; rank < ranks; ++rank) {
+    if (lists[rank].joined && !joined_[rank]) {
+      joined_[rank] = true;
+      ++joined_count_;
+      last_joined_ = rank;  // ranks joining in the same cycle: the highest is the last
+    }
+  }
+
+  for (int rank = 0; rank < ranks; ++rank) {
     for (const UnitSpec& spec : lists[rank].announcements) {
       record(entry_for(spec.key(), now), rank, spec, now);
     }
@@ -306,7 +333,14 @@ ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>
     if (busy[slot] == 0) continue;
     const UnitSpec& spec = *cache_.at(slot);
     auto known = ledger_.find(spec.key());
-    if (known == ledger_.end() && busy[slot] == static_cast<uint32_t>(ranks)) {
+    uint32_t counted = busy[slot];
+    for (int rank = 0; rank < ranks; ++rank) {
+      if (joined_[rank] && !bit_set(lists[rank], slot)) ++counted;
+    }
+    const std::string root_problem =
+        spec.kind == Kind::kBroadcast ? joined_root_problem(spec, bit_set(lists[spec.root], slot))
+                                      : std::string();
+    if (known == ledger_.end() && counted == static_cast<uint32_t>(ranks) && root_problem.empty()) {
       ready.push_back({true, static_cast<int32_t>(slot), &spec, now, next_order_++});
       touch(slot, cycle);
       if (arrivals) arrivals->push_back({spec.key(), std::vector<Clock::time_point>(ranks, now)});
@@ -321,7 +355,7 @@ ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>
   // Entries every rank has submitted: ready if they agree, else a mismatch for everyone.
   for (auto it = ledger_.begin(); it != ledger_.end();) {
     Entry& entry = it->second;
-    if (entry.submitted < ranks) {
+    if (!complete(entry)) {
       ++it;
       continue;
     }
@@ -329,6 +363,11 @@ ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>
     if (entry.specs.size() == 1 && entry.specs.front().kind == Kind::kAllgather) {
       capacity_error = capacity_problem(it->first, entry);
       entry.specs.front().gather_counts = std::move(entry.gather_counts);
+    }
+    if (entry.specs.size() == 1 && capacity_error.empty() &&
+        entry.specs.front().kind == Kind::kBroadcast) {
+      capacity_error = joined_root_problem(entry.specs.front(),
+                                           entry.spec_of_rank[entry.specs.front().root] >= 0);
     }
     if (!capacity_error.empty()) {
       response.errors.push_back({it->first, Status::kInvalidArgument, std::move(capacity_error)});
@@ -358,6 +397,12 @@ ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>
   }
   response.batches = plan(ready, fusion_threshold);
   response.idle = ledger_.empty();
+  if (joined_count_ == ranks) {  // everyone has joined: kolo_join returns, and joining starts over
+    response.all_joined = last_joined_;
+    joined_.assign(joined_.size(), false);
+    joined_count_ = 0;
+    last_joined_ = -1;
+  }
   return response;
 }
 

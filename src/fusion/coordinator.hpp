@@ -19,6 +19,13 @@
 // and a cached spec with last step's counts could only be reused after checking every rank's new
 // count, which is the full negotiation again. They always run alone, one collective each.
 //
+// Join. A rank that has called kolo_join says so in every RequestList until every rank has
+// joined. Until then it counts as having submitted every unit that the others submit (so a unit
+// is ready once every rank that has not joined has submitted it) and takes part with zeros:
+// nothing for an allgather (count 0), zeros for an allreduce; a broadcast whose root has joined
+// without submitting it fails with KOLO_ERR_INVALID_ARGUMENT. The cycle in which the last rank
+// joins answers with that rank (ResponseList::all_joined), and every rank leaves kolo_join.
+//
 // Cache slots. A unit negotiated through announcements is given a slot: its old slot if its key
 // was cached with another spec, else a never-used slot, else the least recently used slot that no
 // rank is waiting on in this cycle (whose bit nobody set: evicting it cannot strand a pending
@@ -118,6 +125,10 @@ class Coordinator {
   int32_t choose_slot(const UnitSpec& spec, uint64_t cycle, const std::vector<uint32_t>& busy);
   void touch(uint32_t slot, uint64_t cycle);
   std::vector<Batch> plan(const std::vector<Ready>& ready, uint64_t fusion_threshold) const;
+  // Submitted by every rank that has not joined (and by one rank at least)?
+  bool complete(const Entry& entry) const;
+  // "" unless spec is a broadcast whose root has joined without submitting it (`submitted`).
+  std::string joined_root_problem(const UnitSpec& spec, bool root_submitted) const;
   uint64_t padded_bytes(const UnitSpec& spec) const;
 
   CoordinatorSettings settings_;
@@ -129,6 +140,9 @@ class Coordinator {
   uint32_t never_used_ = 0;  // slots [never_used_, capacity) have never been assigned
   uint64_t next_order_ = 0;
   Clock::time_point last_warning_{};
+  std::vector<bool> joined_;  // [rank]: has called kolo_join, until every rank has
+  int joined_count_ = 0;
+  int last_joined_ = -1;
 };
 
 // "rank 2", "ranks 0, 1, 5", "ranks 0-63": for messages.

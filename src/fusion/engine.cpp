@@ -49,6 +49,13 @@
 // depends on what it was batched with (kolo_allreduce uses recursive doubling, or across hosts
 // the hierarchical schedule, for small buffers, whose results may differ in the last bit).
 //
+// Join (kolo_join). A rank with no more data says so in every RequestList until every rank has
+// joined; rank 0 then counts it as having submitted whatever the others submit (coordinator.hpp),
+// and when a response schedules a unit this rank has no request for, it runs the collective with
+// a request of its own: zeros to send (nothing for an allgather) and a buffer of its own to
+// receive into. The response of the cycle in which the last rank joins names that rank, and every
+// rank's join() returns it.
+//
 // Allgathers (kolo_allgather_async) are negotiated like the rest, except that every rank sends
 // its own count and receive capacity, and rank 0 answers with every rank's count (coordinator.hpp).
 // They are never cached nor fused: each runs alone, as the communicator's allgatherv would, into
@@ -90,6 +97,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 
 #include "core/arguments.hpp"
 #include "core/log.hpp"
@@ -213,6 +221,12 @@ std::shared_ptr<Request> FusionEngine::submit(UnitSpec spec, std::vector<MemberB
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failure_) throw *failure_;
+    if (joining_) {
+      throw Error(Status::kInvalidArgument,
+                  fmt::format("{}: rank {} has called kolo_join; it submits again once every rank "
+                              "has joined",
+                              call_name(request->spec()), rank_));
+    }
     for (const Member& member : request->spec().members) {
       if (in_flight_.count(member.name)) {
         throw Error(Status::kInvalidArgument,
@@ -221,10 +235,7 @@ std::shared_ptr<Request> FusionEngine::submit(UnitSpec spec, std::vector<MemberB
                                 call_name(request->spec()), member.name, rank_));
       }
     }
-    if (state_ == State::kNotStarted) {
-      thread_ = std::thread([self = shared_from_this()] { self->run(); });
-      state_ = State::kConnecting;
-    }
+    start_thread();
     for (const Member& member : request->spec().members) in_flight_.insert(member.name);
     queue_.push_back(request);
     wake = idle_waiting_;
@@ -235,6 +246,36 @@ std::shared_ptr<Request> FusionEngine::submit(UnitSpec spec, std::vector<MemberB
   }
   if (wake) signal();
   return request;
+}
+
+void FusionEngine::start_thread() {
+  if (state_ != State::kNotStarted) return;
+  thread_ = std::thread([self = shared_from_this()] { self->run(); });
+  state_ = State::kConnecting;
+}
+
+int FusionEngine::join() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (failure_) throw *failure_;
+  start_thread();
+  if (!joining_) {  // a new join (a second thread in join() waits for the same one)
+    joining_ = true;
+    join_result_.reset();
+  }
+  const bool wake = idle_waiting_;
+  lock.unlock();
+  if (wake) signal();
+  lock.lock();
+  const auto limit =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(config_.timeout_s));
+  if (!join_done_.wait_for(lock, limit, [&] { return join_result_ || failure_; })) {
+    throw Error(Status::kTimeout,
+                fmt::format("kolo_join: not every rank joined within {} s (KOLO_TIMEOUT); rank {} "
+                            "stays joined and may call kolo_join again",
+                            config_.timeout_s, rank_));
+  }
+  if (!join_result_) throw *failure_;
+  return *join_result_;
 }
 
 void FusionEngine::communicator_failed(const Error& error) {
@@ -307,6 +348,7 @@ void FusionEngine::shutdown() {
                        fmt::format("the communicator was destroyed on rank {}", rank_));
     }
   }
+  join_done_.notify_all();
   signal();
   if (thread_.joinable()) {
     // Connecting waits for every peer and cannot be interrupted: the thread finishes it on its
@@ -497,15 +539,17 @@ void FusionEngine::run_cycle() {
 
 RequestList FusionEngine::build_requests() {
   std::vector<std::shared_ptr<Request>> fresh;
+  RequestList list;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     fresh.swap(queue_);
+    list.joined = joining_;
   }
+  joined_announced_ = list.joined;
   for (auto& request : fresh) {
     std::string key = request->spec().key();
     pending_.emplace(std::move(key), LocalUnit{std::move(request), false});
   }
-  RequestList list;
   if (cache_.capacity() > 0) list.ready_words.assign((cache_.capacity() + 63) / 64, 0);
   std::vector<LocalUnit*> uncached;
   for (auto& [key, unit] : pending_) {
@@ -539,6 +583,38 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
   std::vector<std::vector<LocalUnit*>> units(response.batches.size());
   std::unordered_set<const LocalUnit*> scheduled_units;
   uint64_t hits = 0, negotiated = 0;
+  // Join: a rank that has joined takes part in what the others submitted, sending zeros (nothing
+  // for an allgather) and receiving into a buffer of its own.
+  struct Phantom {
+    std::vector<std::byte> zeros, scratch;
+    LocalUnit unit;
+  };
+  std::deque<Phantom> phantoms;
+  auto phantom_for = [&](const UnitSpec& spec) -> LocalUnit& {
+    Phantom& phantom = phantoms.emplace_back();
+    const size_t element = dtype_size(spec.dtype);
+    const bool gather = spec.kind == Kind::kAllgather;
+    uint64_t elements = 0;
+    for (uint64_t count : spec.gather_counts) elements += count;
+    for (const Member& member : spec.members) elements += gather ? 0 : member.count;
+    phantom.zeros.assign(gather ? 1 : std::max<uint64_t>(1, elements * element), std::byte{0});
+    phantom.scratch.resize(std::max<uint64_t>(1, elements * element));
+    std::vector<MemberBuffers> buffers;
+    uint64_t offset = 0;
+    for (const Member& member : spec.members) {
+      buffers.push_back(
+          {phantom.zeros.data() + (gather ? 0 : offset), phantom.scratch.data() + offset});
+      offset += gather ? 0 : member.count * element;
+    }
+    UnitSpec mine = spec;
+    if (gather) {
+      mine.members.front().count = 0;
+      mine.recv_capacity = elements;
+    }
+    phantom.unit.request = std::make_shared<Request>(std::move(mine), std::move(buffers),
+                                                     Request::Callback(), config_.timeout_s);
+    return phantom.unit;
+  };
   for (size_t b = 0; b < response.batches.size(); ++b) {
     for (const ResponseUnit& scheduled : response.batches[b].units) {
       const UnitSpec* spec = spec_of(scheduled, cache_);
@@ -549,6 +625,11 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
                                 scheduled.slot, rank_));
       }
       auto it = pending_.find(spec->key());
+      if (it == pending_.end() && joined_announced_) {
+        units[b].push_back(&phantom_for(*spec));
+        ++(scheduled.hit ? hits : negotiated);
+        continue;
+      }
       if (it == pending_.end() || !matches_submission(it->second.request->spec(), *spec, rank_)) {
         throw Error(
             Status::kInternal,
@@ -606,6 +687,15 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
     for (const LocalUnit* unit : units[b]) requests.push_back(unit->request.get());
     executor_.run(response.batches[b], requests, received, fusion_threshold_.load());
   }
+  if (response.all_joined >= 0 && joined_announced_) {  // every rank has joined: join() returns
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      joining_ = false;
+      join_result_ = response.all_joined;
+    }
+    joined_announced_ = false;
+    join_done_.notify_all();
+  }
 }
 
 void FusionEngine::idle_wait() {
@@ -617,7 +707,9 @@ void FusionEngine::idle_wait() {
       std::lock_guard<std::mutex> lock(mutex_);
       // Units still pending here were not announced yet (the announcement budget): rank 0 cannot
       // know them, so this rank wakes everyone itself.
-      if (stop_ || outside_failure_ || !queue_.empty() || !pending_.empty() || channel_->woken()) {
+      // So does a join that rank 0 has not heard of.
+      if (stop_ || outside_failure_ || !queue_.empty() || !pending_.empty() ||
+          (joining_ && !joined_announced_) || channel_->woken()) {
         idle_waiting_ = false;
         break;
       }
@@ -671,6 +763,7 @@ void FusionEngine::fail_everything(const Error& error) {
     if (!failure_) failure_ = error;
     queued.swap(queue_);
   }
+  join_done_.notify_all();
   if (!pending_.empty() || !queued.empty()) {
     log::info("fusion engine: failing {} pending request(s): {}", pending_.size() + queued.size(),
               error.what());

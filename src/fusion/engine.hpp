@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -93,6 +94,13 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   std::shared_ptr<Request> allgather(NamedTensor tensor, uint64_t recv_capacity, DataType dtype,
                                      SubmitOptions options);
 
+  // kolo_join: this rank has no more to submit until every rank has joined. Until then it takes
+  // part in what the others submit with zeros (engine.cpp, "Join"), and its own submissions are
+  // refused. Blocks until every rank has joined and returns the rank that joined last; throws
+  // kolo::Error: the engine's failure, or kTimeout after KOLO_TIMEOUT (the rank stays joined, and
+  // a later join() waits on).
+  int join();
+
   // The communicator broke (a lost peer, a mismatch in an ordered call): every pending and later
   // request fails with this error, and the peers' engines are told.
   void communicator_failed(const Error& error);
@@ -125,6 +133,8 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   std::shared_ptr<Request> submit(UnitSpec spec, std::vector<MemberBuffers> buffers,
                                   Request::Callback callback);
 
+  // Starts the engine thread on the first submission or join (under mutex_).
+  void start_thread();
   void run();
   void connect();
   void loop();
@@ -158,6 +168,9 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   bool stop_ = false;
   bool shut_down_ = false;
   bool idle_waiting_ = false;
+  bool joining_ = false;               // join() was called and not every rank has joined
+  std::optional<int> join_result_;     // the last rank to join, once every rank has
+  std::condition_variable join_done_;  // join_result_ set, or failure_
   std::thread thread_;
   mutable std::mutex stats_mutex_;
   FusionStats stats_;
@@ -177,6 +190,7 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   uint32_t cycles_row_ = 0;
   std::unordered_map<std::string, LocalUnit> pending_;
   uint64_t cycle_ = 0;
+  bool joined_announced_ = false;     // rank 0 has been told that this rank joined
   Clock::time_point last_summary_{};  // rank 0: when waiting_ranks_ was last refreshed
   bool idle_ = false;
 };

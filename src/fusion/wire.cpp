@@ -146,6 +146,7 @@ void encode(const RequestList& list, std::vector<uint8_t>& out) {
   for (size_t i = 0; i < words; ++i) writer.put<uint64_t>(list.ready_words[i]);
   writer.put<uint32_t>(static_cast<uint32_t>(list.announcements.size()));
   for (const UnitSpec& spec : list.announcements) writer.put_spec(spec);
+  writer.put<uint8_t>(list.joined ? 1 : 0);
 }
 
 RequestList decode_requests(const uint8_t* data, size_t size, int ranks, uint32_t cache_capacity) {
@@ -160,6 +161,9 @@ RequestList decode_requests(const uint8_t* data, size_t size, int ranks, uint32_
   }
   uint32_t count = reader.get_count("announcement count", 27, ~uint32_t{0});
   for (uint32_t i = 0; i < count; ++i) list.announcements.push_back(reader.get_spec(false));
+  uint8_t joined = reader.get<uint8_t>("joined flag");
+  if (joined > 1) reader.malformed("joined flag");
+  list.joined = joined == 1;
   reader.expect_end();
   return list;
 }
@@ -167,6 +171,7 @@ RequestList decode_requests(const uint8_t* data, size_t size, int ranks, uint32_
 void encode(const ResponseList& list, std::vector<uint8_t>& out) {
   Writer writer(out);
   writer.put<uint8_t>(list.idle ? 1 : 0);
+  writer.put<int32_t>(list.all_joined);
   writer.put<uint32_t>(static_cast<uint32_t>(list.errors.size()));
   for (const ResponseError& error : list.errors) {
     writer.put_string(error.key);
@@ -192,6 +197,10 @@ ResponseList decode_responses(const uint8_t* data, size_t size, int ranks,
   uint8_t idle = reader.get<uint8_t>("idle flag");
   if (idle > 1) reader.malformed("idle flag");
   list.idle = idle == 1;
+  list.all_joined = reader.get<int32_t>("last joined rank");
+  if (list.all_joined < -1 || list.all_joined >= ranks) {
+    reader.malformed(fmt::format("last joined rank {}", list.all_joined));
+  }
   uint32_t errors = reader.get_count("error count", 12, ~uint32_t{0});
   for (uint32_t e = 0; e < errors; ++e) {
     ResponseError& error = list.errors.emplace_back();
@@ -234,8 +243,8 @@ ResponseList decode_responses(const uint8_t* data, size_t size, int ranks,
       // Every unit against the first, the first against itself (an allreduce).
       const UnitSpec* first = spec_of(batch.units.front(), cache);
       if (batch.fused && !fusable(*first, *spec)) {
-        reader.malformed(fmt::format("a fused batch of {} and {}", describe(*first),
-                                     describe(*spec)));
+        reader.malformed(
+            fmt::format("a fused batch of {} and {}", describe(*first), describe(*spec)));
       }
     }
   }

@@ -67,6 +67,9 @@ struct RequestList {
   // Pending units that are not in the cache (or whose spec differs from the cached one), each
   // announced once.
   std::vector<UnitSpec> announcements;
+  // This rank has called kolo_join and waits for the others: it takes part with zeros in what
+  // they submit (engine.cpp, "Join"). Sent every cycle until every rank has joined.
+  bool joined = false;
 };
 
 // One unit of a response: a cache hit names a slot; anything else carries the whole spec and the
@@ -99,7 +102,8 @@ struct ResponseError {
 
 // What rank 0 tells every rank in a cycle, executed in this order: errors, then the batches.
 struct ResponseList {
-  bool idle = false;  // nothing is pending on any rank after this response: sleep until woken
+  bool idle = false;        // nothing is pending on any rank after this response: sleep until woken
+  int32_t all_joined = -1;  // >= 0: every rank has joined; the rank that joined last
   std::vector<ResponseError> errors;
   std::vector<Batch> batches;
 };

@@ -46,6 +46,9 @@ void store_seeds() {
   append_key(requests, "counter");
   append_u64(requests, 3);
   seed("store_request", "set_get_wait_add", requests);
+  Bytes erase{static_cast<uint8_t>(Op::kErase)};
+  append_key(erase, "kolo/2a/");
+  seed("store_request", "erase", erase);
 }
 
 fusion::UnitSpec allreduce(const std::string& name, uint64_t count, DataType dtype) {

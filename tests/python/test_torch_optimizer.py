@@ -86,6 +86,51 @@ def rank_training(optimizer_name, compression):
     hvd.shutdown()
 
 
+def rank_join():
+    """Uneven data: rank r has 2 + r steps, then joins. The others go on, the joined ranks
+    counting as zeros in the averaged gradients (divided by size(), as in Horovod); join returns
+    the last rank, whose parameters every rank then takes. They equal one process replaying the
+    same steps: at each step the sum of the active ranks' gradients divided by size()."""
+    import torch
+    import kolo.torch as hvd
+    hvd.init()
+    n, me = hvd.size(), hvd.rank()
+    local_batch = 4
+    steps_of = [2 + r for r in range(n)]
+    x, y = _data(max(steps_of), local_batch * n)
+    loss_function = torch.nn.CrossEntropyLoss()
+    model = _model(seed=0)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    shard = lambda rank: slice(rank * local_batch, (rank + 1) * local_batch)  # noqa: E731
+    for step in range(steps_of[me]):
+        optimizer.zero_grad()
+        loss_function(model(x[step, shard(me)]), y[step, shard(me)]).backward()
+        optimizer.step()
+    last = hvd.join()
+    assert last == n - 1, f"join returned {last}, not {n - 1}"
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)
+    _parameters_identical_on_every_rank(model)
+
+    reference = _model(seed=0)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(max(steps_of)):
+        reference_optimizer.zero_grad()
+        active = [r for r in range(n) if steps_of[r] > step]
+        total = sum(loss_function(reference(x[step, shard(r)]), y[step, shard(r)])
+                    for r in active)
+        (total / n).backward()
+        reference_optimizer.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        if not torch.allclose(p, q, atol=1e-5, rtol=0):
+            raise AssertionError(f"{name}: training with joined ranks and its replay differ by "
+                                 f"{(p - q).abs().max().item()}")
+    # Joining is over: every rank submits again, and an allreduce needs all of them.
+    total = hvd.allreduce(torch.tensor([float(me + 1)]), op=hvd.Sum, name="after.join")
+    assert total.item() == n * (n + 1) / 2, total
+    hvd.shutdown()
+
+
 def rank_behaviours():
     import torch
     import kolo.torch as hvd
@@ -234,6 +279,11 @@ def test_training_matches_the_global_batch_bitwise_identical_on_every_rank(n, op
 def test_training_with_fp16_compression(n):
     ranks.run(n, __file__, "rank_training", args={"optimizer_name": "sgd",
                                                   "compression": "fp16"})
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_join_with_uneven_data_equals_its_replay(n):
+    ranks.run(n, __file__, "rank_join")
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])

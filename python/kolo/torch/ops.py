@@ -760,12 +760,14 @@ def barrier(process_set=global_process_set):
 
 
 def join(device=-1):
-    """Not implemented: Horovod's join lets ranks that ran out of data stop submitting while the
-    others go on, the joined ranks contributing zeros to collectives they never called. kolo's
-    engine has no such mode yet; give every rank the same number of batches (e.g. drop the last
-    partial batch, or use torch.utils.data.distributed.DistributedSampler with drop_last)."""
-    raise NotImplementedError(
-        "kolo.torch.join is not implemented: kolo's fusion engine cannot yet complete "
-        "collectives for ranks that stopped submitting. Give every rank the same number of "
-        "batches (DistributedSampler(drop_last=True), or truncate to the smallest rank's count "
-        "found with allreduce(op=Min)).")
+    """Horovod's join, for uneven data: this rank has run out of batches. Until every rank has
+    joined, the allreduces the others submit (DistributedOptimizer's gradients, the _async calls)
+    run with zeros for this rank, so Average divides their sum by size(), as in Horovod; its
+    allgather contributions are empty, and a broadcast from it fails. Blocks until every rank has
+    joined (bounded by KOLO_TIMEOUT) and returns the rank that joined last, the same on every
+    rank: a rank that joined early has missed the last updates, so broadcast the parameters from
+    that rank afterwards (broadcast_parameters(model.state_dict(), root_rank=join())). Works on
+    the global process set, whose named operations it covers; `device` is accepted for Horovod's
+    signature (kolo's named operations take CPU tensors)."""
+    del device
+    return _world().join()
