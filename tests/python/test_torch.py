@@ -184,8 +184,8 @@ def rank_errors():
         hvd.allreduce_async([1.0])
     with pytest.raises(NotImplementedError, match="Adasum"):
         hvd.allreduce(torch.zeros(3), op=hvd.Adasum)
-    with pytest.raises(NotImplementedError, match="join"):
-        hvd.join()
+    last = hvd.join()  # every rank at once: the same rank everywhere
+    assert 0 <= last < n and hvd.allgather(torch.tensor([last])).tolist() == [last] * n, last
     with pytest.raises(ValueError, match="average"):
         hvd.allreduce(torch.zeros(3), average=True, op=hvd.Sum)
     assert hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [n, n]
