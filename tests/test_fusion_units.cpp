@@ -295,6 +295,31 @@ TEST_CASE("the coordinator: readiness, agreement, cache slots and batches", "[fu
     CHECK(response.idle);
   }
 
+  SECTION("a slot is given to one unit per response, even when a key's old slot was evicted") {
+    // Fill the 4 slots, then in one cycle a new tensor evicts the least recently used slot,
+    // which is 'b''s, and 'b' comes back with another spec: it must not take that slot too.
+    std::vector<UnitSpec> four = {allreduce("a", 1), allreduce("b", 2), allreduce("c", 3),
+                                  allreduce("d", 4)};
+    process({announcing(four), announcing(four), announcing(four)});
+    REQUIRE(cache.find(allreduce("b", 2)) >= 0);
+    process({with_bits({0, 2, 3}), with_bits({0, 2, 3}), with_bits({0, 2, 3})});  // b is LRU
+    const std::vector<UnitSpec> next = {allreduce("x", 5), allreduce("b", 6)};
+    ResponseList response = process({announcing(next), announcing(next), announcing(next)});
+    std::vector<int32_t> slots;
+    for (const Batch& batch : response.batches) {
+      for (const ResponseUnit& unit : batch.units) {
+        if (unit.slot >= 0) slots.push_back(unit.slot);
+      }
+    }
+    std::sort(slots.begin(), slots.end());
+    CHECK(std::adjacent_find(slots.begin(), slots.end()) == slots.end());
+    std::vector<uint8_t> bytes;
+    encode(response, bytes);
+    ResponseCache before(4);
+    for (uint32_t s = 0; s < 4; ++s) before.store(s, four[s]);
+    CHECK_NOTHROW(decode_responses(bytes.data(), bytes.size(), 3, before));
+  }
+
   SECTION("ranks that disagree: an error naming the tensor, the ranks and both specs") {
     ResponseList response =
         process({announcing({allreduce("b", 10)}), announcing({allreduce("b", 10)}),

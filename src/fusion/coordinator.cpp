@@ -153,6 +153,10 @@ void Coordinator::touch(uint32_t slot, uint64_t cycle) {
 int32_t Coordinator::choose_slot(const UnitSpec& spec, uint64_t cycle,
                                  const std::vector<uint32_t>& busy) {
   int32_t slot = cache_.slot_of(spec.key());
+  // The key's old slot may have gone to another unit of this cycle already (evicted as the least
+  // recently used): the members' caches change only when they apply this response, so giving it
+  // out twice would name one slot for two units.
+  if (slot >= 0 && last_used_[slot] == cycle) slot = -1;
   if (slot < 0 && never_used_ < cache_.capacity()) slot = static_cast<int32_t>(never_used_++);
   if (slot < 0) {
     for (auto it = lru_.begin(); it != lru_.end() && it->first < cycle; ++it) {
