@@ -404,6 +404,55 @@ KOLO_API kolo_status_t kolo_recv(kolo_comm_t comm, void *buf, uint64_t count, ko
 KOLO_API kolo_status_t kolo_comm_split(kolo_comm_t comm, int color, int key,
                                        kolo_comm_t *newcomm);
 
+/* ---- Surviving a lost rank ----------------------------------------------------------------- */
+
+/*
+ * Shrinks comm to the ranks that are still alive (ULFM's MPI_Comm_shrink, ncclCommShrink). Every
+ * surviving rank of comm calls it, typically after a call on comm failed with KOLO_ERR_PEER_LOST
+ * or KOLO_ERR_TIMEOUT. On success *newcomm is a new communicator (the caller owns it, as one from
+ * kolo_comm_init) of exactly the ranks of comm that took part, ranked in their order in comm,
+ * that behaves as a freshly created one: its own connections, rendezvous store, sequence numbers
+ * and fusion engine (named operations start clean on it), and it can be split and shrunk again.
+ *
+ * comm itself is broken by the call if it was not already, and its peers are told at once, so
+ * that a rank still waiting in a collective on comm fails now (and comes to shrink) instead of
+ * at its timeout: every later call on comm, and every named request still pending on it, fails
+ * with KOLO_ERR_PEER_LOST. comm stays valid until kolo_comm_destroy(), and kolo_comm_shrink may
+ * be called on it again (after an error, say).
+ *
+ * How the survivors agree. Each rank of comm listens, from the moment comm is created, on an
+ * address of its own that every rank of comm learnt then, so no rendezvous store is needed: the
+ * process of rank 0, which serves the job's store, may be the one lost. The coordinator is the
+ * lowest rank of comm whose process is alive (a rank whose process is gone refuses connections
+ * at once; a host that does not answer counts as gone after KOLO_TIMEOUT). It waits for every
+ * rank whose process is alive to call kolo_comm_shrink, up to KOLO_TIMEOUT from its own call;
+ * decides the members (itself and every rank that called and is still connected to it); serves
+ * the new communicator's rendezvous store; and is its rank 0. Guarantees:
+ *   - Every rank that returns KOLO_SUCCESS holds a communicator of the same members, formed by
+ *     one decision of one coordinator; every other rank of comm returns an error. No rank waits
+ *     longer than about twice KOLO_TIMEOUT.
+ *   - Whether a rank is a member depends on nothing but its own call: a rank that other ranks
+ *     reported lost (it was only slow) and that calls within KOLO_TIMEOUT is a member.
+ *   - A rank that dies during the call is left out and the others go on without it, whether it
+ *     dies before the decision or while the members connect (the coordinator then decides
+ *     again). If the coordinator dies before its decision, the others start again with the next
+ *     rank as coordinator. If it dies after deciding and before every member has connected, every
+ *     rank still in the call returns KOLO_ERR_PEER_LOST naming it: call kolo_comm_shrink again.
+ *   - A rank that is left out although alive (it called later than KOLO_TIMEOUT after the
+ *     coordinator, or cannot reach it) returns an error: KOLO_ERR_TIMEOUT or KOLO_ERR_PEER_LOST
+ *     naming the coordinator while the coordinator still holds comm, and otherwise at worst a
+ *     communicator of the ranks as late as itself. It cannot join or disturb the communicator the
+ *     others formed: only the members learn its store's address and its context, which every
+ *     connection of it must name besides proving the job secret.
+ *
+ * Growing a job (new processes joining at a step boundary, as Horovod's elastic mode adds hosts)
+ * is not part of this call, and not yet of kolo: a job that wants more ranks starts them anew.
+ *
+ * Returns KOLO_ERR_INVALID_ARGUMENT for a NULL comm or newcomm (nothing happens); otherwise
+ * KOLO_SUCCESS, or an error as above with *newcomm NULL.
+ */
+KOLO_API kolo_status_t kolo_comm_shrink(kolo_comm_t comm, kolo_comm_t *newcomm);
+
 /* ---- Named asynchronous operations: the fusion engine ------------------------------------- */
 
 /*
