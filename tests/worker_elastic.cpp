@@ -10,6 +10,10 @@
 // VICTIMS is a comma-separated list of world ranks that kill themselves together, a few
 // milliseconds into the phase. DURING, where given, is a rank that kills itself a few
 // milliseconds after it has called kolo_comm_shrink (a death during the agreement).
+// "cold": the survivors submit a batch of named allreduces, the first, and the victims, which
+// submit nothing, die: the survivors' fusion engines still connect (they connect on the first
+// submission, and wait for the dead until KOLO_TIMEOUT). The survivors notice through an ordered
+// allreduce and shrink, which must fail the requests still pending with KOLO_ERR_PEER_LOST.
 // "slow" kills nobody: RANK sleeps SECONDS before its first allreduce, so that the others time
 // out waiting for it and shrink. With "kept" it must be a member of the new communicator (it came
 // within the timeout); with "left-out" the others go on without it, and it must get an error or,
@@ -128,12 +132,12 @@ void check_allreduce(const Comm& comm, const std::vector<int>& survivors, int sa
   for (uint64_t i = 0; i < count; ++i) send[i] = contribution(g_rank, i, salt);
   check_status(comm.handle,
                kolo_allreduce(comm.handle, send.data(), recv.data(), count, KOLO_FLOAT32, KOLO_SUM),
-               "allreduce on the shrunken communicator");
+               fmt::format("allreduce (salt {}) on a communicator of {} ranks", salt, comm.size));
   for (uint64_t i = 0; i < count; ++i) {
     float expected = 0;
     for (int r : survivors) expected += contribution(r, i, salt);
     if (recv[i] != expected) {
-      fail(fmt::format("allreduce after shrink: element {} is {}, expected {}", i, recv[i],
+      fail(fmt::format("allreduce (salt {}): element {} is {}, expected {}", salt, i, recv[i],
                        expected));
     }
   }
@@ -218,13 +222,37 @@ int main(int argc, char** argv) {
     // during set-up, found at the timeout; the phase is about a death in a running batch.
     check_named(described, everyone);
   }
-  if (std::find(victims.begin(), victims.end(), g_rank) != victims.end()) die_after(30);
-  if (g_rank == slow) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(slow_seconds));
+  // Every rank is past its checks before anyone dies (a death within the checks is no test).
+  check_status(world, kolo_barrier(world), "kolo_barrier before the kill");
+  const bool victim = std::find(victims.begin(), victims.end(), g_rank) != victims.end();
+  std::vector<std::vector<float>> cold_tensors;
+  std::vector<kolo_request_t> cold_requests;
+  if (phase == "cold") {
+    // A victim submits nothing, so its engine never connects: the others' engines wait for it.
+    for (int t = 0; t < 8 && !victim; ++t) {
+      cold_tensors.emplace_back(1024, 1.0f);
+      const std::string name = fmt::format("cold.{}", t);
+      cold_requests.push_back(nullptr);
+      check_status(world,
+                   kolo_allreduce_async(world, name.c_str(), cold_tensors[t].data(),
+                                        cold_tensors[t].data(), 1024, KOLO_FLOAT32, KOLO_SUM,
+                                        nullptr, &cold_requests[t]),
+                   "kolo_allreduce_async before the kill");
+    }
+    if (victim) die_after(30);
+    // The ordered allreduce notices the death at once; the requests are left pending.
+    const auto [status, message] = run_until_failure(world, "allreduce");
+    fmt::print("rank {}: the cold phase's allreduce failed: {}: {}\n", g_rank,
+               kolo_status_string(status), message);
+  } else {
+    if (victim) die_after(30);
+    if (g_rank == slow) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(slow_seconds));
+    }
+    const auto [status, message] = run_until_failure(world, slow_phase ? "allreduce" : phase);
+    fmt::print("rank {}: the {} loop failed: {}: {}\n", g_rank, phase,
+               kolo_status_string(status), message);
   }
-  const auto [status, message] = run_until_failure(world, slow_phase ? "allreduce" : phase);
-  fmt::print("rank {}: the {} loop failed: {}: {}\n", g_rank, phase, kolo_status_string(status),
-             message);
 
   std::vector<int> survivors;
   for (int r = 0; r < g_size; ++r) {
@@ -260,6 +288,15 @@ int main(int argc, char** argv) {
     fmt::print("rank {}: kolo_comm_shrink attempt {}: {}: {}\n", g_rank, attempt,
                kolo_status_string(shrink_status), kolo_comm_last_error(world));
     if (attempt == 3) fail("kolo_comm_shrink failed three times");
+  }
+  // Requests still pending on the old communicator have failed with PEER_LOST.
+  for (kolo_request_t request : cold_requests) {
+    const kolo_status_t waited = kolo_request_wait(request);
+    if (waited != KOLO_ERR_PEER_LOST) {
+      fail(fmt::format("a request pending on the shrunken-from communicator ended with {}: {}",
+                       kolo_status_string(waited), kolo_request_last_error(request)));
+    }
+    kolo_request_free(request);
   }
   // The old communicator is broken for good.
   float probe = 1;

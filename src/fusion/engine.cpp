@@ -279,6 +279,7 @@ int FusionEngine::join() {
 }
 
 void FusionEngine::communicator_failed(const Error& error) {
+  bool connecting = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failure_ || outside_failure_) return;
@@ -287,7 +288,15 @@ void FusionEngine::communicator_failed(const Error& error) {
       return;
     }
     outside_failure_ = error;
+    // Still connecting, which cannot be interrupted and, if the break was a lost rank, waits for
+    // it until KOLO_TIMEOUT: nothing has run yet, so the queued requests fail now, with this
+    // error, and the thread stops once its connect returns.
+    if (state_ == State::kConnecting) {
+      connecting = true;
+      stop_ = true;
+    }
   }
+  if (connecting) fail_queued(error);
   signal();
 }
 
@@ -757,15 +766,12 @@ void FusionEngine::finish(const std::string& key, Status status, const std::stri
 }
 
 void FusionEngine::fail_everything(const Error& error) {
-  std::vector<std::shared_ptr<Request>> queued;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!failure_) failure_ = error;
-    queued.swap(queue_);
+    if (!failure_) failure_ = error;  // from now on a submission fails at once
   }
-  join_done_.notify_all();
-  if (!pending_.empty() || !queued.empty()) {
-    log::info("fusion engine: failing {} pending request(s): {}", pending_.size() + queued.size(),
+  if (!pending_.empty()) {
+    log::info("fusion engine: failing {} request(s) in negotiation: {}", pending_.size(),
               error.what());
   }
   std::vector<std::string> keys;
@@ -773,6 +779,20 @@ void FusionEngine::fail_everything(const Error& error) {
   for (const std::string& key : keys) {
     finish(key, error.status(),
            fmt::format("{}: {}", describe(pending_.at(key).request->spec()), error.what()));
+  }
+  fail_queued(error);
+}
+
+void FusionEngine::fail_queued(const Error& error) {
+  std::vector<std::shared_ptr<Request>> queued;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_) failure_ = error;
+    queued.swap(queue_);
+  }
+  join_done_.notify_all();
+  if (!queued.empty()) {
+    log::info("fusion engine: failing {} queued request(s): {}", queued.size(), error.what());
   }
   for (auto& request : queued) {
     {

@@ -145,6 +145,8 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   void finish(const std::string& key, Status status, const std::string& message,
               std::vector<uint64_t> gathered_counts = {});
   void fail_everything(const Error& error);
+  // Fails the requests not yet taken from the queue (all of them while connecting); any thread.
+  void fail_queued(const Error& error);
   void idle_wait();
   void sleep_until(Clock::time_point when);
   void check_stop();
