@@ -23,7 +23,7 @@ from .ops import (Adasum, Average, Max, Min, ProcessSet, Product, Sum, add_proce
                   grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
                   grouped_allreduce_async_, init, is_initialized, join, local_rank, local_size,
                   mpi_built, mpi_threads_supported, nccl_built, poll, rank, reducescatter,
-                  remove_process_set, shutdown, size, synchronize)
+                  remove_process_set, shrink, shutdown, size, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from . import process_group as _process_group
@@ -39,6 +39,6 @@ __all__ = [
     "gloo_built", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "init", "is_initialized", "join", "local_rank", "local_size",
     "mpi_built", "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
-    "remove_process_set", "shutdown", "size", "synchronize", "DistributedOptimizer",
+    "remove_process_set", "shrink", "shutdown", "size", "synchronize", "DistributedOptimizer",
     "SyncBatchNorm",
 ]
