@@ -242,10 +242,11 @@ def rank_shrink(victim):
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters())
     pair = hvd.add_process_set([0, 1])
+    if old_rank != victim:  # submitted while the world is whole; the victim never submits it
+        pending = hvd.allreduce_async(torch.ones(4), name="never.completed")
     hvd.barrier()
     if old_rank == victim:
         os.kill(os.getpid(), signal.SIGKILL)
-    pending = hvd.allreduce_async(torch.ones(4), name="never.completed")  # victim never submits
     try:
         hvd.allreduce(torch.ones(1))
         raise AssertionError("an allreduce with a killed rank succeeded")
