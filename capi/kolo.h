@@ -424,23 +424,27 @@ KOLO_API kolo_status_t kolo_comm_split(kolo_comm_t comm, int color, int key,
  * address of its own that every rank of comm learnt then, so no rendezvous store is needed: the
  * process of rank 0, which serves the job's store, may be the one lost. The coordinator is the
  * lowest rank of comm whose process is alive (a rank whose process is gone refuses connections
- * at once; a host that does not answer counts as gone after KOLO_TIMEOUT). It waits for every
- * rank whose process is alive to call kolo_comm_shrink, up to KOLO_TIMEOUT from its own call;
+ * at once; a host that does not answer counts as gone after a few seconds). It waits for every
+ * rank whose process is alive to call kolo_comm_shrink, up to twice KOLO_TIMEOUT from its own call
+ * (a survivor may first have to finish another blocking call, bounded by KOLO_TIMEOUT);
  * decides the members (itself and every rank that called and is still connected to it); serves
  * the new communicator's rendezvous store; and is its rank 0. Guarantees:
  *   - Every rank that returns KOLO_SUCCESS holds a communicator of the same members, formed by
  *     one decision of one coordinator; every other rank of comm returns an error. No rank waits
- *     longer than about twice KOLO_TIMEOUT.
+ *     longer than about three times KOLO_TIMEOUT (and a build that fails on a lost member adds
+ *     one more).
  *   - Whether a rank is a member depends on nothing but its own call: a rank that other ranks
- *     reported lost (it was only slow) and that calls within KOLO_TIMEOUT is a member.
+ *     reported lost (it was only slow) and that calls within twice KOLO_TIMEOUT of the coordinator is
+ *     a member.
  *   - A rank that dies during the call is left out and the others go on without it, whether it
  *     dies before the decision or while the members connect (the coordinator then decides
  *     again). If the coordinator dies before its decision, the others start again with the next
  *     rank as coordinator. If it dies after deciding and before every member has connected, every
  *     rank still in the call returns KOLO_ERR_PEER_LOST naming it: call kolo_comm_shrink again.
- *   - A rank that is left out although alive (it called later than KOLO_TIMEOUT after the
- *     coordinator, or cannot reach it) returns an error: KOLO_ERR_TIMEOUT or KOLO_ERR_PEER_LOST
- *     naming the coordinator while the coordinator still holds comm, and otherwise at worst a
+ *   - A rank that is left out although alive (it called more than twice KOLO_TIMEOUT after the
+ *     coordinator, or cannot reach it) returns an error: KOLO_ERR_TIMEOUT naming the coordinator,
+ *     whose process keeps comm's listener open while it holds the new communicator; only if
+ *     the coordinator's process is gone too does it find no rank before it and form, at worst, a
  *     communicator of the ranks as late as itself. It cannot join or disturb the communicator the
  *     others formed: only the members learn its store's address and its context, which every
  *     connection of it must name besides proving the job secret.

@@ -312,6 +312,19 @@ kolo_status_t kolo_comm_split(kolo_comm_t comm, int color, int key, kolo_comm_t*
   });
 }
 
+kolo_status_t kolo_comm_shrink(kolo_comm_t comm, kolo_comm_t* newcomm) {
+  if (newcomm) *newcomm = nullptr;
+  return guarded(comm, [&] {
+    kolo::Communicator& communicator = communicator_of(comm);
+    if (!newcomm) {
+      throw kolo::Error(kolo::Status::kInvalidArgument, "kolo_comm_shrink: newcomm is NULL");
+    }
+    auto handle = std::make_unique<kolo_comm>();
+    handle->communicator = communicator.shrink();
+    *newcomm = handle.release();
+  });
+}
+
 }  // extern "C"
 
 // ---- Named asynchronous operations (src/fusion/) ---------------------------------------------

@@ -336,6 +336,45 @@ TEST_CASE("a host that vanishes is reported lost by name on every survivor", "[c
   job.ranks[victim].kill(SIGKILL);
 }
 
+TEST_CASE("survivors on other hosts shrink and go on when rank 0's host loses its rank",
+          "[cluster][shrink]") {
+  // Four hosts, one rank each; rank 0, whose process serves the job's store, dies (SIGKILL, by
+  // its own hand) in an allreduce. The survivors agree across hosts, the lowest one serves the
+  // new store, and the worker checks everything after the shrink element by element
+  // (tests/worker_elastic.cpp).
+  for (const std::string transport : {"tcp", "ucx"}) {
+    DYNAMIC_SECTION("over " << transport) {
+      Cluster cluster(4);
+      Job job;
+      job.ranks = start_ranks(cluster, 1, Launcher::kTorchrun,
+                              {built_program("tests/kolo_test_elastic"), "allreduce", "0"},
+                              {{"KOLO_TRANSPORT", transport}, {"KOLO_TIMEOUT", "10"}});
+      double died = 0, last_first_step = 0;
+      for (int rank = 0; rank < 4; ++rank) {
+        ProcessResult result = job.ranks[rank].wait(120);
+        INFO("rank " << rank << " output:\n" << result.output);
+        CHECK_FALSE(result.timed_out);
+        std::smatch match;
+        if (rank == 0) {
+          CHECK(result.signal == SIGKILL);
+          REQUIRE(std::regex_search(result.output, match, std::regex(R"(dying at ([0-9.]+))")));
+          died = std::stod(match[1]);
+        } else {
+          CHECK(result.exit_code == 0);
+          CHECK(contains(result.output, fmt::format("elastic passed, rank {} of 3", rank - 1)));
+          CHECK(contains(result.output, "transport " + transport));
+          REQUIRE(std::regex_search(result.output, match,
+                                    std::regex(R"(first allreduce after shrink at ([0-9.]+))")));
+          last_first_step = std::max(last_first_step, std::stod(match[1]));
+        }
+      }
+      WARN("cluster shrink over " << transport << ", 4 hosts, rank 0 killed: first death -> "
+                                  << "first allreduce after shrink: "
+                                  << (last_first_step - died) * 1000 << " ms");
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   if (::geteuid() != 0) {
     std::puts("skipped: the simulated cluster needs root (ip netns, unshare)");

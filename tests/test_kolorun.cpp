@@ -280,6 +280,29 @@ TEST_CASE("kolorun stops the job when a rank fails and exits with its status", "
     CHECK_THAT(run.result.output, Contains("kolorun: rank 1 killed by signal SIGKILL\n"));
     CHECK(run.seconds < 3);
   }
+  SECTION("--elastic: a rank killed by a signal does not stop the others") {
+    Run run = run_kolorun({"--elastic", "-np", "3", "/bin/sh", "-c",
+                           "if [ $KOLO_RANK = 1 ]; then kill -KILL $$; fi; sleep 1; "
+                           "echo rank $KOLO_RANK done"});
+    INFO("output: " << run.result.output);
+    CHECK(run.result.exit_code == 0);
+    CHECK_THAT(run.result.output,
+               Contains("kolorun: rank 1 killed by signal SIGKILL; --elastic: the other ranks go on"));
+    CHECK_THAT(run.result.output, Contains("[0] rank 0 done"));
+    CHECK_THAT(run.result.output, Contains("[2] rank 2 done"));
+  }
+  SECTION("--elastic: a rank that exits non-zero still stops the job") {
+    Run run = run_kolorun({"--elastic", "-np", "2", "/bin/sh", "-c",
+                           "if [ $KOLO_RANK = 1 ]; then exit 3; fi; exec sleep 30"});
+    INFO("output: " << run.result.output);
+    CHECK(run.result.exit_code == 3);
+    CHECK(run.seconds < 3);
+  }
+  SECTION("--elastic: every rank killed is a failure") {
+    Run run = run_kolorun({"--elastic", "-np", "2", "/bin/sh", "-c", "kill -KILL $$"});
+    INFO("output: " << run.result.output);
+    CHECK(run.result.exit_code == 128 + SIGKILL);
+  }
   SECTION("ranks that ignore SIGTERM are killed when the grace period ends") {
     Run run = run_kolorun({"--grace", "0.5", "-np", "3", "/bin/sh", "-c",
                            "trap '' TERM; echo pid=$$; "

@@ -9,6 +9,7 @@
 
 #include "bootstrap/store.hpp"
 #include "comm/connect.hpp"
+#include "comm/lifeline.hpp"
 #include "comm/report.hpp"
 #include "core/arguments.hpp"
 #include "core/host.hpp"
@@ -68,6 +69,7 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   Links links = connect_links(config_, *store_, kWorldContext);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
+  lifeline_ = std::make_shared<Lifeline>(config_, *store_, kWorldContext);
   place_allreduce();
 
   // Rank 0 serves the store: it stays until every rank is done with it.

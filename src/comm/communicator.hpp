@@ -22,6 +22,7 @@ namespace kolo {
 
 class StoreServer;
 class StoreClient;
+class Lifeline;
 class Transport;
 class Ring;
 struct Blocks;
@@ -83,6 +84,12 @@ class Communicator {
   // its own connections, lock and sequence numbers, and outlives this one if need be.
   std::unique_ptr<Communicator> split(int color, int key);
 
+  // Called by every surviving rank after a rank was lost (comm/shrink.cpp, comm/lifeline.hpp;
+  // capi/kolo.h's kolo_comm_shrink states the contract): breaks this communicator on every rank
+  // if it was not broken, agrees with the other survivors on who they are, and returns a new
+  // communicator of exactly them, ranked in their order here. Throws kolo::Error.
+  std::unique_ptr<Communicator> shrink();
+
   // The fusion engine of this communicator, for named asynchronous operations (src/fusion/):
   // created on first use, its thread and connections start with the first submission. It fails
   // its requests when this communicator breaks, and is stopped first when it is destroyed.
@@ -101,7 +108,8 @@ class Communicator {
   std::string report();
 
  private:
-  // A member of a split (comm/split.cpp): connects to its fellow members through the store.
+  // A member of a split (comm/split.cpp) or a shrink (comm/shrink.cpp): connects to its fellow
+  // members through the store config.addr names.
   // host_of[rank] numbers the host of every member (equal numbers: one host).
   Communicator(const Config& config, std::shared_ptr<StoreServer> server, uint64_t context,
                const std::vector<int>& host_of);
@@ -147,6 +155,11 @@ class Communicator {
   std::unique_ptr<StoreClient> store_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Ring> ring_;
+  std::shared_ptr<Lifeline> lifeline_;  // where the survivors meet if a rank is lost
+  // For a communicator from shrink(): the lifeline it was shrunk from, kept listening so that a
+  // survivor that comes too late waits there and fails, rather than finding every rank before it
+  // gone and forming a communicator of its own.
+  std::shared_ptr<Lifeline> predecessor_;
   std::mutex mutex_;
   uint64_t sequence_ = 0;
   bool warned_concurrent_ = false;  // under mutex_: the warning of run() is given once

@@ -14,7 +14,7 @@ std::unique_ptr<StoreClient> open_store(const Config& config) {
                                        config.rank, config.timeout_s);
 }
 
-Links connect_links(const Config& config, StoreClient& store, uint64_t context) {
+TransportSettings transport_settings(const Config& config) {
   TransportSettings settings;
   settings.transport = config.transport;
   settings.addr = config.addr;
@@ -26,6 +26,11 @@ Links connect_links(const Config& config, StoreClient& store, uint64_t context) 
   settings.tcp_streams = config.tcp_streams;
   settings.ucx_shm = config.ucx_shm;
   settings.ucx_shm_copy = config.ucx_shm_copy;
+  return settings;
+}
+
+Links connect_links(const Config& config, StoreClient& store, uint64_t context) {
+  const TransportSettings settings = transport_settings(config);
   Links links;
   links.transport = make_transport(settings, store, config.rank, config.size, context);
   links.ring = std::make_unique<Ring>(*links.transport, config.rank, config.size,

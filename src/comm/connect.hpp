@@ -17,10 +17,14 @@ namespace kolo {
 
 struct Config;
 class StoreClient;
+struct TransportSettings;
 
 // A new connection to the store that rank 0 serves at config.addr, authenticated with the job's
 // secret. A store client is not thread-safe: each thread that connects a group opens its own.
 std::unique_ptr<StoreClient> open_store(const Config& config);
+
+// What a transport is told of the configuration (transport/transport.hpp).
+TransportSettings transport_settings(const Config& config);
 
 // This rank's transport to every peer of the group (config.rank of config.size, the transport
 // that config.transport names), and the ring over it.

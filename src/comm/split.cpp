@@ -34,6 +34,7 @@
 #include "comm/report.hpp"
 #include "comm/communicator.hpp"
 #include "comm/connect.hpp"
+#include "comm/lifeline.hpp"
 #include "core/host.hpp"
 #include "core/log.hpp"
 #include "ring/algorithms.hpp"
@@ -73,6 +74,7 @@ Communicator::Communicator(const Config& config, std::shared_ptr<StoreServer> se
   Links links = connect_links(config_, *store_, context_);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
+  lifeline_ = std::make_shared<Lifeline>(config_, *store_, context_);
   place_allreduce();
   log::info("sub-communicator {:x} ready: rank {} of {}, local rank {} of {}, {} node(s)", context_,
             config_.rank, config_.size, config_.local_rank, config_.local_size, node_count_);

@@ -23,7 +23,7 @@ namespace kolo::net {
 
 // What a connecting side says about itself; carried inside the authenticated hello.
 struct Hello {
-  uint32_t purpose = 0;  // kPurposeStore, kPurposeData, kPurposeControl
+  uint32_t purpose = 0;  // kPurposeStore, kPurposeData, kPurposeControl, kPurposeLifeline
   int32_t rank = -1;     // the connecting rank
   uint32_t stream = 0;   // which of several parallel connections this is
   uint64_t context = 0;  // which communicator the connection belongs to
@@ -31,6 +31,7 @@ struct Hello {
 inline constexpr uint32_t kPurposeStore = 1;
 inline constexpr uint32_t kPurposeData = 2;
 inline constexpr uint32_t kPurposeControl = 3;
+inline constexpr uint32_t kPurposeLifeline = 4;  // comm/lifeline.hpp
 
 // Connecting side. Throws kolo::Error(kPeerLost) if the acceptor drops the connection (for
 // example because the secret is wrong), kMismatch naming the acceptor when its own proof is wrong

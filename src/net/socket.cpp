@@ -166,6 +166,26 @@ Socket try_connect(const addrinfo& address, const Deadline& deadline, const std:
   return socket;
 }
 
+// One attempt at each address in turn, until one connects: the blocking socket (TCP_NODELAY), or
+// an invalid one with *error set when every attempt failed for a reason worth retrying; throws
+// for any other reason.
+Socket try_every_address(const AddrinfoList& list, const Deadline& deadline,
+                         const std::string& target, int* error) {
+  for (addrinfo* address = list.get(); address != nullptr; address = address->ai_next) {
+    Socket socket = try_connect(*address, deadline, target, error);
+    if (socket.valid()) {
+      set_nonblocking(socket, false);
+      set_nodelay(socket);
+      return socket;
+    }
+    if (!connect_error_is_transient(*error)) {
+      throw_system(fmt::format("cannot connect to {}", target), *error);
+    }
+    if (deadline.expired()) break;
+  }
+  return Socket();
+}
+
 void set_int_option(const Socket& socket, int level, int name, int value, const char* what) {
   if (::setsockopt(socket.fd(), level, name, &value, sizeof value) != 0) {
     throw_system(
@@ -296,18 +316,8 @@ Socket connect_to(const Endpoint& endpoint, const Deadline& deadline) {
   auto retry_delay = std::chrono::milliseconds(10);
   int last_error = 0;
   for (;;) {
-    for (addrinfo* address = list.get(); address != nullptr; address = address->ai_next) {
-      Socket socket = try_connect(*address, deadline, target, &last_error);
-      if (socket.valid()) {
-        set_nonblocking(socket, false);
-        set_nodelay(socket);
-        return socket;
-      }
-      if (!connect_error_is_transient(last_error)) {
-        throw_system(fmt::format("cannot connect to {}", target), last_error);
-      }
-      if (deadline.expired()) break;
-    }
+    Socket socket = try_every_address(list, deadline, target, &last_error);
+    if (socket.valid()) return socket;
     if (deadline.expired()) break;
     auto pause = std::min<std::chrono::milliseconds>(
         retry_delay, std::chrono::milliseconds(poll_timeout_ms(deadline)));
@@ -319,6 +329,15 @@ Socket connect_to(const Endpoint& endpoint, const Deadline& deadline) {
               fmt::format("could not connect to {} within {:.3g} s (last attempt: {}); is the "
                           "listener running at that address?",
                           target, waited, errno_text(last_error)));
+}
+
+Socket connect_once(const Endpoint& endpoint, const Deadline& deadline, std::string* why) {
+  const std::string target = endpoint.to_string();
+  AddrinfoList list = resolve(endpoint, /*passive=*/false, "connect to");
+  int last_error = 0;
+  Socket socket = try_every_address(list, deadline, target, &last_error);
+  if (!socket.valid() && why) *why = fmt::format("{}: {}", target, errno_text(last_error));
+  return socket;
 }
 
 Socket accept_from(const Socket& listener, const Deadline& deadline) {

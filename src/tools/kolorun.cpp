@@ -1,6 +1,6 @@
 // kolorun: starts N ranks of one program on this machine and supervises them.
 //
-//   kolorun -np N [--timeout S] [--grace S] [--verbose] [--] program [args...]
+//   kolorun -np N [--timeout S] [--grace S] [--elastic] [--verbose] [--] program [args...]
 //
 // Each rank runs with the environment plus KOLO_RANK=i, KOLO_SIZE=N, KOLO_LOCAL_RANK=i,
 // KOLO_LOCAL_SIZE=N, KOLO_ADDR=127.0.0.1:<a port that was free at launch>, where rank 0 serves the
@@ -22,7 +22,10 @@
 //
 // The first rank to fail (non-zero exit or a signal) stops the job: the others get SIGTERM, and
 // SIGKILL --grace seconds later; kolorun exits with that rank's status (128+signal when killed).
-// --timeout stops the job the same way and exits 124. Bad arguments exit 2; a program that cannot
+// With --elastic, for jobs that survive a lost rank (kolo_comm_shrink, kolo.torch.elastic), a rank
+// killed by a signal is reported and the others go on; kolorun then exits 0 when every rank that
+// exited on its own exited 0, and with the first killed rank's status when none did. A rank that
+// exits non-zero still stops the job. --timeout stops the job the same way and exits 124. Bad arguments exit 2; a program that cannot
 // be executed makes its ranks exit 127.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -180,6 +183,9 @@ struct Job {
   std::vector<std::string> command;
   double timeout_s = 0, grace_s = 5;
   bool verbose = false;
+  bool elastic = false;
+  std::optional<int> first_lost;  // --elastic: the status of the first rank killed by a signal
+  int finished = 0;               // ranks that exited on their own
   std::vector<Rank> ranks;
   int running = 0;
   std::optional<int> failure_code;  // exit code of the first rank that failed
@@ -270,6 +276,12 @@ struct Job {
         ranks[i].running = false;
         --running;
         bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        if (WIFEXITED(status)) ++finished;
+        if (elastic && WIFSIGNALED(status) && !stopping) {
+          say("rank {} {}; --elastic: the other ranks go on", i, describe(status));
+          if (!first_lost) first_lost = 128 + WTERMSIG(status);
+          continue;
+        }
         if (verbose || (failed && !stopping)) say("rank {} {}", i, describe(status));
         if (failed && !failure_code) {
           failure_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -353,7 +365,9 @@ struct Job {
         if (stream.fd >= 0) ::close(stream.fd);
       }
     }
-    return timed_out ? 124 : failure_code.value_or(0);
+    if (timed_out) return 124;
+    if (!failure_code && finished == 0 && first_lost) return *first_lost;
+    return failure_code.value_or(0);
   }
 };
 
@@ -368,6 +382,8 @@ int main(int argc, char** argv) {
   app.add_option("-n,--np", size, "number of ranks (also -np)")->required();
   app.add_option("--timeout", job.timeout_s, "stop the job after this many seconds; exit 124");
   app.add_option("--grace", job.grace_s, "seconds between SIGTERM and SIGKILL when stopping (5)");
+  app.add_flag("--elastic", job.elastic,
+               "a rank killed by a signal does not stop the others (for kolo_comm_shrink)");
   app.add_flag("-v,--verbose", job.verbose, "say what kolorun does");
   app.prefix_command();  // the program and everything after it are left in remaining()
   app.failure_message([](const CLI::App*, const CLI::Error& error) {

@@ -173,13 +173,18 @@ std::string listen_address(const TransportSettings& settings, StoreClient& store
 
 }  // namespace
 
+std::string mesh_listen_host(const TransportSettings& settings, StoreClient& store, int rank,
+                             int size, uint64_t context, const char* name) {
+  return !settings.socket_ifname.empty()
+             ? net::interface_address(settings.socket_ifname)
+             : listen_address(settings, store, rank, size, context, name);
+}
+
 std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreClient& store,
                                       int rank, int size, uint64_t context, const char* name,
                                       int data_streams) {
   Deadline deadline(settings.timeout_s);
-  std::string host = !settings.socket_ifname.empty()
-                         ? net::interface_address(settings.socket_ifname)
-                         : listen_address(settings, store, rank, size, context, name);
+  std::string host = mesh_listen_host(settings, store, rank, size, context, name);
   net::Socket listener = net::listen_on({host, 0});
   net::Endpoint me = net::local_endpoint(listener);
   store.set_string(store_key(context, name, rank), me.to_string());

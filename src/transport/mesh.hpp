@@ -33,4 +33,10 @@ std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreCl
                                       int rank, int size, uint64_t context, const char* name,
                                       int data_streams);
 
+// The address this rank listens on for connections from its peers (KOLO_SOCKET_IFNAME's, else
+// the one its host routes to the store from; see mesh.cpp), published under `name`'s route key.
+// Collective in the same way as connect_mesh.
+std::string mesh_listen_host(const TransportSettings& settings, StoreClient& store, int rank,
+                             int size, uint64_t context, const char* name);
+
 }  // namespace kolo
