@@ -11,8 +11,9 @@
 #               sanitizers: layers, install_deps, scaling_model (Python scripts) and
 #               install_consumers (programs built outside Meson, without the sanitizer runtime
 #               that the sanitized libkolo needs to come first).
-#   build-tsan  ThreadSanitizer: the fusion engine (fusion_*), the splits and the threaded unit
-#               tests, over kolo's own transports; only what they need is built.
+#   build-tsan  ThreadSanitizer: the fusion engine (fusion_*), the splits, a shrink past ranks
+#               killed in a named batch and during the agreement, and the threaded unit tests,
+#               over kolo's own transports; only what they need is built.
 # Any report fails the test that made it (halt_on_error). Both runs set UCX_MEM_EVENTS=no: UCX's
 # libucm hooks madvise, which glibc calls as a thread exits, and takes a lock there that the
 # sanitizer's runtime no longer handles for that thread (SIGSEGV in __tsan::MutexPreReadLock
@@ -55,14 +56,15 @@ if [ "$which" != tsan ]; then
 fi
 
 if [ "$which" != asan ]; then
-  tsan_tests="test_store test_config test_fusion_units split fault_sigkill_split"
+  tsan_tests="test_store test_config test_fusion_units split fault_sigkill_split shrink_fused"
+  tsan_tests="$tsan_tests shrink_during"
   for tag in orders many bitwise large mixed cache group broadcast duplicate mismatch badargs \
     peerlost destroy leave stall threads idle allgather allgather_errors join; do
     tsan_tests="$tsan_tests fusion_$tag"
   done
   if build build-tsan thread src/kolorun tests/test_fusion tests/kolo_fusion_worker \
     tests/test_fusion_units tests/test_more_collectives tests/kolo_test_collectives \
-    tests/test_store tests/test_config; then
+    tests/test_store tests/test_config tests/test_elastic tests/kolo_test_elastic; then
     # shellcheck disable=SC2086
     TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tests/sanitizers/tsan.supp" \
     UCX_MEM_EVENTS=no \
