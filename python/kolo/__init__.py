@@ -113,6 +113,23 @@ def shutdown():
 atexit.register(shutdown)
 
 
+def shrink():
+    """Replaces the world communicator by the ranks of it that are still alive
+    (Communicator.shrink) and shuts the old one down; returns the new world, on which every
+    later module-level call runs. Called by every surviving rank after a call on the world failed
+    with PeerLostError or KoloTimeoutError; pending named operations of the old world fail with
+    PeerLostError. Blocks while the survivors agree, at most about twice the timeout. On an error
+    (this rank was left out, or the rank coordinating the shrink died: see
+    Communicator.shrink) the old world stays, broken, and shrink() may be called again. Raises
+    NotInitializedError before init()."""
+    global _world
+    with _lock:
+        old = world()
+        _world = old.shrink()
+    old.shutdown()
+    return _world
+
+
 def rank():
     """This process's rank in the world communicator."""
     return world().rank
@@ -166,9 +183,9 @@ def synchronize(handle):
 
 
 __all__ = [
-    "init", "is_initialized", "shutdown", "world", "rank", "size", "local_rank", "local_size",
-    "allreduce", "allreduce_", "broadcast", "broadcast_", "allgather", "reduce_scatter",
-    "alltoall", "reduce", "send", "recv", "barrier", "split", "allreduce_async",
+    "init", "is_initialized", "shutdown", "shrink", "world", "rank", "size", "local_rank",
+    "local_size", "allreduce", "allreduce_", "broadcast", "broadcast_", "allgather",
+    "reduce_scatter", "alltoall", "reduce", "send", "recv", "barrier", "split", "allreduce_async",
     "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_", "broadcast_async",
     "broadcast_async_", "allgather_async", "fusion_stats", "set_fusion_threshold", "poll",
     "synchronize", "Communicator", "Handle", "split_rows", "SUM", "AVG", "AVERAGE", "MIN",

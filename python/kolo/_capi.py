@@ -121,6 +121,7 @@ _SIGNATURES = {
     "kolo_send": (status_t, [comm_t, _ptr, _u64, _int, _int, _int]),
     "kolo_recv": (status_t, [comm_t, _ptr, _u64, _int, _int, _int]),
     "kolo_comm_split": (status_t, [comm_t, _int, _int, ctypes.POINTER(comm_t)]),
+    "kolo_comm_shrink": (status_t, [comm_t, ctypes.POINTER(comm_t)]),
     "kolo_allreduce_async": (status_t, [comm_t, _str, _ptr, _ptr, _u64, _int, _int,
                                         ctypes.POINTER(AsyncOptions),
                                         ctypes.POINTER(request_t)]),

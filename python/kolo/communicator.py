@@ -175,6 +175,9 @@ class Handle:
 
     def __del__(self):
         if getattr(self, "_request", None) is not None and not self._finished:
+            if self._comm.closed:  # destroyed: the request is done, its buffers untouched
+                lib.kolo_request_free(self._request)
+                return
             # Still pending: kolo may still read and write the buffers. Hand them to the
             # communicator, which frees the request once it reports done.
             self._comm._orphans.append((self._request, self._keep))
@@ -557,6 +560,20 @@ class Communicator:
                                         self.rank if key is None else int(key),
                                         ctypes.byref(new)))
         return Communicator(new.value) if new.value else None
+
+    def shrink(self):
+        """Returns a new Communicator of the ranks of this one that are still alive, ranked in
+        their order here (kolo_comm_shrink), for the survivors after a call failed with
+        PeerLostError or KoloTimeoutError: every surviving rank calls it. This communicator is
+        broken by the call (if it was not already; its pending named operations fail with
+        PeerLostError) and stays to be shut down by the caller; shrink may be called on it again
+        after an error. Blocks until the survivors have agreed and connected: up to the timeout
+        while waiting for them, at most about twice it. Raises PeerLostError or
+        KoloTimeoutError when this rank is left out or the rank coordinating the shrink died
+        after deciding (call shrink again), and the other KoloErrors of kolo_comm_shrink."""
+        new = ctypes.c_void_p()
+        self._check(lib.kolo_comm_shrink(self._live(), ctypes.byref(new)))
+        return Communicator(new.value)
 
     # ---- named asynchronous operations ----------------------------------------------------------
 

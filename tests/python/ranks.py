@@ -36,18 +36,19 @@ def test_environment(extra=None):
 
 
 def run(n, module_file, function, timeout=120, env=None, args=None, expect_failure=False,
-        launcher=None):
-    """Runs function(**args) of module_file on n ranks with kolorun (or launcher, a command that
-    starts a Python script on every rank, such as torchrun) and returns their combined output.
-    Raises AssertionError naming the failing ranks (or the timeout) unless expect_failure, in
-    which case it returns (exit status, output)."""
+        launcher=None, kolorun_options=()):
+    """Runs function(**args) of module_file on n ranks with kolorun (with kolorun_options, such
+    as "--elastic"), or with launcher, a command that starts a Python script on every rank (such
+    as torchrun), and returns their combined output. Raises AssertionError naming the failing
+    ranks (or the timeout) unless expect_failure, in which case it returns (exit status,
+    output)."""
     rank_command = [os.path.join(HERE, "rank_main.py"), os.path.abspath(module_file), function,
                     json.dumps(args or {})]
     if launcher:  # a launcher that runs a Python script itself (torchrun)
         command = launcher + rank_command
     else:
         command = [kolorun_path(), "-np", str(n), "--timeout", str(timeout), "--grace", "3",
-                   PYTHON] + rank_command
+                   *kolorun_options, PYTHON] + rank_command
     status, text = run_command(command, timeout, env)
     if expect_failure:
         return status, text

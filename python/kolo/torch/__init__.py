@@ -9,8 +9,8 @@
 Importing it also registers the torch.distributed backend "kolo", so that
 torch.distributed.init_process_group("kolo") and DistributedDataParallel run on kolo. CPU tensors
 throughout; GPU tensors only for the synchronous allreduce and broadcast, through
-kolo's stream-ordered calls. The README's Python section has a table of Horovod's API against
-this one.
+kolo's stream-ordered calls. kolo.torch.elastic is Horovod's elastic training: going on without
+ranks that were lost. The README's Python section has a table of Horovod's API against this one.
 """
 
 from .compression import Compression
@@ -23,9 +23,10 @@ from .ops import (Adasum, Average, Max, Min, ProcessSet, Product, Sum, add_proce
                   grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
                   grouped_allreduce_async_, init, is_initialized, join, local_rank, local_size,
                   mpi_built, mpi_threads_supported, nccl_built, poll, rank, reducescatter,
-                  remove_process_set, shutdown, size, synchronize)
+                  remove_process_set, shrink, shutdown, size, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
+from . import elastic
 from . import process_group as _process_group
 
 _process_group.register()
@@ -39,6 +40,6 @@ __all__ = [
     "gloo_built", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "init", "is_initialized", "join", "local_rank", "local_size",
     "mpi_built", "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
-    "remove_process_set", "shutdown", "size", "synchronize", "DistributedOptimizer",
-    "SyncBatchNorm",
+    "remove_process_set", "shrink", "shutdown", "size", "synchronize", "DistributedOptimizer",
+    "SyncBatchNorm", "elastic",
 ]

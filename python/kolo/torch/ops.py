@@ -95,15 +95,47 @@ def init(comm=None, process_sets=None):
                                   "rank the launcher started; use a ProcessSet for a subset")
     world = kolo.init()
     if global_process_set.process_set_id is None or global_process_set._comm is not world:
-        global_process_set._bind(world, list(range(world.size)), 0)
-        _process_sets.clear()
-        _process_sets[0] = global_process_set
-        # cross rank/size: the nodes, counted by the ranks that are first on their node
-        firsts = world.allgather(np.array([1 if world.local_rank == 0 else 0], np.int64))
-        _cross["size"] = max(1, int(firsts.sum()))
-        _cross["rank"] = max(0, int(firsts[:world.rank + 1].sum()) - 1)
+        _bind_world(world)
     for process_set in process_sets or []:
         add_process_set(process_set)
+
+
+def _bind_world(world):
+    """Makes world the communicator of the global process set (the only one registered) and
+    counts the nodes: a collective on world."""
+    global_process_set._bind(world, list(range(world.size)), 0)
+    _process_sets.clear()
+    _process_sets[0] = global_process_set
+    # cross rank/size: the nodes, counted by the ranks that are first on their node
+    firsts = world.allgather(np.array([1 if world.local_rank == 0 else 0], np.int64))
+    _cross["size"] = max(1, int(firsts.sum()))
+    _cross["rank"] = max(0, int(firsts[:world.rank + 1].sum()) - 1)
+
+
+def shrink():
+    """Goes on without the ranks that were lost: replaces the world by its surviving ranks
+    (kolo.shrink(), kolo_comm_shrink), ranked in their old order, and makes every later kolo.torch
+    call (rank(), size(), the operations, DistributedOptimizer) use it. Every surviving rank calls
+    it, after an operation raised PeerLostError or KoloTimeoutError; kolo.torch.elastic.run does
+    it for you. Pending operations of the old world are abandoned: their handles raise
+    PeerLostError (CancelledError for one submitted while the fusion engine was still connecting
+    to the lost rank: see kolo_comm_shrink in the README), and every DistributedOptimizer
+    forgets the gradients it had submitted (zero the gradients and compute them again). Process
+    sets other than the global one are removed and their communicators shut down (their ranks
+    numbered the old world): add them again. Blocks while the survivors agree (at most about
+    twice KOLO_TIMEOUT) and for one allgather on the new world. Raises PeerLostError or
+    KoloTimeoutError when this rank was left out or the shrink must be tried again (the old
+    world then stays, broken, and shrink() may be called again); ValueError before init().
+    Returns the new size."""
+    _world()
+    from .optimizer import _forget_pending_gradients
+    _forget_pending_gradients()  # before the old world goes, which frees their requests
+    kolo.shrink()
+    for process_set in list(_process_sets.values()):
+        if process_set is not global_process_set:
+            remove_process_set(process_set)
+    _bind_world(kolo.world())
+    return kolo.world().size
 
 
 def add_process_set(process_set):

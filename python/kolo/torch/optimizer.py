@@ -15,6 +15,7 @@ difference and the ranks, instead of waiting forever in the first step.
 import contextlib
 import hashlib
 import warnings
+import weakref
 
 import numpy as np
 import torch
@@ -66,6 +67,18 @@ def _check_same_parameters(named, process_set):
                     f"{differ}; rank 0 has {len(ours)} parameters, rank {r} {len(theirs)})")
 
 
+# Every DistributedOptimizer alive, so that kolo.torch.shrink() can make them forget the requests
+# they submitted on the world it replaces.
+_optimizers = weakref.WeakSet()
+
+
+def _forget_pending_gradients():
+    """Drops the pending gradient requests of every DistributedOptimizer (their communicator is
+    being replaced; kolo fails them) and restarts their backward-pass counts."""
+    for optimizer in list(_optimizers):
+        optimizer._forget_pending()
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """The methods mixed into the wrapped optimizer's class (see DistributedOptimizer)."""
 
@@ -112,13 +125,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._fast_submit = None
         if process_set.included():
-            comm = process_set.communicator()
             prescale, postscale = 1.0, 1.0
             if op == Average and gradient_predivide_factor != 1.0:
                 prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
             encoded = {p: name.encode() for p, name in self._parameter_names.items()}
-            self._fast_submit = lambda p: (encoded[p], comm, prescale, postscale)
+            # The communicator is looked up at each submission: kolo.torch.shrink() replaces it.
+            self._fast_submit = lambda p: (encoded[p], process_set.communicator(), prescale,
+                                           postscale)
             self._register_hooks()
+        _optimizers.add(self)
+
+    def _forget_pending(self):
+        self._handles.clear()
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._synchronized = False
 
     def _register_hooks(self):
         for group in self.param_groups:
