@@ -118,8 +118,8 @@ def shrink():
     (Communicator.shrink) and shuts the old one down; returns the new world, on which every
     later module-level call runs. Called by every surviving rank after a call on the world failed
     with PeerLostError or KoloTimeoutError; pending named operations of the old world fail with
-    PeerLostError. Blocks while the survivors agree, at most about twice the timeout. On an error
-    (this rank was left out, or the rank coordinating the shrink died: see
+    PeerLostError. Blocks while the survivors agree, at most about three times the timeout. On
+    an error (this rank was left out, or the rank coordinating the shrink died: see
     Communicator.shrink) the old world stays, broken, and shrink() may be called again. Raises
     NotInitializedError before init()."""
     global _world

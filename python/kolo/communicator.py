@@ -568,7 +568,7 @@ class Communicator:
         broken by the call (if it was not already; its pending named operations fail with
         PeerLostError) and stays to be shut down by the caller; shrink may be called on it again
         after an error. Blocks until the survivors have agreed and connected: up to the timeout
-        while waiting for them, at most about twice it. Raises PeerLostError or
+        while waiting for them, at most about three times it. Raises PeerLostError or
         KoloTimeoutError when this rank is left out or the rank coordinating the shrink died
         after deciding (call shrink again), and the other KoloErrors of kolo_comm_shrink."""
         new = ctypes.c_void_p()

@@ -285,11 +285,6 @@ def test_shrink_replaces_the_world(victim):
               env=_env(), kolorun_options=["--elastic"])
 
 
-@pytest.mark.xfail(reason="a known limit of kolo_comm_shrink (README, 'Surviving a lost rank'): "
-                          "a named request whose fusion engine is still connecting to the lost "
-                          "rank ends with KOLO_ERR_TIMEOUT after KOLO_TIMEOUT, or "
-                          "KOLO_ERR_CANCELLED when the old world is destroyed first, not with "
-                          "KOLO_ERR_PEER_LOST")
 def test_shrink_fails_a_request_submitted_before_the_engine_connected():
     ranks.run(4, __file__, "rank_shrink", args={"victim": 2, "engine_started": False},
               env=_env(), kolorun_options=["--elastic"])

@@ -67,7 +67,7 @@ def run(func=None, *, reset_limit=None):
     from the shrink, restore and sync of a reset) starts a reset; after reset_limit resets
     (default: the world's size when the function is called) the next one is raised. Every other
     exception propagates at once, with no reset. Blocks as func does; a reset blocks while the
-    survivors agree (at most about twice KOLO_TIMEOUT) and for the broadcasts of sync()."""
+    survivors agree (at most about three times KOLO_TIMEOUT) and for the broadcasts of sync()."""
     if func is None:
         return functools.partial(run, reset_limit=reset_limit)
 

@@ -123,7 +123,7 @@ def shrink():
     forgets the gradients it had submitted (zero the gradients and compute them again). Process
     sets other than the global one are removed and their communicators shut down (their ranks
     numbered the old world): add them again. Blocks while the survivors agree (at most about
-    twice KOLO_TIMEOUT) and for one allgather on the new world. Raises PeerLostError or
+    three times KOLO_TIMEOUT) and for one allgather on the new world. Raises PeerLostError or
     KoloTimeoutError when this rank was left out or the shrink must be tried again (the old
     world then stays, broken, and shrink() may be called again); ValueError before init().
     Returns the new size."""
