@@ -11,7 +11,7 @@ import os
 # The C ABI this binding was written against (KOLO_VERSION_MAJOR / _MINOR in capi/kolo.h). A
 # library of another major version, or of an older minor version, is refused at load.
 ABI_MAJOR = 0
-ABI_MINOR = 1
+ABI_MINOR = 2
 API_VERSION = 1  # KOLO_API_VERSION: the version of the structs below
 CONFIG_MAGIC = 0x6B6F6C6F
 COLOR_NONE = -1

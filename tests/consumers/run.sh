@@ -31,7 +31,7 @@ run_two_ranks() {  # program label
   [ "$count" = 2 ] || { echo "FAIL: $2 consumer: expected 2 ranks reporting ok, got $count"; exit 1; }
 }
 
-echo "== CMake: find_package(kolo 0.1) from $scratch/root$prefix"
+echo "== CMake: find_package(kolo 0.2) from $scratch/root$prefix"
 # Ninja, which kolo's own build installs, rather than CMake's default of make.
 "$cmake" -G Ninja -S "$here/cmake" -B "$scratch/cmake" -DCMAKE_PREFIX_PATH="$scratch/root$prefix" >"$scratch/cmake.log" 2>&1 ||
   { cat "$scratch/cmake.log"; echo "FAIL: cmake could not configure the consumer"; exit 1; }
@@ -45,7 +45,7 @@ if "$cmake" -G Ninja -S "$here/cmake" -B "$scratch/cmake-wrong" -DCMAKE_PREFIX_P
   echo "FAIL: find_package(kolo 1.0) succeeded against kolo $(sed -n 's/^Version: //p' "$pc_file")"
   exit 1
 fi
-grep -q 'version: 0.1.0' "$scratch/wrong.log" || { cat "$scratch/wrong.log"; echo "FAIL: no version message"; exit 1; }
+grep -q 'version: 0.2.0' "$scratch/wrong.log" || { cat "$scratch/wrong.log"; echo "FAIL: no version message"; exit 1; }
 echo "refused, as it should be"
 
 echo "== pkg-config: cc consumer.c \$(pkg-config --cflags --libs kolo)"
