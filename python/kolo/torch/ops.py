@@ -118,15 +118,14 @@ def shrink():
     call (rank(), size(), the operations, DistributedOptimizer) use it. Every surviving rank calls
     it, after an operation raised PeerLostError or KoloTimeoutError; kolo.torch.elastic.run does
     it for you. Pending operations of the old world are abandoned: their handles raise
-    PeerLostError (CancelledError for one submitted while the fusion engine was still connecting
-    to the lost rank: see kolo_comm_shrink in the README), and every DistributedOptimizer
-    forgets the gradients it had submitted (zero the gradients and compute them again). Process
-    sets other than the global one are removed and their communicators shut down (their ranks
-    numbered the old world): add them again. Blocks while the survivors agree (at most about
-    three times KOLO_TIMEOUT) and for one allgather on the new world. Raises PeerLostError or
-    KoloTimeoutError when this rank was left out or the shrink must be tried again (the old
-    world then stays, broken, and shrink() may be called again); ValueError before init().
-    Returns the new size."""
+    PeerLostError (also one submitted while the fusion engine was still connecting to the lost
+    rank), and every DistributedOptimizer forgets the gradients it had submitted (zero the
+    gradients and compute them again). Process sets other than the global one are removed and
+    their communicators shut down (their ranks numbered the old world): add them again. Blocks
+    while the survivors agree (at most about three times KOLO_TIMEOUT) and for one allgather on
+    the new world. Raises PeerLostError or KoloTimeoutError when this rank was left out or the
+    shrink must be tried again (the old world then stays, broken, and shrink() may be called
+    again); ValueError before init(). Returns the new size."""
     _world()
     from .optimizer import _forget_pending_gradients
     _forget_pending_gradients()  # before the old world goes, which frees their requests
