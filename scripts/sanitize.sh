@@ -11,9 +11,10 @@
 #               sanitizers: layers, install_deps, scaling_model (Python scripts) and
 #               install_consumers (programs built outside Meson, without the sanitizer runtime
 #               that the sanitized libkolo needs to come first).
-#   build-tsan  ThreadSanitizer: the fusion engine (fusion_*), the splits, a shrink past ranks
-#               killed in a named batch and during the agreement, and the threaded unit tests,
-#               over kolo's own transports; only what they need is built.
+#   build-tsan  ThreadSanitizer: the fusion engine (fusion_*, and two of them over TCP beside
+#               kolo's rings), the splits, a shrink past ranks killed in a named batch and during
+#               the agreement, and the threaded unit tests, over kolo's own transports; only what
+#               they need is built.
 # Any report fails the test that made it (halt_on_error). Both runs set UCX_MEM_EVENTS=no: UCX's
 # libucm hooks madvise, which glibc calls as a thread exits, and takes a lock there that the
 # sanitizer's runtime no longer handles for that thread (SIGSEGV in __tsan::MutexPreReadLock
@@ -57,7 +58,7 @@ fi
 
 if [ "$which" != asan ]; then
   tsan_tests="test_store test_config test_fusion_units split fault_sigkill_split shrink_fused"
-  tsan_tests="$tsan_tests shrink_during"
+  tsan_tests="$tsan_tests shrink_during tcp_shm_fusion_threads tcp_shm_fusion_peerlost"
   for tag in orders many bitwise large mixed cache group broadcast duplicate mismatch badargs \
     peerlost destroy leave stall threads idle allgather allgather_errors join; do
     tsan_tests="$tsan_tests fusion_$tag"

@@ -25,18 +25,24 @@ struct TransportFlavour {
   std::string path;       // a regular expression: the log line that shows the flavour's path
 };
 
-// The flavour of this test process's environment; none without KOLO_TRANSPORT=ucx.
+// The flavour of this test process's environment: UCX's, or TCP beside kolo's rings
+// (KOLO_TRANSPORT=tcp KOLO_SHM=1); none for plain TCP.
 inline std::optional<TransportFlavour> flavour_of_environment() {
   auto is = [](const char* name, const char* value) {
     const char* set = std::getenv(name);
     return set != nullptr && std::string(set) == value;
   };
+  if (is("KOLO_TRANSPORT", "tcp") && is("KOLO_SHM", "1")) {
+    return TransportFlavour{"tcp",
+                            "tcp: rank [0-9]+ reaches rank [0-9]+ through kolo's "
+                            "shared-memory ring"};
+  }
   if (!is("KOLO_TRANSPORT", "ucx")) return std::nullopt;
-  if (is("KOLO_UCX_SHM", "0")) {
+  if (is("KOLO_SHM", "0")) {
     return TransportFlavour{"ucx", is("UCX_TLS", "tcp") ? "reaches its peers through .*tcp/lo"
                                                         : "reaches its peers through .*/memory"};
   }
-  if (is("KOLO_UCX_SHM_COPY", "stream")) {
+  if (is("KOLO_SHM_COPY", "stream")) {
     return TransportFlavour{"ucx", "through kolo's shared-memory ring .*streamed copies"};
   }
   return TransportFlavour{"ucx", "reaches rank [0-9]+ through kolo's shared-memory ring"};

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -204,29 +205,41 @@ TEST_CASE("every collective, split and named operation across hosts over TCP", "
   }
 }
 
-// Over UCX, each peer on this host through kolo's rings and each other one through UCX's TCP:
-// never UCX's shared memory, which would bypass the links (the hosts share one kernel).
-void expect_ucx_paths(std::vector<Process>& ranks, const Program& program, int hosts,
-                      int per_host) {
+// Each rank passed and reached each peer on its host through kolo's rings and each other one
+// through `network` ("UCX", "TCP"), as its INFO log says.
+void expect_ring_paths(std::vector<Process>& ranks, const Program& program, int hosts,
+                       int per_host, const std::string& transport, const std::string& network,
+                       const std::function<void(const std::string&)>& more_checks) {
   for (size_t rank = 0; rank < ranks.size(); ++rank) {
     ProcessResult result = ranks[rank].wait(300);
     INFO("rank " << rank << " output:\n" << result.output);
+    CHECK_FALSE(result.timed_out);
     CHECK(result.exit_code == 0);
     CHECK(contains(result.output, program.marker));
-    CHECK(contains(result.output, fmt::format("{} node(s), transport ucx", hosts)));
-    CHECK(contains(result.output, "UCX's shared-memory transports left out (UCX_TLS=^sm)"));
-    std::smatch lanes;
-    REQUIRE(std::regex_search(result.output, lanes, std::regex("reaches its peers through (.*)")));
-    CHECK(contains(lanes[1], "tcp/eth0"));
-    CHECK_FALSE(contains(lanes[1], "memory"));  // cma/memory, sysv/memory, posix/memory
+    CHECK(contains(result.output, fmt::format("{} node(s), transport {}", hosts, transport)));
+    more_checks(result.output);
     for (size_t peer = 0; peer < ranks.size(); ++peer) {
       if (peer == rank) continue;
       bool same_host = peer / per_host == rank / per_host;
       CHECK(contains(result.output,
-                     fmt::format("reaches rank {} through {}", peer,
-                                 same_host ? "kolo's shared-memory ring" : "UCX (another host)")));
+                     fmt::format("{}: rank {} reaches rank {} through {}", transport, rank, peer,
+                                 same_host ? "kolo's shared-memory ring"
+                                           : network + " (another host)")));
     }
   }
+}
+
+// Over UCX, each peer on this host through kolo's rings and each other one through UCX's TCP:
+// never UCX's shared memory, which would bypass the links (the hosts share one kernel).
+void expect_ucx_paths(std::vector<Process>& ranks, const Program& program, int hosts,
+                      int per_host) {
+  expect_ring_paths(ranks, program, hosts, per_host, "ucx", "UCX", [](const std::string& output) {
+    CHECK(contains(output, "UCX's shared-memory transports left out (UCX_TLS=^sm)"));
+    std::smatch lanes;
+    REQUIRE(std::regex_search(output, lanes, std::regex("reaches its peers through (.*)")));
+    CHECK(contains(lanes[1], "tcp/eth0"));
+    CHECK_FALSE(contains(lanes[1], "memory"));  // cma/memory, sysv/memory, posix/memory
+  });
 }
 
 TEST_CASE("collectives, a split and named operations across hosts over UCX", "[cluster][ucx]") {
@@ -241,6 +254,36 @@ TEST_CASE("collectives, a split and named operations across hosts over UCX", "[c
                                  {{"KOLO_TRANSPORT", "ucx"}, {"UCX_TLS", ""}});
         expect_ucx_paths(ranks, program, shape.hosts, shape.per_host);
       }
+    }
+  }
+}
+
+TEST_CASE("by default, TCP between hosts and kolo's rings inside each, in one communicator",
+          "[cluster][auto]") {
+  // KOLO_TRANSPORT unset (an empty variable counts as unset): without RDMA, auto takes TCP, and
+  // KOLO_SHM's default puts the peers of each host on the rings. Also the hierarchical
+  // allreduce, whose steps inside a host then go through the rings.
+  struct Case {
+    const char* program;
+    Shape shape;
+    const char* allreduce;
+  };
+  const Case cases[] = {{"allreduce", kShapes[1], "auto"}, {"allgather", kShapes[3], "auto"},
+                        {"split", kShapes[1], "auto"},     {"fusion", kShapes[3], "auto"},
+                        {"allreduce", {2, 3, Launcher::kTorchrun}, "hierarchical"}};
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.program << ", " << c.shape.hosts << " hosts x " << c.shape.per_host
+                              << " ranks, KOLO_ALLREDUCE=" << c.allreduce) {
+      const Program& program = kPrograms.at(c.program);
+      Cluster cluster(c.shape.hosts);
+      std::vector<std::string> args = program.args;
+      args[0] = built_program(args[0]);
+      auto ranks = start_ranks(cluster, c.shape.per_host, c.shape.launcher, args,
+                               {{"KOLO_TRANSPORT", ""}, {"KOLO_ALLREDUCE", c.allreduce}});
+      expect_ring_paths(ranks, program, c.shape.hosts, c.shape.per_host, "tcp", "TCP",
+                        [](const std::string& output) {
+                          CHECK(contains(output, "KOLO_TRANSPORT=auto chose tcp"));
+                        });
     }
   }
 }

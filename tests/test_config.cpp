@@ -319,12 +319,13 @@ TEST_CASE("accepted spellings", "[config]") {
   CHECK(resolve(kolo_job({{"KOLO_TIMEOUT", " 30 "}})).timeout_s == 30.0);
   CHECK(resolve(kolo_job({{"KOLO_TRANSPORT", "UCX"}})).transport == "ucx");
   CHECK(resolve(kolo_job({{"KOLO_TRANSPORT", "auto"}})).transport == "auto");
-  CHECK(resolve(kolo_job()).ucx_shm);
-  CHECK_FALSE(resolve(kolo_job({{"KOLO_UCX_SHM", "0"}})).ucx_shm);
-  CHECK(resolve(kolo_job({{"KOLO_UCX_SHM", " 1 "}})).ucx_shm);
-  CHECK(resolve(kolo_job({})).ucx_shm_copy == "auto");
-  CHECK(resolve(kolo_job({{"KOLO_UCX_SHM_COPY", "stream"}})).ucx_shm_copy == "stream");
-  CHECK(resolve(kolo_job({{"KOLO_UCX_SHM_COPY", "plain"}})).ucx_shm_copy == "plain");
+  CHECK(resolve(kolo_job()).shm == "auto");
+  CHECK(resolve(kolo_job({{"KOLO_SHM", "0"}})).shm == "0");
+  CHECK(resolve(kolo_job({{"KOLO_SHM", " 1 "}})).shm == "1");
+  CHECK(resolve(kolo_job({{"KOLO_SHM", "AUTO"}})).shm == "auto");
+  CHECK(resolve(kolo_job({})).shm_copy == "auto");
+  CHECK(resolve(kolo_job({{"KOLO_SHM_COPY", "stream"}})).shm_copy == "stream");
+  CHECK(resolve(kolo_job({{"KOLO_SHM_COPY", "plain"}})).shm_copy == "plain");
   CHECK(resolve(kolo_job({{"KOLO_ALLREDUCE", "Hierarchical"}})).allreduce == "hierarchical");
   CHECK(resolve(kolo_job({{"KOLO_ALLREDUCE", "ring"}})).allreduce == "ring");
   CHECK(resolve(kolo_job({{"KOLO_HOST_ID", " rack3-node7 "}})).host_id == "rack3-node7");
@@ -466,10 +467,12 @@ TEST_CASE("bad values name the variable and the value", "[config]") {
       {{{"KOLO_SEGMENT_BYTES", "512M"}}, "KOLO_SEGMENT_BYTES", "512M"},
       {{{"KOLO_SEGMENT_BYTES", "1X"}}, "KOLO_SEGMENT_BYTES", "1X"},
       {{{"KOLO_TRANSPORT", "foo"}}, "KOLO_TRANSPORT", "foo"},
-      {{{"KOLO_UCX_SHM", "yes"}}, "KOLO_UCX_SHM", "yes"},
+      {{{"KOLO_SHM", "yes"}}, "KOLO_SHM", "yes"},
+      {{{"KOLO_UCX_SHM", "0"}}, "KOLO_UCX_SHM", "KOLO_SHM"},  // renamed: the error says so
+      {{{"KOLO_UCX_SHM_COPY", "plain"}}, "KOLO_UCX_SHM_COPY", "KOLO_SHM_COPY"},
       {{{"KOLO_ALLREDUCE", "tree"}}, "KOLO_ALLREDUCE", "tree"},
       {{{"KOLO_HOST_ID", std::string(129, 'h')}}, "KOLO_HOST_ID", std::string(129, 'h')},
-      {{{"KOLO_UCX_SHM_COPY", "nt"}}, "KOLO_UCX_SHM_COPY", "nt"},
+      {{{"KOLO_SHM_COPY", "nt"}}, "KOLO_SHM_COPY", "nt"},
       {{{"KOLO_BIND", "socket"}}, "KOLO_BIND", "socket"},
       {{{"KOLO_GPU_BACKEND", "mpi"}}, "KOLO_GPU_BACKEND", "mpi"},
       {{{"KOLO_RANK", "2"}}, "KOLO_RANK", "2"},  // size is 2
@@ -585,7 +588,7 @@ TEST_CASE("the table of known variables is complete and well formed", "[config]"
         "KOLO_TIMEOUT", "KOLO_TCP_STREAMS", "KOLO_SOCKET_IFNAME", "KOLO_SEGMENT_BYTES",
         "KOLO_TRANSPORT", "KOLO_BIND", "KOLO_DEBUG", "KOLO_CYCLE_TIME_MS", "KOLO_CACHE_CAPACITY",
         "KOLO_FUSION_THRESHOLD", "KOLO_STALL_WARNING_S", "KOLO_STALL_ABORT_S", "KOLO_TIMELINE",
-        "KOLO_GPU_BACKEND", "KOLO_UCX_SHM", "KOLO_UCX_SHM_COPY", "KOLO_SECRET_FILE",
+        "KOLO_GPU_BACKEND", "KOLO_SHM", "KOLO_SHM_COPY", "KOLO_SECRET_FILE",
         "KOLO_LIBRARY", "KOLO_ALLREDUCE", "KOLO_HOST_ID"}) {
     CHECK(names.count(name) == 1);
   }

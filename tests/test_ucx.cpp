@@ -1,6 +1,6 @@
 // The collective suite and the fault tests over the UCX transport (KOLO_TRANSPORT=ucx), in three
 // flavours: kolo's own shared-memory rings between ranks of one host (the default), UCX's default
-// transports with those rings off (KOLO_UCX_SHM=0), which on one machine are shared memory and
+// transports with those rings off (KOLO_SHM=0), which on one machine are shared memory and
 // CMA, and UCX's TCP on loopback (UCX_TLS=tcp, UCX_NET_DEVICES=lo), the path two hosts without
 // RDMA would take.
 // The scenarios are those of the TCP tests (tests/worker.cpp); every rank checks every result
@@ -48,19 +48,16 @@ const std::vector<Flavour>& flavours() {
       {"kolo shared memory, streamed copies",
        {{"KOLO_TRANSPORT", "ucx"},
         {"KOLO_DEBUG", "INFO"},
-        {"KOLO_UCX_SHM_COPY", "stream"},
+        {"KOLO_SHM_COPY", "stream"},
         {"UCX_TLS", "all"}},
        "through kolo's shared-memory ring .*streamed copies"},
       {"UCX shared memory",
-       {{"KOLO_TRANSPORT", "ucx"},
-        {"KOLO_DEBUG", "INFO"},
-        {"KOLO_UCX_SHM", "0"},
-        {"UCX_TLS", "all"}},
+       {{"KOLO_TRANSPORT", "ucx"}, {"KOLO_DEBUG", "INFO"}, {"KOLO_SHM", "0"}, {"UCX_TLS", "all"}},
        "reaches its peers through .*/memory"},
       {"tcp",
        {{"KOLO_TRANSPORT", "ucx"},
         {"KOLO_DEBUG", "INFO"},
-        {"KOLO_UCX_SHM", "0"},
+        {"KOLO_SHM", "0"},
         {"UCX_TLS", "tcp"},
         {"UCX_NET_DEVICES", "lo"}},
        "reaches its peers through .*tcp/lo"},

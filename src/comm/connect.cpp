@@ -24,8 +24,8 @@ TransportSettings transport_settings(const Config& config) {
   settings.host = host_identity(config);
   settings.local_size = config.local_size;
   settings.tcp_streams = config.tcp_streams;
-  settings.ucx_shm = config.ucx_shm;
-  settings.ucx_shm_copy = config.ucx_shm_copy;
+  settings.shm = config.shm;
+  settings.shm_copy = config.shm_copy;
   return settings;
 }
 

@@ -50,8 +50,10 @@ const std::vector<EnvVarInfo> kKnownVariables = {
      "allreduce schedule: ring (flat), hierarchical (through one leader per host) or auto"},
     {"KOLO_HOST_ID", "(host name and boot id)",
      "what counts as this rank's host: ranks with the same value share one"},
-    {"KOLO_UCX_SHM", "1", "UCX transport: 1 = kolo's shared-memory rings within a host, 0 = UCX"},
-    {"KOLO_UCX_SHM_COPY", "auto",
+    {"KOLO_SHM", "auto",
+     "kolo's shared-memory rings between ranks of one host: 1, 0, or auto (under ucx and "
+     "KOLO_TRANSPORT=auto, not under an explicit tcp)"},
+    {"KOLO_SHM_COPY", "auto",
      "copies into the rings: auto, plain or stream (non-temporal stores, for cores without a "
      "shared cache)"},
     {"KOLO_BIND", "none", "CPU binding of each rank: none, core or numa"},
@@ -458,9 +460,17 @@ void resolve_tuning(const ConfigOverrides& overrides, const Environment& env, Co
                        kMaxHostIdBytes));
     }
   }
-  if (auto shm = from_env(env, "KOLO_UCX_SHM")) config.ucx_shm = one_of(*shm, {"0", "1"}) == "1";
-  if (auto copy = from_env(env, "KOLO_UCX_SHM_COPY")) {
-    config.ucx_shm_copy = one_of(*copy, {"auto", "plain", "stream"});
+  for (const char* old_name : {"KOLO_UCX_SHM", "KOLO_UCX_SHM_COPY"}) {
+    if (auto old = from_env(env, old_name)) {
+      fail(fmt::format(
+          "kolo: {}={}: this variable is now {} (the rings serve the TCP transport "
+          "too); rename it",
+          old->source, old->text, old->source == "KOLO_UCX_SHM" ? "KOLO_SHM" : "KOLO_SHM_COPY"));
+    }
+  }
+  if (auto shm = from_env(env, "KOLO_SHM")) config.shm = one_of(*shm, {"auto", "0", "1"});
+  if (auto copy = from_env(env, "KOLO_SHM_COPY")) {
+    config.shm_copy = one_of(*copy, {"auto", "plain", "stream"});
   }
   if (auto bind = from_env(env, "KOLO_BIND")) config.bind = one_of(*bind, {"none", "core", "numa"});
   if (auto gpu = from_env(env, "KOLO_GPU_BACKEND")) {

@@ -59,8 +59,8 @@ struct Config {
   std::string allreduce = "auto";
   // KOLO_HOST_ID: what makes two ranks one host (core/host.hpp); "" = host name and boot id.
   std::string host_id;
-  bool ucx_shm = true;               // KOLO_UCX_SHM: kolo's shared-memory rings within a host
-  std::string ucx_shm_copy = "auto";  // KOLO_UCX_SHM_COPY: auto, plain or stream
+  std::string shm = "auto";       // KOLO_SHM: kolo's shared-memory rings within a host: auto, 0, 1
+  std::string shm_copy = "auto";  // KOLO_SHM_COPY: auto, plain or stream
   std::string bind = "none";         // KOLO_BIND: none | core | numa
   std::string gpu_backend = "auto";  // KOLO_GPU_BACKEND: auto | nccl | staged (gpu/backend.hpp)
   std::string launcher;              // who supplied the rank: config|kolo|ompi|pmi|slurm|torchrun

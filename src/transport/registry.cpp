@@ -61,13 +61,22 @@ const TransportEntry& choose_automatically(const TransportSettings& settings, St
   return *fallback;
 }
 
+// KOLO_SHM=auto: kolo's shared-memory rings for the peers on this host wherever kolo picks the
+// path, that is under ucx and under KOLO_TRANSPORT=auto; an explicit KOLO_TRANSPORT=tcp means TCP
+// sockets to every peer, as it always did.
+TransportSettings with_shm_resolved(const TransportSettings& settings) {
+  TransportSettings resolved = settings;
+  if (resolved.shm == "auto") resolved.shm = settings.transport == "tcp" ? "0" : "1";
+  return resolved;
+}
+
 }  // namespace
 
 std::unique_ptr<Transport> make_transport(const TransportSettings& settings, StoreClient& store,
                                           int rank, int size, uint64_t context) {
   if (settings.transport == "auto") {
-    return choose_automatically(settings, store, rank, size, context)
-        .connect(settings, store, rank, size, context);
+    const TransportEntry& entry = choose_automatically(settings, store, rank, size, context);
+    return entry.connect(with_shm_resolved(settings), store, rank, size, context);
   }
   for (const TransportEntry& entry : transport_registry()) {
     if (settings.transport != entry.name) continue;
@@ -76,7 +85,7 @@ std::unique_ptr<Transport> make_transport(const TransportSettings& settings, Sto
                   fmt::format("KOLO_TRANSPORT={} is not available: {}; available: {}", entry.name,
                               entry.missing_reason, names_built()));
     }
-    return entry.connect(settings, store, rank, size, context);
+    return entry.connect(with_shm_resolved(settings), store, rank, size, context);
   }
   std::string names;
   for (const TransportEntry& entry : transport_registry()) names += fmt::format("{}, ", entry.name);

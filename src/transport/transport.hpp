@@ -49,8 +49,10 @@ struct TransportSettings {
   std::string host;                   // this rank's host identity (core/host.hpp)
   int local_size = -1;                // ranks on this host, -1 when unknown
   int tcp_streams = 1;                // tcp: KOLO_TCP_STREAMS data connections per peer
-  bool ucx_shm = true;                // ucx: KOLO_UCX_SHM, kolo's shared-memory rings within a host
-  std::string ucx_shm_copy = "auto";  // ucx: KOLO_UCX_SHM_COPY, auto, plain or stream
+  // KOLO_SHM: kolo's shared-memory rings (transport/shm/) for the peers on this host, "1" or "0";
+  // make_transport turns "auto" into one of them for the transport it connects.
+  std::string shm = "auto";
+  std::string shm_copy = "auto";  // KOLO_SHM_COPY: auto, plain or stream
 };
 
 // One send or receive. The caller owns it and keeps it (and its buffer) alive and unmoved until

@@ -67,7 +67,7 @@ void run(FuzzInput& input, char* segment) {
   const int rank = input.take<uint8_t>() % 2, peer = 1 - rank;
   std::list<Posted> posted;  // outlives the channel, which points into it
   ControlChannel control(rank, 2);
-  ShmChannel channel(rank, 2, control);
+  ShmChannel channel(rank, 2, control, "ucx");
   channel.adopt_segment(peer, segment);
   auto* header = reinterpret_cast<shm::SegmentHeader*>(segment);
   const int theirs = rank < peer ? 1 : 0;  // the ring the peer writes and this rank reads

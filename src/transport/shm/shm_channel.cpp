@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -66,8 +67,8 @@ std::string segment_name() {
 // creator killed (SIGKILL) inside that window leaves it there for good. Before making segments,
 // each rank removes the names whose creator no longer exists (kill(pid, 0) fails with ESRCH).
 // A creator in another PID namespace that shares this /dev/shm looks dead too; its peer then
-// fails to open the segment and that pair keeps UCX, which costs speed, not correctness.
-void remove_stale_segments(int rank) {
+// fails to open the segment and that pair keeps the network, which costs speed, not correctness.
+void remove_stale_segments(const char* transport, int rank) {
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
     const std::string file = entry.path().filename().string();
@@ -81,8 +82,8 @@ void remove_stale_segments(int rank) {
     }
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
     if (::shm_unlink(("/" + file).c_str()) == 0) {
-      log::info("ucx: rank {} removed /dev/shm/{}, left by process {} that no longer exists", rank,
-                file, pid);
+      log::info("{}: rank {} removed /dev/shm/{}, left by process {} that no longer exists",
+                transport, rank, file, pid);
     }
   }
 }
@@ -175,8 +176,10 @@ struct ShmChannel::Link {
   }
 };
 
-ShmChannel::ShmChannel(int rank, int size, ControlChannel& control)
-    : rank_(rank), size_(size), control_(control), links_(size) {}
+ShmChannel::ShmChannel(int rank, int size, ControlChannel& control, const char* transport)
+    : rank_(rank), size_(size), transport_(transport), control_(control), links_(size) {
+  for (char c : std::string(transport)) network_ += static_cast<char>(std::toupper(c));
+}
 
 ShmChannel::~ShmChannel() = default;
 
@@ -210,7 +213,7 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, const std::str
     const bool other_host = host != theirs.host;
     other_hosts_ += other_host ? 1 : 0;
     if (!enabled || !theirs.enabled) {
-      why[peer] = "KOLO_UCX_SHM=0";
+      why[peer] = "KOLO_SHM=0";
     } else if (other_host) {
       why[peer] = "another host";
     } else {
@@ -220,7 +223,8 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, const std::str
 
   // 2. The lower rank of each same-host pair makes the segment and offers it; the higher one
   // opens it, checks the cookie and answers. Offers go out before any answer is awaited.
-  if (std::count(candidate.begin(), candidate.end(), true) > 0) remove_stale_segments(rank_);
+  if (std::count(candidate.begin(), candidate.end(), true) > 0)
+    remove_stale_segments(transport_, rank_);
   std::vector<std::string> names(size_);
   std::vector<uint64_t> cookies(size_, 0);
   try {
@@ -247,7 +251,8 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, const std::str
         if (fd >= 0) ::shm_unlink(name.c_str());
         why[peer] = fmt::format("cannot make a shared segment of {} bytes: {}", kSegmentBytes,
                                 std::strerror(error));
-        log::warn("ucx: rank {}: {}; rank {} keeps UCX", rank_, why[peer], peer);
+        log::warn("{}: rank {}: {}; rank {} keeps {}", transport_, rank_, why[peer], peer,
+                  network_);
       } else {
         auto* header = new (memory) SegmentHeader{};
         header->magic = kSegmentMagic;
@@ -300,7 +305,8 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, const std::str
         }
         if (memory == MAP_FAILED) {
           why[peer] = fmt::format("cannot open its shared segment: {}", std::strerror(error));
-          log::warn("ucx: rank {}: {}; rank {} keeps UCX", rank_, why[peer], peer);
+          log::warn("{}: rank {}: {}; rank {} keeps {}", transport_, rank_, why[peer], peer,
+                    network_);
         } else {
           adopt_segment(peer, memory);
           answer = 1;
@@ -331,14 +337,15 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, const std::str
     if (links_[peer]) {
       ++connected_count_;
       log::info(
-          "ucx: rank {} reaches rank {} through kolo's shared-memory ring ({} slots of {} "
+          "{}: rank {} reaches rank {} through kolo's shared-memory ring ({} slots of {} "
           "KiB each way, {} copies)",
-          rank_, peer, kSlots, kSlotBytes >> 10,
+          transport_, rank_, peer, kSlots, kSlotBytes >> 10,
           copy_ == Copy::kPlain    ? "plain"
           : copy_ == Copy::kStream ? "streamed"
                                    : "adaptive");
     } else {
-      log::info("ucx: rank {} reaches rank {} through UCX ({})", rank_, peer, why[peer]);
+      log::info("{}: rank {} reaches rank {} through {} ({})", transport_, rank_, peer, network_,
+                why[peer]);
     }
   }
 }
@@ -471,8 +478,8 @@ bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
     FrameHeader header;  // copied out first: the peer cannot change it after the check
     std::memcpy(&header, link.in_data + tail % kCapacity, sizeof(header));
     if (!header.well_formed()) {
-      log::warn("ucx: rank {} wrote a malformed message header (magic {:#x}) into its ring", peer,
-                header.magic);
+      log::warn("{}: rank {} wrote a malformed message header (magic {:#x}) into its ring",
+                transport_, peer, header.magic);
       throw Error(Status::kPeerLost,
                   fmt::format("rank {} sent a malformed message (magic {:#x}) to rank {}", peer,
                               header.magic, rank_));

@@ -1,10 +1,12 @@
-// kolo's own shared-memory data path between two ranks of one host, beside UCX.
+// kolo's own shared-memory data path between two ranks of one host, beside the network of the
+// transport that runs it (UCX or TCP; KOLO_SHM).
 //
-// Why. Within a host UCX moves large messages with one CMA copy (process_vm_readv), which pins
-// pages and walks page tables on every call. Two plain memcpy()s through a ring of shared slots
-// that stays mapped for the life of the communicator move more bytes a second (bench/
-// intra_host_copy; the README's "Measurements behind the UCX transport" has the figures), and a
-// ring allreduce at N = 2 spends most of its time in these copies.
+// Why. Over TCP, every byte between two ranks of one host crosses the loopback: two copies
+// through the kernel and a system call per piece. Within a host UCX moves large messages with one
+// CMA copy (process_vm_readv), which pins pages and walks page tables on every call. Two plain
+// memcpy()s through a ring of shared slots that stays mapped for the life of the communicator move
+// more bytes a second (bench/intra_host_copy; the README's "Measurements behind the UCX transport"
+// has the figures), and a ring allreduce at N = 2 spends most of its time in these copies.
 //
 // The segment. Each pair of ranks on one host shares one segment, created by the lower rank
 // (shm_open with a random name, mode 0600, O_EXCL, the memory reserved with posix_fallocate so
@@ -29,23 +31,24 @@
 // at the slots' own boundaries instead would split every slot-sized message, header included,
 // into a big piece and a 64-byte one.) The producer copies with plain stores, or with
 // non-temporal ones while the consumer's core shares no cache with its own (copy_into_ring in
-// shm_channel.cpp, KOLO_UCX_SHM_COPY); a receive that carries a sink (Transfer::sink) gets the
+// shm_channel.cpp, KOLO_SHM_COPY); a receive that carries a sink (Transfer::sink) gets the
 // payload handed to it where it lies instead of copied out. The k-th receive posted for a
 // peer takes the k-th message in its ring: ALL messages to a peer that has a ring go through it
-// (UCX carries none of them), so the order of messages cannot be broken between two paths. The
-// receiver copies the header out of the ring and checks it before a byte of payload moves:
-// another descriptor or another length is KOLO_ERR_MISMATCH with the same words as the UCX path,
-// and nothing is ever written past the posted buffer. Counters that make no sense (a reader ahead
-// of the writer, more than the ring holds in flight) are a lost peer, never a wild copy.
+// (the network carries none of them), so the order of messages cannot be broken between two paths.
+// The receiver copies the header out of the ring and checks it before a byte of payload moves:
+// another descriptor or another length is KOLO_ERR_MISMATCH with the same words as the network
+// path, and nothing is ever written past the posted buffer. Counters that make no sense (a reader
+// ahead of the writer, more than the ring holds in flight) are a lost peer, never a wild copy.
 //
 // Waking. No thread of its own: pump() copies what the rings allow, in both directions, for every
-// peer, and the UCX transport calls it from progress(). Before a rank sleeps in poll() it sets a
-// flag in the ring it waits on ("consumer waiting" when it has receives posted, "producer
-// waiting" when it has sends queued) and then looks at the rings once more; a peer that moves the
-// counter and finds the flag set clears it and rings a doorbell: a WAKE frame on the pair's
-// control socket, which is in the sleeper's poll set already. The flag and the counter are
-// sequentially consistent on both sides (Dekker), so either the sleeper sees the new counter or
-// the peer sees the flag: no wake-up is lost, and one flag yields one doorbell at most.
+// peer, and the transport calls it from progress() (waiting.hpp: the spin, the readiness flag).
+// Before a rank sleeps in poll() it sets a flag in the ring it waits on ("consumer waiting" when it
+// has receives posted, "producer waiting" when it has sends queued) and then looks at the rings
+// once more; a peer that moves the counter and finds the flag set clears it and rings a doorbell: a
+// WAKE frame on the pair's control socket, which is in the sleeper's poll set already. The flag and
+// the counter are sequentially consistent on both sides (Dekker), so either the sleeper sees the
+// new counter or the peer sees the flag: no wake-up is lost, and one flag yields one doorbell at
+// most.
 //
 // Faults. A dead peer's counters simply stop; nothing here waits on them (pump() returns when
 // nothing can move), the sleeper wakes on the control channel, which reports the lost rank. The
@@ -72,14 +75,16 @@ class ShmChannel {
   static constexpr size_t kSlotBytes = size_t{256} << 10;
   static constexpr size_t kSlots = 8;
 
-  // How pieces are copied into a ring (KOLO_UCX_SHM_COPY): plain stores, non-temporal stores, or
+  // How pieces are copied into a ring (KOLO_SHM_COPY): plain stores, non-temporal stores, or
   // whichever suits where the consumer's core is (see copy_into_ring in shm_channel.cpp).
   enum class Copy { kAuto, kPlain, kStream };
   static Copy copy_mode(const std::string& name) {
     return name == "plain" ? Copy::kPlain : name == "stream" ? Copy::kStream : Copy::kAuto;
   }
 
-  ShmChannel(int rank, int size, ControlChannel& control);
+  // `transport` names the transport that runs the rings beside its network ("ucx", "tcp"), for
+  // the log.
+  ShmChannel(int rank, int size, ControlChannel& control, const char* transport);
   ~ShmChannel();
   ShmChannel(const ShmChannel&) = delete;
   ShmChannel& operator=(const ShmChannel&) = delete;
@@ -87,8 +92,8 @@ class ShmChannel {
   // Set-up, over each pair's authenticated control socket before it is attached to the control
   // channel: which peers share this host (`host`, this rank's host identity, core/host.hpp), and
   // for those a segment. Where `enabled` is false on either side, the peer is on another host or
-  // the segment cannot be made, the pair keeps UCX. Logs the path of every peer at INFO. Throws
-  // only when a socket fails.
+  // the segment cannot be made, the pair keeps the network. Logs the path of every peer at INFO.
+  // Throws only when a socket fails.
   void connect(const std::vector<PeerSockets>& sockets, const std::string& host, bool enabled,
                Copy copy, const Deadline& deadline);
 
@@ -135,6 +140,8 @@ class ShmChannel {
 
   int rank_;
   int size_;
+  const char* transport_;
+  std::string network_;  // the transport's name in capitals: what a peer without a ring keeps
   ControlChannel& control_;
   std::vector<std::unique_ptr<Link>> links_;
   int connected_count_ = 0;

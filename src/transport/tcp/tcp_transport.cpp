@@ -18,11 +18,22 @@
 // whose control socket closes without a goodbye was lost (killed, crashed) and every rank learns
 // of it within one epoll wake-up.
 //
+// Peers on this host. Unless KOLO_SHM says otherwise (its default: under KOLO_TRANSPORT=auto, not
+// under an explicit tcp), every message to a peer on the same host goes through kolo's rings in
+// shared memory (transport/shm/), set up over the pair's control socket; such a pair closes its
+// data sockets, so no message can take the other path and overtake one in the ring. A job across
+// hosts thus moves the bytes of each host through memory and the others over the network, in one
+// communicator.
+//
 // Progress is edge-triggered epoll over every socket: an event marks a socket readable or
-// writable, and the socket is served until the kernel says EAGAIN or nothing is posted.
+// writable, and the socket is served until the kernel says EAGAIN or nothing is posted. With
+// rings, progress() first spins on them and on the sockets (transport/shm/waiting.hpp), then asks
+// the peers on the rings for a doorbell (a WAKE frame on the control socket, which is in the epoll
+// set) before it sleeps in epoll_wait; the readiness flag joins the epoll set.
 #include "transport/tcp/tcp_transport.hpp"
 
 #include <fmt/format.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -39,6 +50,8 @@
 #include "transport/control_channel.hpp"
 #include "transport/framing.hpp"
 #include "transport/mesh.hpp"
+#include "transport/shm/shm_channel.hpp"
+#include "transport/shm/waiting.hpp"
 
 namespace kolo {
 namespace {
@@ -73,27 +86,40 @@ class TcpTransport final : public Transport {
  public:
   TcpTransport(const TransportSettings& settings, StoreClient& store, int rank, int size,
                uint64_t context)
-      : rank_(rank), streams_(settings.tcp_streams), peers_(size), control_(rank, size) {
+      : rank_(rank),
+        streams_(settings.tcp_streams),
+        peers_(size),
+        control_(rank, size),
+        shm_(rank, size, control_, "tcp"),
+        pure_spin_(pure_spin_for(settings.local_size)) {
     epoll_ = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_.valid()) {
       throw Error(Status::kSystem, fmt::format("epoll_create1 failed: {}", std::strerror(errno)));
     }
     std::vector<PeerSockets> sockets =
         connect_mesh(settings, store, rank, size, context, "tcp", streams_);
+    shm_.connect(sockets, settings.host, settings.shm == "1",
+                 ShmChannel::copy_mode(settings.shm_copy), Deadline(settings.timeout_s));
     for (int peer = 0; peer < size; ++peer) {
       if (peer == rank) continue;
-      peers_[peer].streams.resize(streams_);
-      for (int stream = 0; stream < streams_; ++stream) {
-        attach(peer, stream, std::move(sockets[peer].data[stream]));
+      if (!shm_.connected(peer)) {  // else its data sockets close here, unused
+        peers_[peer].streams.resize(streams_);
+        for (int stream = 0; stream < streams_; ++stream) {
+          attach(peer, stream, std::move(sockets[peer].data[stream]));
+        }
       }
       control_.attach(peer, std::move(sockets[peer].control));
     }
-    // The control channel is one more source of events; its entry has no connection.
-    epoll_event event{};
-    event.events = EPOLLIN;
-    event.data.ptr = nullptr;
-    if (::epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, control_.fd(), &event) != 0) {
-      throw Error(Status::kSystem, fmt::format("epoll_ctl failed: {}", std::strerror(errno)));
+    // The control channel and the readiness flag are more sources of events; their entries have
+    // no connection.
+    for (int fd : {control_.fd(), shm_.any() ? awake_.fd() : -1}) {
+      if (fd < 0) continue;
+      epoll_event event{};
+      event.events = EPOLLIN;
+      event.data.ptr = fd == control_.fd() ? nullptr : &awake_;
+      if (::epoll_ctl(epoll_.fd(), EPOLL_CTL_ADD, fd, &event) != 0) {
+        throw Error(Status::kSystem, fmt::format("epoll_ctl failed: {}", std::strerror(errno)));
+      }
     }
   }
 
@@ -103,6 +129,12 @@ class TcpTransport final : public Transport {
 
   void post_send(Transfer& transfer) override {
     rethrow_failure();
+    if (shm_.connected(transfer.peer)) {
+      guarded([&] {
+        if (shm_.post_send(transfer)) awake_.set();
+      });
+      return;
+    }
     Peer& peer = peers_[transfer.peer];
     Connection& connection = *peer.streams[peer.messages_sent++ % streams_];
     connection.sends.push(&transfer);
@@ -111,6 +143,12 @@ class TcpTransport final : public Transport {
 
   void post_recv(Transfer& transfer) override {
     rethrow_failure();
+    if (shm_.connected(transfer.peer)) {
+      guarded([&] {
+        if (shm_.post_recv(transfer)) awake_.set();
+      });
+      return;
+    }
     Peer& peer = peers_[transfer.peer];
     Connection& connection = *peer.streams[peer.messages_received++ % streams_];
     connection.recvs.push(&transfer);
@@ -119,15 +157,60 @@ class TcpTransport final : public Transport {
 
   void progress(const Deadline& deadline) override {
     rethrow_failure();
-    std::array<epoll_event, 64> events;
-    int ready = ::epoll_wait(epoll_.fd(), events.data(), events.size(), deadline.remaining_ms());
-    if (ready < 0) {
-      if (errno == EINTR) return;
-      fail(Error(Status::kSystem, fmt::format("epoll_wait failed: {}", std::strerror(errno))),
-           true);
+    if (!shm_.any()) {
+      serve_events(deadline.remaining_ms());
+      return;
     }
     guarded([&] {
+      if (spin(deadline)) return awake_.set();
+      check_departed_ring_peers();
+      // Nothing moved: ask the peers on the rings for a doorbell, then look once more, since
+      // what they published before they could see the request rings no bell (shm_channel.hpp).
+      awake_.clear();
+      shm_.prepare_sleep();
+      bool moved = false;
+      shm_.pump(moved);
+      if (moved) {
+        shm_.end_sleep();
+        return awake_.set();
+      }
+      // A caller that sleeps on readiness_fd() itself (an expired deadline) leaves asleep: the
+      // doorbells, the sockets and the control channel wake it.
+      if (deadline.expired()) return;
+      serve_events(deadline.remaining_ms());
+      shm_.end_sleep();
+      shm_.pump(moved);
+      awake_.set();  // one wake-up (or the deadline): the caller looks at its transfers
+    });
+  }
+
+  void abort(const Error& error) noexcept override { fail(error, true); }
+
+  const Error* failure() const override { return failure_ ? &*failure_ : nullptr; }
+
+  // The epoll set: readable while some socket (data or control) has an event to collect, or, with
+  // rings, while the readiness flag is set (progress() returned without asking for doorbells).
+  int readiness_fd() const override { return epoll_.fd(); }
+
+ private:
+  // ---- waiting --------------------------------------------------------------------------------
+
+  // Waits in epoll_wait at most timeout_ms for the sockets and the control channel, and serves
+  // what they report. Returns how many of them reported (the readiness flag does not count).
+  int serve_events(int timeout_ms) {
+    std::array<epoll_event, 64> events;
+    int ready = ::epoll_wait(epoll_.fd(), events.data(), events.size(), timeout_ms);
+    if (ready < 0) {
+      if (errno == EINTR) return 0;
+      fail(Error(Status::kSystem, fmt::format("epoll_wait failed: {}", std::strerror(errno))),
+           true);
+      rethrow_failure();
+    }
+    int served = 0;
+    guarded([&] {
       for (int i = 0; i < ready; ++i) {
+        if (events[i].data.ptr == &awake_) continue;
+        ++served;
         auto* connection = static_cast<Connection*>(events[i].data.ptr);
         if (!connection) {
           control_.serve();
@@ -140,16 +223,42 @@ class TcpTransport final : public Transport {
         serve_recvs(*connection);
       }
     });
+    return served;
   }
 
-  void abort(const Error& error) noexcept override { fail(error, true); }
+  // With rings: polls them and the sockets for kSpin (waiting.hpp; one pass for an expired
+  // deadline), each copy through a ring starting the spin again. True when a ring transfer
+  // completed or a socket reported something.
+  bool spin(const Deadline& deadline) {
+    shm_.end_sleep();
+    const auto length = deadline.expired() ? Clock::duration::zero() : Clock::duration(kSpin);
+    auto from = Clock::now();
+    auto now = from;
+    do {
+      bool copied = false;
+      if (shm_.pump(copied) || serve_events(0) > 0) return true;
+      now = Clock::now();
+      if (copied && length != Clock::duration::zero()) from = now;
+      if (now >= from + pure_spin_) ::sched_yield();
+    } while (now < from + length);
+    return false;
+  }
 
-  const Error* failure() const override { return failure_ ? &*failure_ : nullptr; }
+  // A peer on a ring that said goodbye put everything it ever sent into the ring first (a send
+  // through a ring completes once copied in): what is still pending with it never completes.
+  void check_departed_ring_peers() {
+    for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+      if (!shm_.connected(peer) || !control_.said_goodbye(peer) || shm_.pending(peer) == 0) {
+        continue;
+      }
+      bool moved = false;
+      shm_.pump(moved);
+      if (shm_.pending(peer) > 0) {
+        data_lost(peer, "it destroyed its communicator while this rank still expected data");
+      }
+    }
+  }
 
-  // The epoll set: readable while some socket (data or control) has an event to collect.
-  int readiness_fd() const override { return epoll_.fd(); }
-
- private:
   // ---- set-up ---------------------------------------------------------------------------------
 
   void attach(int peer, int stream, net::Socket socket) {
@@ -334,6 +443,7 @@ class TcpTransport final : public Transport {
         stream->recvs.clear();
       }
     }
+    shm_.forget();
     if (tell_peers) control_.tell_peers(error);
   }
 
@@ -346,6 +456,9 @@ class TcpTransport final : public Transport {
   net::Socket epoll_;
   std::vector<Peer> peers_;
   ControlChannel control_;
+  ShmChannel shm_;  // after control_, which it rings doorbells through
+  AwakeFlag awake_;
+  Clock::duration pure_spin_;
   std::optional<Error> failure_;
 };
 

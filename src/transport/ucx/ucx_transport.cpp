@@ -33,7 +33,7 @@
 // by check_frame(), as on every transport, so ranks that disagree get KOLO_ERR_MISMATCH. A
 // payload longer than expected is cut short by UCX (truncated), never written past the buffer.
 //
-// Peers on this host. Unless KOLO_UCX_SHM=0, every message to a peer on the same host goes
+// Peers on this host. Unless KOLO_SHM=0, every message to a peer on the same host goes
 // through kolo's own rings in shared memory instead (transport/shm/: two memcpy()s through
 // 256 KiB slots, faster here than UCX's per-message CMA read), set up over the authenticated
 // control socket right after the keys; such a peer gets no UCX message at all, so ordering
@@ -60,7 +60,6 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <ucp/api/ucp.h>
 #include <ucs/config/global_opts.h>
 #include <ucs/debug/log_def.h>
@@ -88,6 +87,7 @@
 #include "transport/framing.hpp"
 #include "transport/mesh.hpp"
 #include "transport/shm/shm_channel.hpp"
+#include "transport/shm/waiting.hpp"
 
 namespace kolo {
 namespace {
@@ -104,20 +104,9 @@ uint64_t message_tag(bool payload, int source, uint64_t sequence, uint64_t pair_
   return plain ^ pair_key;
 }
 
-// Waiting: spin on the worker for kPureSpin (a shared-memory message arrives in about a
-// microsecond), then keep polling but call sched_yield() between polls until kSpin, then sleep in
-// poll(). Yielding matters on a busy machine: a spinning rank that shares its CPU with the peer
-// it waits for would otherwise hold the CPU for the whole spin while the peer cannot send
-// (README, "Measurements behind the UCX transport"). When this host runs more ranks than this
-// process may use CPUs, there is no plain spin at all. The sleep is bounded so that a peer's
-// goodbye is re-examined, and shortened to a millisecond once a wake-up is found missing
-// (missed_wake_up).
-//
-// With kolo's shared-memory rings, the next piece of a pipeline comes within a 256 KiB copy
-// (tens of microseconds), so the same spin covers it; a longer spin after each copy measured no
-// better with 256 KiB slots (README, "Measurements behind the UCX transport").
-constexpr auto kPureSpin = std::chrono::microseconds(5);
-constexpr auto kSpin = std::chrono::microseconds(50);
+// Waiting: spin on the worker and the rings as transport/shm/waiting.hpp says, then sleep in
+// poll(). The sleep is bounded so that a peer's goodbye is re-examined, and shortened to a
+// millisecond once a wake-up is found missing (missed_wake_up).
 constexpr int kMaxSleepMs = 100;
 constexpr auto kControlCheckInterval = std::chrono::milliseconds(1);
 // A peer that said goodbye flushed everything it sent first; what it sent arrives within this.
@@ -167,12 +156,6 @@ void install_peer_death_filter() {
   std::call_once(once, [] { ucs_log_push_handler(&filter_peer_death); });
 }
 
-int usable_cpus() {
-  cpu_set_t cpus;
-  if (::sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return 1;
-  return std::max(1, CPU_COUNT(&cpus));
-}
-
 uint64_t random_key() {
   std::random_device device;
   return (static_cast<uint64_t>(device()) << 32) ^ device();
@@ -204,8 +187,12 @@ class UcxTransport final : public Transport {
  public:
   UcxTransport(const TransportSettings& settings, StoreClient& store, int rank, int size,
                uint64_t context)
-      : rank_(rank), size_(size), peers_(size), control_(rank, size), shm_(rank, size, control_) {
-    pure_spin_ = settings.local_size > usable_cpus() ? Clock::duration::zero() : kPureSpin;
+      : rank_(rank),
+        size_(size),
+        peers_(size),
+        control_(rank, size),
+        shm_(rank, size, control_, "ucx") {
+    pure_spin_ = pure_spin_for(settings.local_size);
     if (size > kMaxRanks) {
       throw Error(
           Status::kUnsupported,
@@ -237,7 +224,7 @@ class UcxTransport final : public Transport {
     rethrow_failure();
     guarded([&] {
       if (shm_.connected(transfer.peer)) {
-        if (shm_.post_send(transfer)) leave_awake();
+        if (shm_.post_send(transfer)) awake_.set();
         return;
       }
       Peer& peer = peers_[transfer.peer];
@@ -261,7 +248,7 @@ class UcxTransport final : public Transport {
     rethrow_failure();
     guarded([&] {
       if (shm_.connected(transfer.peer)) {
-        if (shm_.post_recv(transfer)) leave_awake();
+        if (shm_.post_recv(transfer)) awake_.set();
         return;
       }
       Peer& peer = peers_[transfer.peer];
@@ -298,7 +285,7 @@ class UcxTransport final : public Transport {
         bool completed = process_completions();
         bool copied = false;
         if (shm_.any() && shm_.pump(copied)) completed = true;
-        if (completed) return leave_awake();
+        if (completed) return awake_.set();
         now = Clock::now();
         if (copied && spin_length != Clock::duration::zero()) spin_from = now;
         if (now >= spin_from + pure_spin_) ::sched_yield();
@@ -306,13 +293,13 @@ class UcxTransport final : public Transport {
       serve_control();
 
       // Sleep until UCX or the control channel has something, or the deadline.
-      clear_awake();
+      awake_.clear();
       for (;;) {
         ucs_status_t armed = ucp_worker_arm(worker_);
         if (armed == UCS_ERR_BUSY) {  // events arrived since the last progress: take them
           while (ucp_worker_progress(worker_) != 0) {
           }
-          if (process_completions() || deadline.expired()) return leave_awake();
+          if (process_completions() || deadline.expired()) return awake_.set();
           if (Clock::now() >= next_control_check_) serve_control();
           continue;
         }
@@ -325,7 +312,7 @@ class UcxTransport final : public Transport {
           const bool completed = shm_.pump(moved);
           if (moved) {
             shm_.end_sleep();
-            if (completed || deadline.expired()) return leave_awake();
+            if (completed || deadline.expired()) return awake_.set();
             continue;
           }
         }
@@ -345,7 +332,7 @@ class UcxTransport final : public Transport {
         process_completions();
         shm_.end_sleep();
         if (shm_.any()) shm_.pump(moved);
-        return leave_awake();  // one wake-up (or the deadline): the caller looks at its transfers
+        return awake_.set();  // one wake-up (or the deadline): the caller looks at its transfers
       }
     });
   }
@@ -364,10 +351,9 @@ class UcxTransport final : public Transport {
   }
 
   // Readable while progress() has something to do: UCX's event fd (reliable only while the
-  // worker is armed), the control channel, and `awake_`, an eventfd that progress() sets whenever
-  // it returns with the worker not armed. Every return from progress() leaves the worker armed or
-  // awake_ set; setting it costs one write() the first time only, and clearing it one read()
-  // before the worker is armed to sleep.
+  // worker is armed), the control channel, and `awake_` (transport/shm/waiting.hpp), which
+  // progress() sets whenever it returns with the worker not armed: every return from progress()
+  // leaves the worker armed or awake_ set.
   int readiness_fd() const override { return readiness_.fd(); }
 
   void abort(const Error& error) noexcept override { fail(error, true); }
@@ -404,8 +390,8 @@ class UcxTransport final : public Transport {
         connect_mesh(settings, store, rank_, size_, context, "ucx-control", 0);
     exchange_keys(sockets, deadline);
     // 2b. Rings in shared memory for the peers on this host (transport/shm/).
-    shm_.connect(sockets, settings.host, settings.ucx_shm,
-                 ShmChannel::copy_mode(settings.ucx_shm_copy), deadline);
+    shm_.connect(sockets, settings.host, settings.shm == "1",
+                 ShmChannel::copy_mode(settings.shm_copy), deadline);
     const auto control_ready = Clock::now();
 
     // 3. The worker, its address in the store, an endpoint to every rank. A rank that cannot
@@ -790,28 +776,11 @@ class UcxTransport final : public Transport {
 
   // ---- readiness ------------------------------------------------------------------------------
 
-  void leave_awake() {
-    if (awake_set_) return;
-    uint64_t one = 1;
-    if (::write(awake_.fd(), &one, sizeof(one)) == static_cast<ssize_t>(sizeof(one))) {
-      awake_set_ = true;
-    }
-  }
-
-  void clear_awake() {
-    if (!awake_set_) return;
-    uint64_t value = 0;
-    while (::read(awake_.fd(), &value, sizeof(value)) < 0 && errno == EINTR) {
-    }
-    awake_set_ = false;
-  }
-
   void make_readiness_set() {
-    awake_ = net::Socket(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     readiness_ = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
-    if (!awake_.valid() || !readiness_.valid()) {
+    if (!readiness_.valid()) {
       throw Error(Status::kSystem,
-                  fmt::format("ucx: eventfd or epoll_create1 failed: {}", std::strerror(errno)));
+                  fmt::format("ucx: epoll_create1 failed: {}", std::strerror(errno)));
     }
     for (int fd : {event_fd_, control_.fd(), awake_.fd()}) {
       epoll_event event{};
@@ -821,7 +790,7 @@ class UcxTransport final : public Transport {
         throw Error(Status::kSystem, fmt::format("epoll_ctl failed: {}", std::strerror(errno)));
       }
     }
-    leave_awake();  // the worker is not armed yet
+    awake_.set();  // the worker is not armed yet
   }
 
   // ---- failures and shutdown ------------------------------------------------------------------
@@ -922,9 +891,8 @@ class UcxTransport final : public Transport {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;
-  net::Socket awake_;
+  AwakeFlag awake_;
   net::Socket readiness_;
-  bool awake_set_ = false;
   Clock::duration pure_spin_;
   int max_sleep_ms_ = kMaxSleepMs;  // 1 once a wake-up was found missing (missed_wake_up)
   std::vector<std::unique_ptr<Operation>> operations_;

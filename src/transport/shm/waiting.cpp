@@ -1,0 +1,45 @@
+// Waiting beside kolo's shared-memory rings (waiting.hpp).
+#include "transport/shm/waiting.hpp"
+
+#include <fmt/format.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+
+#include "kolo/status.hpp"
+
+namespace kolo {
+
+std::chrono::steady_clock::duration pure_spin_for(int local_size) {
+  cpu_set_t cpus;
+  const int usable = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  if (local_size > std::max(1, usable)) return std::chrono::steady_clock::duration::zero();
+  return kPureSpin;
+}
+
+AwakeFlag::AwakeFlag() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (!fd_.valid()) {
+    throw Error(Status::kSystem, fmt::format("eventfd failed: {}", std::strerror(errno)));
+  }
+}
+
+void AwakeFlag::set() {
+  if (set_) return;
+  uint64_t one = 1;
+  if (::write(fd_.fd(), &one, sizeof(one)) == static_cast<ssize_t>(sizeof(one))) set_ = true;
+}
+
+void AwakeFlag::clear() {
+  if (!set_) return;
+  uint64_t value = 0;
+  while (::read(fd_.fd(), &value, sizeof(value)) < 0 && errno == EINTR) {
+  }
+  set_ = false;
+}
+
+}  // namespace kolo

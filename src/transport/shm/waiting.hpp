@@ -1,0 +1,42 @@
+// How a transport waits beside kolo's shared-memory rings (shm_channel.hpp): the spin before
+// sleeping, and the readiness flag that keeps a caller who sleeps on readiness_fd() from missing
+// data the rings already hold. The UCX and TCP transports both run the rings and wait this way.
+//
+// Spinning: poll for kPureSpin (a message through the rings arrives in about a microsecond), then
+// keep polling but call sched_yield() between polls until kSpin, then sleep. Yielding matters on a
+// busy machine: a spinning rank that shares its CPU with the peer it waits for would otherwise
+// hold the CPU for the whole spin while the peer cannot send (README, "Measurements behind the UCX
+// transport"). When this host runs more ranks than this process may use CPUs, there is no plain
+// spin at all (pure_spin_for). The next piece of a pipeline comes within a 256 KiB copy (tens of
+// microseconds), so the same spin covers it; a longer spin after each copy measured no better.
+#pragma once
+
+#include <chrono>
+
+#include "net/socket.hpp"
+
+namespace kolo {
+
+constexpr auto kPureSpin = std::chrono::microseconds(5);
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+// kPureSpin, or none when this host's local_size ranks are more than this process's CPUs.
+std::chrono::steady_clock::duration pure_spin_for(int local_size);
+
+// An eventfd that a transport sets whenever progress() returns without having asked its peers for
+// a doorbell (ShmChannel::prepare_sleep), and clears just before asking: part of the transport's
+// readiness set, so that a caller sleeping in poll() on it is woken by data that moved while
+// nobody was asked to ring. Setting costs one write() the first time only, clearing one read().
+class AwakeFlag {
+ public:
+  AwakeFlag();  // throws kolo::Error when no eventfd can be made
+  int fd() const { return fd_.fd(); }
+  void set();
+  void clear();
+
+ private:
+  net::Socket fd_;
+  bool set_ = false;
+};
+
+}  // namespace kolo
