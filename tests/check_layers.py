@@ -48,7 +48,7 @@ SYSTEM_HEADERS = [
 ]
 
 # Sub-folders that are building blocks of their layer, which its other sub-folders may include:
-# kolo's shared-memory rings, which the UCX transport runs beside UCX.
+# kolo's shared-memory rings, which the UCX and TCP transports run beside their networks.
 SHARED_SUBFOLDERS = {"transport": ["shm"]}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
