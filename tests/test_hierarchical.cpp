@@ -162,8 +162,9 @@ TEST_CASE("KOLO_ALLREDUCE differs between ranks: KOLO_ERR_CONFIG on every rank a
 
 TEST_CASE("hierarchical allreduce: ranks whose calls differ get KOLO_ERR_MISMATCH",
           "[hierarchical][hierarchical_mismatch]") {
-  // The last rank (a member of the second host) calls differently.
-  for (const char* kind : {"count", "dtype", "op", "scale"}) {
+  // The last rank (a member of the second host) calls differently; "collective": it broadcasts,
+  // and its messages go to ranks that the hierarchical schedule does not receive from.
+  for (const char* kind : {"count", "dtype", "op", "scale", "collective"}) {
     DYNAMIC_SECTION(kind << " differs, N = 5, hosts of 3 + 2") {
       auto job = start_job(5, {"mismatch", kind}, {{"KOLO_ALLREDUCE", "hierarchical"}},
                            "tests/kolo_test_worker", hosts({"a", "a", "a", "b", "b"}));

@@ -42,6 +42,22 @@ static_assert(sizeof(FrameHeader) == 64, "a frame header is one cache line on th
 // and the same length, else kolo::Error(kMismatch) naming both ranks and both calls.
 void check_frame(int rank, const Transfer& transfer, const FrameHeader& header);
 
+// Checks a header that arrived from `peer` before any receive was posted for it, against the
+// collective this rank is in (`current`: the descriptor of its latest posted transfer). A message
+// numbered as that collective but of another kind of collective is a disagreement that no posted
+// receive would ever catch where the ranks' schedules differ, so that some never talk to each
+// other (a broadcast where the others run the hierarchical allreduce): kolo::Error(kMismatch) in
+// check_frame's words. Only the kind is compared: the messages of one call may differ in the rest
+// (the hierarchical allreduce's leaders exchange sums in float32, alltoallv's pairs have counts of
+// their own), which posted receives check. Anything else waits for its receive: a later call's
+// message, or one of point-to-point calls and negotiation messages, which are numbered their own
+// way.
+void check_unexpected_frame(int rank, int peer, const OpDescriptor& current,
+                            const FrameHeader& header);
+
+// Whether calls of this kind take the communicator's collective numbers (OpDescriptor::sequence).
+bool numbered_collective(Collective collective);
+
 // A FIFO of T linked through T::next (Transfer, or a transport's own records): pushing and
 // popping never allocate. The queue does not own its elements.
 template <typename T>

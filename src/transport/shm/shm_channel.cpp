@@ -461,6 +461,18 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
   return true;
 }
 
+void ShmChannel::check_unexpected(const OpDescriptor& current) const {
+  for (int peer = 0; peer < size_; ++peer) {
+    const Link* link = links_[peer].get();
+    if (!link || !link->recvs.empty()) continue;
+    const uint64_t head = link->in->head.load(std::memory_order_seq_cst);
+    if (head < link->tail || head - link->tail < sizeof(FrameHeader)) continue;  // judged later
+    FrameHeader header;
+    std::memcpy(&header, link->in_data + link->tail % kCapacity, sizeof(header));
+    if (header.well_formed()) check_unexpected_frame(rank_, peer, current, header);
+  }
+}
+
 // Reads and checks the header of the next message for the first posted receive (if not yet
 // read) and copies one piece of its payload, at most a slot long. True when anything
 // moved.

@@ -129,6 +129,10 @@ class ShmChannel {
   // Awake again: no doorbells wanted.
   void end_sleep();
 
+  // Checks the next message of every ring that has no receive posted against the collective this
+  // rank is in (check_unexpected_frame, transport/framing.hpp); throws kolo::Error(kMismatch).
+  void check_unexpected(const OpDescriptor& current) const;
+
   // After a failure: forget every posted transfer; nothing is copied any more.
   void forget();
 

@@ -129,30 +129,32 @@ class TcpTransport final : public Transport {
 
   void post_send(Transfer& transfer) override {
     rethrow_failure();
-    if (shm_.connected(transfer.peer)) {
-      guarded([&] {
+    guarded([&] {
+      enter(transfer.descriptor);
+      if (shm_.connected(transfer.peer)) {
         if (shm_.post_send(transfer)) awake_.set();
-      });
-      return;
-    }
-    Peer& peer = peers_[transfer.peer];
-    Connection& connection = *peer.streams[peer.messages_sent++ % streams_];
-    connection.sends.push(&transfer);
-    guarded([&] { serve_sends(connection); });
+        return;
+      }
+      Peer& peer = peers_[transfer.peer];
+      Connection& connection = *peer.streams[peer.messages_sent++ % streams_];
+      connection.sends.push(&transfer);
+      serve_sends(connection);
+    });
   }
 
   void post_recv(Transfer& transfer) override {
     rethrow_failure();
-    if (shm_.connected(transfer.peer)) {
-      guarded([&] {
+    guarded([&] {
+      enter(transfer.descriptor);
+      if (shm_.connected(transfer.peer)) {
         if (shm_.post_recv(transfer)) awake_.set();
-      });
-      return;
-    }
-    Peer& peer = peers_[transfer.peer];
-    Connection& connection = *peer.streams[peer.messages_received++ % streams_];
-    connection.recvs.push(&transfer);
-    guarded([&] { serve_recvs(connection); });
+        return;
+      }
+      Peer& peer = peers_[transfer.peer];
+      Connection& connection = *peer.streams[peer.messages_received++ % streams_];
+      connection.recvs.push(&transfer);
+      serve_recvs(connection);
+    });
   }
 
   void progress(const Deadline& deadline) override {
@@ -164,6 +166,7 @@ class TcpTransport final : public Transport {
     guarded([&] {
       if (spin(deadline)) return awake_.set();
       check_departed_ring_peers();
+      shm_.check_unexpected(current_);
       // Nothing moved: ask the peers on the rings for a doorbell, then look once more, since
       // what they published before they could see the request rings no bell (shm_channel.hpp).
       awake_.clear();
@@ -256,6 +259,33 @@ class TcpTransport final : public Transport {
       if (shm_.pending(peer) > 0) {
         data_lost(peer, "it destroyed its communicator while this rank still expected data");
       }
+    }
+  }
+
+  // ---- messages that come before their receive -----------------------------------------------
+
+  // A transfer of `descriptor` is posted: when that starts another collective, the messages that
+  // arrived with no receive posted are judged against it (check_unexpected_frame), as those that
+  // arrive later are when their header is read (serve_recvs) or before a sleep (the rings).
+  void enter(const OpDescriptor& descriptor) {
+    if (!numbered_collective(descriptor.collective) ||
+        (descriptor.sequence == current_.sequence && descriptor.collective == current_.collective)) {
+      return;
+    }
+    current_ = descriptor;
+    for (auto& peer : peers_) {
+      for (auto& stream : peer.streams) {
+        if (stream->recvs.empty() && stream->recv_header_done == sizeof(FrameHeader)) {
+          check_unexpected(*stream);
+        }
+      }
+    }
+    shm_.check_unexpected(current_);
+  }
+
+  void check_unexpected(const Connection& connection) const {
+    if (connection.recv_header.well_formed()) {
+      check_unexpected_frame(rank_, connection.peer, current_, connection.recv_header);
     }
   }
 
@@ -374,6 +404,9 @@ class TcpTransport final : public Transport {
               ? std::min<size_t>(received, sizeof(FrameHeader) - connection.recv_header_done)
               : 0;
       connection.recv_header_done += header_part;
+      if (!transfer && header_part > 0 && connection.recv_header_done == sizeof(FrameHeader)) {
+        check_unexpected(connection);  // a message before its receive: of another call?
+      }
       if (transfer) transfer->done += received - header_part;
       if (connection.recv_header_done < sizeof(FrameHeader) || !transfer) continue;
       if (!connection.recv_header_checked) {
@@ -459,6 +492,7 @@ class TcpTransport final : public Transport {
   ShmChannel shm_;  // after control_, which it rings doorbells through
   AwakeFlag awake_;
   Clock::duration pure_spin_;
+  OpDescriptor current_;  // of the latest posted transfer of a numbered collective (enter)
   std::optional<Error> failure_;
 };
 
