@@ -82,16 +82,20 @@ TEST_CASE("hierarchical allreduce: inexact floats give the same bits on every ra
 
 TEST_CASE("KOLO_HOST_ID: one machine counts as two hosts", "[hierarchical][host_id]") {
   // Without KOLO_HOST_ID the ranks share this machine; with two values they are two hosts: the
-  // node count, local ranks and the allreduce's hosts follow (placement logged by rank 0). At
-  // 2 + 2, recursive doubling crosses between the hosts once, as the hierarchical schedule would,
-  // so auto keeps it; at 3 + 3 it crosses four times, and auto goes hierarchical up to its limit.
+  // node count, local ranks and the allreduce's hosts follow (placement logged by rank 0). Auto
+  // goes hierarchical up to recursive doubling's limit where some host has several ranks (2 + 2:
+  // as many steps between hosts, half the bytes on each host's link; 3 + 3: four steps between
+  // hosts against one), and keeps the flat schedules with one rank per host.
   struct Case {
     std::vector<std::string> host_of_rank;
     const char* placement;
     const char* choice;
   };
   for (const Case& c :
-       {Case{{"a", "a", "b", "b"}, "2 hosts (leaders 0,2)", "KOLO_ALLREDUCE=auto: flat"},
+       {Case{{"a", "b"}, "2 hosts (leaders 0,1)", "KOLO_ALLREDUCE=auto: flat"},
+        Case{{"a", "a", "b", "b"},
+             "2 hosts (leaders 0,2)",
+             "KOLO_ALLREDUCE=auto: hierarchical up to 131072 bytes"},
         Case{{"a", "a", "a", "b", "b", "b"},
              "2 hosts (leaders 0,3)",
              "KOLO_ALLREDUCE=auto: hierarchical up to 196608 bytes"}}) {

@@ -165,7 +165,7 @@ void Communicator::place_allreduce() {
   std::string choice = "flat";
   if (mode == AllreduceMode::kHierarchical) {
     choice = "hierarchical";
-  } else if (mode == AllreduceMode::kAuto && hierarchical_saves_network_steps(shape)) {
+  } else if (mode == AllreduceMode::kAuto && hierarchical_pays(shape)) {
     choice = fmt::format("hierarchical up to {} bytes, flat above",
                          kRecursiveDoublingMaxBytesPerRank * static_cast<uint64_t>(size()));
   }

@@ -24,8 +24,8 @@
 // numbered host by host, but up to all of them otherwise (and then with L flows sharing each
 // host's link). For large S the leader's 2(L-1)·S inside the host and the whole buffer on every
 // leader's link lose to the ring's 2(N-1)/N · S. KOLO_ALLREDUCE=auto therefore runs it only where
-// recursive doubling would run, and only where it crosses between hosts in fewer steps
-// (hierarchical_saves_network_steps() in ring/algorithms.hpp).
+// recursive doubling would run, and where some host has several ranks and recursive doubling
+// does not cross between hosts in fewer steps (hierarchical_pays() in ring/algorithms.hpp).
 //
 // Same result on every rank, every run. Every element is reduced by the same expression wherever
 // it lies in the buffer and whatever the timing: within a host in rank order; between hosts by
