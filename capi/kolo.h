@@ -681,6 +681,13 @@ typedef struct kolo_fusion_stats {
   uint64_t tensors_fused;       /* tensors that went through the fusion buffer */
   uint64_t bytes_copied;        /* bytes copied into and out of the fusion buffer */
   uint64_t fusion_buffer_bytes; /* the fusion buffer's size (allocated once, reused) */
+  /* Added with the autotuner: a caller built before them passes a smaller struct_size, and they
+   * are not written. */
+  uint64_t autotune_updates;    /* responses that carried the autotuner's settings (KOLO_AUTOTUNE) */
+  uint64_t autotune_settled;    /* 1 once the autotuner's final settings arrived: they stay */
+  uint64_t fusion_threshold;    /* the fusion threshold in force on this rank (rank 0 plans) */
+  double cycle_time_ms;         /* the cycle time in force on this rank */
+  uint64_t segment_bytes;       /* the ring pipeline segment of the engine's collectives */
 } kolo_fusion_stats_t;
 
 /*

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include "flavour.hpp"
 #include "job.hpp"
@@ -358,4 +359,105 @@ TEST_CASE("ordered and named calls from two threads of one program do not race",
 
 TEST_CASE("an idle communicator runs no cycles and uses no CPU", "[fusion][idle]") {
   expect_all_pass_on_transport(run(3, {"idle"}), "idle checks passed");
+}
+
+namespace {
+
+// The lines of `output` that match `pattern`, each as its first group.
+std::vector<std::string> matches(const std::string& output, const std::string& pattern) {
+  std::vector<std::string> found;
+  std::regex expression(pattern);
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), expression);
+       it != std::sregex_iterator(); ++it) {
+    found.push_back((*it)[1]);
+  }
+  return found;
+}
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> fields;
+  std::stringstream stream(line);
+  for (std::string field; std::getline(stream, field, ',');) fields.push_back(field);
+  return fields;
+}
+
+}  // namespace
+
+TEST_CASE("autotuning changes the settings mid-run alike on every rank, logs and settles",
+          "[fusion][autotune]") {
+  for (int n : {2, 3}) {
+    DYNAMIC_SECTION("N = " << n) {
+      auto directory = scratch_directory("autotune");
+      const auto log = directory / "autotune.csv";
+      auto results = run(n, {"autotune"},
+                         {{"KOLO_AUTOTUNE", "1"},
+                          {"KOLO_AUTOTUNE_WINDOW_MS", "30"},
+                          {"KOLO_AUTOTUNE_LOG", log.string()},
+                          {"KOLO_DEBUG", "INFO"}},
+                         600);
+      expect_all_pass_on_transport(results, "autotune checks passed");
+
+      // Every rank applied the same settings from the same cycles, and settled on the same.
+      const auto applied = matches(results[0].output, R"(rank 0 applies ([^\n]*))");
+      const auto settled = matches(results[0].output, R"(rank 0: autotune settings: ([^\n]*))");
+      REQUIRE(settled.size() == 1);
+      for (int rank = 1; rank < n; ++rank) {
+        INFO("rank " << rank);
+        const std::string prefix = "rank " + std::to_string(rank);
+        CHECK(matches(results[rank].output, prefix + R"( applies ([^\n]*))") == applied);
+        CHECK(matches(results[rank].output, prefix + R"(: autotune settings: ([^\n]*))") ==
+              settled);
+      }
+
+      // The log: a header, the warm-up, 14 trials (the start, 64M / 5 ms / 1M, is on every list:
+      // 1 + 5 cycle times + 5 thresholds + 3 segments), each a setting of its own, and the final.
+      std::ifstream file(log);
+      REQUIRE(file.good());
+      std::vector<std::vector<std::string>> rows;
+      std::string header;
+      std::getline(file, header);
+      CHECK(header ==
+            "trial,fusion_threshold_bytes,cycle_time_ms,segment_bytes,bytes,busy_s,"
+            "score_bytes_per_s,outcome");
+      for (std::string line; std::getline(file, line);) rows.push_back(split_csv(line));
+      REQUIRE(rows.size() >= 3);
+      for (const auto& row : rows) REQUIRE(row.size() == 8);
+      CHECK(rows.front()[0] == "0");
+      CHECK(rows.front()[7] == "warmup");
+      std::set<std::string> tried;
+      int trials = 0;
+      double best = -1;
+      std::string best_settings;
+      for (size_t i = 1; i + 1 < rows.size(); ++i) {
+        const auto& row = rows[i];
+        INFO("row " << i);
+        CHECK(row[0] == std::to_string(++trials));
+        CHECK((row[7] == "kept" || row[7] == "dropped"));
+        const std::string settings = row[1] + "," + row[2] + "," + row[3];
+        CHECK(tried.insert(settings).second);
+        CHECK(std::stoull(row[4]) > 0);
+        const double score = std::stod(row[6]);
+        CHECK((row[7] == "kept") == (score > best));
+        if (score > best) best = score, best_settings = settings;
+      }
+      CHECK(rows[1][1] + "," + rows[1][2] + "," + rows[1][3] == "67108864,5,1048576");
+      CHECK(trials == 14);
+      const auto& final = rows.back();
+      CHECK(final[7] == "final");
+      CHECK(final[1] + "," + final[2] + "," + final[3] == best_settings);
+      // The settings every rank reports are the final row's; one update per trial.
+      CHECK(settled[0] == "updates " + std::to_string(trials) + ", threshold " + final[1] +
+                              ", cycle " + final[2] + " ms, segment " + final[3]);
+      CHECK(applied.size() == static_cast<size_t>(trials));
+      std::filesystem::remove_all(directory);
+    }
+  }
+  SECTION("without KOLO_AUTOTUNE nothing changes") {
+    auto results = run(2, {"autotune", "off"});
+    expect_all_pass_on_transport(results, "autotune checks passed");
+    for (const auto& result : results) {
+      CHECK(contains(result.output, "autotune settings: updates 0, threshold 67108864, cycle 5 "
+                                    "ms, segment 1048576"));
+    }
+  }
 }
