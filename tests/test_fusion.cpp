@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -409,8 +410,9 @@ TEST_CASE("autotuning changes the settings mid-run alike on every rank, logs and
               settled);
       }
 
-      // The log: a header, the warm-up, 14 trials (the start, 64M / 5 ms / 1M, is on every list:
-      // 1 + 5 cycle times + 5 thresholds + 3 segments), each a setting of its own, and the final.
+      // The log: a header, the warm-up, 14 trials of the search (the start, 64M / 5 ms / 1M, is
+      // on every list: 1 + 5 cycle times + 5 thresholds + 3 segments), each a setting of its own,
+      // the 3 best of them again, and the final row.
       std::ifstream file(log);
       REQUIRE(file.good());
       std::vector<std::vector<std::string>> rows;
@@ -420,31 +422,47 @@ TEST_CASE("autotuning changes the settings mid-run alike on every rank, logs and
             "trial,fusion_threshold_bytes,cycle_time_ms,segment_bytes,bytes,busy_s,"
             "score_bytes_per_s,outcome");
       for (std::string line; std::getline(file, line);) rows.push_back(split_csv(line));
-      REQUIRE(rows.size() >= 3);
+      REQUIRE(rows.size() == 1 + 14 + 3 + 1);
       for (const auto& row : rows) REQUIRE(row.size() == 8);
       CHECK(rows.front()[0] == "0");
       CHECK(rows.front()[7] == "warmup");
-      std::set<std::string> tried;
-      int trials = 0;
+      auto settings_of = [](const std::vector<std::string>& row) {
+        return row[1] + "," + row[2] + "," + row[3];
+      };
+      std::map<std::string, double> searched;  // settings -> score
+      std::vector<double> ranked;
       double best = -1;
-      std::string best_settings;
-      for (size_t i = 1; i + 1 < rows.size(); ++i) {
+      for (size_t i = 1; i <= 14; ++i) {
         const auto& row = rows[i];
         INFO("row " << i);
-        CHECK(row[0] == std::to_string(++trials));
+        CHECK(row[0] == std::to_string(i));
         CHECK((row[7] == "kept" || row[7] == "dropped"));
-        const std::string settings = row[1] + "," + row[2] + "," + row[3];
-        CHECK(tried.insert(settings).second);
         CHECK(std::stoull(row[4]) > 0);
         const double score = std::stod(row[6]);
+        CHECK(searched.emplace(settings_of(row), score).second);
         CHECK((row[7] == "kept") == (score > best));
-        if (score > best) best = score, best_settings = settings;
+        best = std::max(best, score);
+        ranked.push_back(score);
       }
-      CHECK(rows[1][1] + "," + rows[1][2] + "," + rows[1][3] == "67108864,5,1048576");
-      CHECK(trials == 14);
+      CHECK(settings_of(rows[1]) == "67108864,5,1048576");
+      std::sort(ranked.rbegin(), ranked.rend());
+      // The finalists: the three best of the search, again, and the final one the best mean.
+      std::string chosen;
+      double chosen_mean = -1;
+      for (size_t i = 15; i <= 17; ++i) {
+        const auto& row = rows[i];
+        INFO("row " << i);
+        CHECK(row[0] == std::to_string(i));
+        CHECK(row[7] == "confirm");
+        REQUIRE(searched.count(settings_of(row)));
+        CHECK(searched[settings_of(row)] >= ranked[2]);
+        const double mean = (searched[settings_of(row)] + std::stod(row[6])) / 2;
+        if (mean > chosen_mean) chosen_mean = mean, chosen = settings_of(row);
+      }
       const auto& final = rows.back();
       CHECK(final[7] == "final");
-      CHECK(final[1] + "," + final[2] + "," + final[3] == best_settings);
+      CHECK(settings_of(final) == chosen);
+      const int trials = 17;
       // The settings every rank reports are the final row's; one update per trial.
       CHECK(settled[0] == "updates " + std::to_string(trials) + ", threshold " + final[1] +
                               ", cycle " + final[2] + " ms, segment " + final[3]);

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -65,32 +66,57 @@ std::optional<EngineSettings> Autotuner::observe(uint64_t bytes, Clock::time_poi
     return std::nullopt;
   }
   ++trials_;
-  measured_.insert(key_of(current_));
-  const bool kept = score > best_score_;
-  if (kept) {
-    best_ = current_;
-    best_score_ = score;
-    best_trial_ = trials_;
+  if (finalists_.empty()) {
+    measured_.insert(key_of(current_));
+    searched_.push_back({current_, trials_, score, 0});
+    const bool kept = score > best_score_;
+    if (kept) {
+      best_ = current_;
+      best_score_ = score;
+    }
+    write_row(trials_, current_, window_bytes, busy_s, score, kept ? "kept" : "dropped");
+    log::info(
+        "fusion autotune: trial {}: threshold {} bytes, cycle {} ms, segment {} bytes: {:.1f} "
+        "MB/s ({})",
+        trials_, current_.fusion_threshold, current_.cycle_time_ms, current_.segment_bytes,
+        score / 1e6, kept ? "kept" : "dropped");
+    if (std::optional<EngineSettings> next = next_candidate()) {
+      current_ = *next;
+      return current_;
+    }
+    // The search is over: its best few are measured once more, in turn.
+    std::vector<Scored> ranked = searched_;
+    std::stable_sort(ranked.begin(), ranked.end(),
+                     [](const Scored& a, const Scored& b) { return a.score > b.score; });
+    ranked.resize(std::min(ranked.size(), kFinalists));
+    finalists_ = std::move(ranked);
+  } else {
+    finalists_[confirmed_].second_score = score;
+    write_row(trials_, current_, window_bytes, busy_s, score, "confirm");
+    log::info(
+        "fusion autotune: trial {} (again): threshold {} bytes, cycle {} ms, segment {} bytes: "
+        "{:.1f} MB/s",
+        trials_, current_.fusion_threshold, current_.cycle_time_ms, current_.segment_bytes,
+        score / 1e6);
+    ++confirmed_;
   }
-  write_row(trials_, current_, window_bytes, busy_s, score, kept ? "kept" : "dropped");
-  log::info(
-      "fusion autotune: trial {}: threshold {} bytes, cycle {} ms, segment {} bytes: {:.1f} "
-      "MB/s ({})",
-      trials_, current_.fusion_threshold, current_.cycle_time_ms, current_.segment_bytes,
-      score / 1e6, kept ? "kept" : "dropped");
-  if (std::optional<EngineSettings> next = next_candidate()) {
-    current_ = *next;
+  if (confirmed_ < finalists_.size()) {
+    current_ = finalists_[confirmed_].settings;
     return current_;
   }
+  const Scored* chosen = &finalists_.front();
+  for (const Scored& finalist : finalists_) {
+    if (finalist.mean() > chosen->mean()) chosen = &finalist;
+  }
   settled_ = true;
-  current_ = best_;
+  current_ = chosen->settings;
   current_.final = true;
-  write_row(best_trial_, current_, 0, 0, best_score_, "final");
+  write_row(chosen->trial, current_, 0, 0, chosen->mean(), "final");
   log::info(
       "fusion autotune: settled after {} trials on threshold {} bytes, cycle {} ms, segment "
       "{} bytes ({:.1f} MB/s)",
       trials_, current_.fusion_threshold, current_.cycle_time_ms, current_.segment_bytes,
-      best_score_ / 1e6);
+      chosen->mean() / 1e6);
   return current_;
 }
 

@@ -16,13 +16,16 @@
 // What is tried. A coordinate search over three short lists (kCycleTimesMs, kThresholds,
 // kSegments below): first the settings the job started with (its KOLO_* values), then every other
 // cycle time with the best threshold and segment so far, then every other threshold with the best
-// cycle time, then every other segment; a setting is measured once, and a later one is kept only
-// if it scores strictly higher. The search then settles on the best: the settings stop changing
-// for the life of the communicator. So it ends after at most max_trials() windows past the
-// warm-up, whatever the measurements. Coordinate search assumes that the parameters act mostly
-// independently, which they do here: the cycle time is the latency until a step's tensors are
-// negotiated, the threshold how many collectives carry the small tensors, the segment how the
-// large ones pipeline.
+// cycle time, then every other segment; a setting is measured once in the search, and a later
+// one is kept only if it scores strictly higher. One window on a loaded machine can be lucky
+// (fusion_perf's ResNet-50 step moved by a third between two runs of one setting on the 2-core
+// machine this was written on), so the kFinalists best of the search are then measured once
+// more, in turn, and the search settles on the one whose two windows average highest: the
+// settings stop changing for the life of the communicator. So it ends after at most
+// max_trials() windows past the warm-up, whatever the measurements. Coordinate search assumes that
+// the parameters act mostly independently, which they do here: the cycle time is the latency until
+// a step's tensors are negotiated, the threshold how many collectives carry the small tensors, the
+// segment how the large ones pipeline.
 //
 // How settings reach the ranks. A new setting is decided at the end of a cycle; rank 0 plans the
 // next response with its threshold and adds the settings to that response (wire.hpp), and every
@@ -31,8 +34,9 @@
 //
 // The log (KOLO_AUTOTUNE_LOG): a CSV file written by rank 0, a header then one row per window:
 //   trial,fusion_threshold_bytes,cycle_time_ms,segment_bytes,bytes,busy_s,score_bytes_per_s,outcome
-// with outcome `warmup` (trial 0, discarded), `kept` (the best so far), `dropped`, and last a row
-// `final` repeating the trial whose settings stay.
+// with outcome `warmup` (trial 0, discarded), `kept` (the best so far), `dropped`, `confirm` (a
+// finalist's second window), and last a row `final`: the search trial whose settings stay, and
+// the mean score of its two windows.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +66,7 @@ class Autotuner {
                                                            16ull << 20, 64ull << 20, 256ull << 20};
   inline static const std::vector<uint64_t> kSegments = {256ull << 10, 1ull << 20, 4ull << 20,
                                                          16ull << 20};
+  static constexpr size_t kFinalists = 3;
 
   // `start`: the settings in force (the job's own). Opens the log; if it cannot, warns and tunes
   // without one.
@@ -81,13 +86,21 @@ class Autotuner {
   const EngineSettings& current() const { return current_; }
   bool settled() const { return settled_; }
   int trials() const { return trials_; }
-  // The most trials before settling: the start, then every value of each list (one fewer for
-  // each list that holds the start's own value: it is not measured twice).
+  // The most trials before settling: the start, every value of each list (one fewer for each
+  // list that holds the start's own value: it is not measured twice), and the finalists again.
   static int max_trials() {
-    return 1 + static_cast<int>(kCycleTimesMs.size() + kThresholds.size() + kSegments.size());
+    return 1 + static_cast<int>(kCycleTimesMs.size() + kThresholds.size() + kSegments.size() +
+                                kFinalists);
   }
 
  private:
+  struct Scored {
+    EngineSettings settings;
+    int trial = 0;  // in the search
+    double score = 0;
+    double second_score = 0;  // a finalist's second window
+    double mean() const { return (score + second_score) / 2; }
+  };
   using Key = std::tuple<uint64_t, double, uint64_t>;
   static Key key_of(const EngineSettings& settings) {
     return {settings.fusion_threshold, settings.cycle_time_ms, settings.segment_bytes};
@@ -101,13 +114,15 @@ class Autotuner {
   EngineSettings current_;
   EngineSettings best_;
   double best_score_ = -1;
-  int best_trial_ = 0;
   int trials_ = 0;
   int warmup_left_;
   bool settled_ = false;
   std::set<Key> measured_;
-  size_t axis_ = 0;       // 0: cycle time, 1: threshold, 2: segment; 3: done
-  size_t candidate_ = 0;  // index into the axis's list
+  std::vector<Scored> searched_;   // every trial of the search
+  std::vector<Scored> finalists_;  // the best of the search, once it is over
+  size_t confirmed_ = 0;           // finalists measured again
+  size_t axis_ = 0;                // 0: cycle time, 1: threshold, 2: segment; 3: done
+  size_t candidate_ = 0;           // index into the axis's list
   // The window being measured.
   Clock::time_point last_;
   double busy_s_ = 0;
