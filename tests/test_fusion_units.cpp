@@ -948,3 +948,25 @@ TEST_CASE("the autotuner's window ends at a step's end, or at twice its time",
   CHECK(tuner.observe(1000, now + 16 * tick, false));
   CHECK(tuner.trials() == 2);
 }
+
+TEST_CASE("a window's score is its median step's, so one slow step does not decide it",
+          "[fusion_units][autotune]") {
+  auto path = std::filesystem::temp_directory_path() /
+              ("kolo_autotune_median_" + std::to_string(::getpid()) + ".csv");
+  Clock::time_point now = Clock::now();
+  Autotuner tuner(EngineSettings{1 << 20, 5, 1 << 20, false}, AutotuneOptions{1.5, 0, path}, now);
+  const uint64_t step = 250'000'000;
+  // 0.25 s, then 1 s (another process took the cores), then 0.25 s: 1.5 s, three steps.
+  for (double seconds : {0.25, 1.0, 0.25}) {
+    now += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    auto next = tuner.observe(step, now, true);
+    CHECK(next.has_value() == (seconds == 0.25 && tuner.trials() == 1));
+  }
+  std::ifstream log(path);
+  std::string header, row;
+  std::getline(log, header);
+  std::getline(log, row);
+  std::filesystem::remove(path);
+  // The total would be 750 MB / 1.5 s = 0.5 GB/s; the median step ran at 1 GB/s.
+  CHECK(row == "1,1048576,5,1048576,750000000,1.500000,1000000000,kept");
+}

@@ -48,18 +48,36 @@ void Autotuner::resume(Clock::time_point now) {
 
 std::optional<EngineSettings> Autotuner::observe(uint64_t bytes, Clock::time_point now, bool idle) {
   if (settled_) return std::nullopt;
-  busy_s_ += std::chrono::duration<double>(now - last_).count();
+  const double busy = std::chrono::duration<double>(now - last_).count();
   last_ = now;
+  busy_s_ += busy;
   bytes_ += bytes;
+  step_busy_s_ += busy;
+  step_bytes_ += bytes;
+  if (idle) {  // a step ended
+    if (step_bytes_ > 0 && step_busy_s_ > 0) step_rates_.push_back(step_bytes_ / step_busy_s_);
+    step_busy_s_ = 0;
+    step_bytes_ = 0;
+  }
   if (busy_s_ < options_.window_s || (!idle && busy_s_ < 2 * options_.window_s)) {
     return std::nullopt;
   }
   const double busy_s = busy_s_;
   const uint64_t window_bytes = bytes_;
+  std::vector<double> rates;
+  rates.swap(step_rates_);
   busy_s_ = 0;
   bytes_ = 0;
+  step_busy_s_ = 0;
+  step_bytes_ = 0;
   if (window_bytes == 0) return std::nullopt;  // nothing ran: nothing to judge by
-  const double score = window_bytes / busy_s;
+  // The median step: a burst of someone else's load that slows one step of the window does not
+  // move it, where it would move the window's total.
+  double score = window_bytes / busy_s;
+  if (rates.size() >= kMinStepsForMedian) {
+    std::nth_element(rates.begin(), rates.begin() + rates.size() / 2, rates.end());
+    score = rates[rates.size() / 2];
+  }
   if (warmup_left_ > 0) {
     --warmup_left_;
     write_row(0, current_, window_bytes, busy_s, score, "warmup");

@@ -4,14 +4,16 @@
 //
 // What is measured. The score of a setting is the engine's throughput: the payload bytes of the
 // collectives it ran, divided by the time it was busy, over a window of at least
-// KOLO_AUTOTUNE_WINDOW_MS of busy time. Busy time is wall time on rank 0 less the time its
-// engine slept because no rank had anything pending: between a training loop's steps the engine
-// waits for the framework, and that wait does not depend on the settings (and an evaluation pass
-// or a checkpoint would otherwise drown a trial's score). A window ends at the first idle
-// response after its time is up, so that it holds whole steps (a step ends when every rank's
-// gradients are done), or at any cycle after twice its time, for a loop that is never idle. The
-// first window after start-up is discarded: it holds the first negotiation of every tensor
-// and the first touch of every buffer.
+// KOLO_AUTOTUNE_WINDOW_MS of busy time; when the window holds kMinStepsForMedian steps or more,
+// the throughput of its median step (a step's bytes over its busy time), so that a burst of
+// another process's load that slows one or two steps does not decide the trial. Busy time is wall
+// time on rank 0 less the time its engine slept because no rank had anything pending: between a
+// training loop's steps the engine waits for the framework, and that wait does not depend on the
+// settings (and an evaluation pass or a checkpoint would otherwise drown a trial's score). A window
+// ends at the first idle response after its time is up, so that it holds whole steps (a step ends
+// when every rank's gradients are done), or at any cycle after twice its time, for a loop that is
+// never idle. The first window after start-up is discarded: it holds the first negotiation of every
+// tensor and the first touch of every buffer.
 //
 // What is tried. A coordinate search over three short lists (kCycleTimesMs, kThresholds,
 // kSegments below): first the settings the job started with (its KOLO_* values), then every other
@@ -34,6 +36,7 @@
 //
 // The log (KOLO_AUTOTUNE_LOG): a CSV file written by rank 0, a header then one row per window:
 //   trial,fusion_threshold_bytes,cycle_time_ms,segment_bytes,bytes,busy_s,score_bytes_per_s,outcome
+// (bytes and busy_s: the window's; the score as above)
 // with outcome `warmup` (trial 0, discarded), `kept` (the best so far), `dropped`, `confirm` (a
 // finalist's second window), and last a row `final`: the search trial whose settings stay, and
 // the mean score of its two windows.
@@ -67,6 +70,7 @@ class Autotuner {
   inline static const std::vector<uint64_t> kSegments = {256ull << 10, 1ull << 20, 4ull << 20,
                                                          16ull << 20};
   static constexpr size_t kFinalists = 3;
+  static constexpr size_t kMinStepsForMedian = 3;
 
   // `start`: the settings in force (the job's own). Opens the log; if it cannot, warns and tunes
   // without one.
@@ -127,6 +131,10 @@ class Autotuner {
   Clock::time_point last_;
   double busy_s_ = 0;
   uint64_t bytes_ = 0;
+  // The step being measured (a step ends with an idle response), and the window's whole steps.
+  double step_busy_s_ = 0;
+  uint64_t step_bytes_ = 0;
+  std::vector<double> step_rates_;
 };
 
 }  // namespace kolo::fusion
