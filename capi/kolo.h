@@ -702,8 +702,9 @@ KOLO_API kolo_status_t kolo_comm_fusion_stats(kolo_comm_t comm, kolo_fusion_stat
  * Sets the fusion threshold (the bytes one fused collective may hold; 0: no fusion) from the next
  * cycle on, overriding KOLO_FUSION_THRESHOLD; for benchmarks and autotuning. Rank 0 plans the
  * fusion for every rank, so rank 0's value is the one that counts; setting the same value on
- * every rank keeps that true if rank 0 changes. At most 4 GiB, else KOLO_ERR_INVALID_ARGUMENT.
- * Never blocks.
+ * every rank keeps that true if rank 0 changes. While rank 0 autotunes (KOLO_AUTOTUNE=1), its
+ * autotuner chooses the threshold instead, and this call changes nothing that counts. At most
+ * 4 GiB, else KOLO_ERR_INVALID_ARGUMENT. Never blocks.
  */
 KOLO_API kolo_status_t kolo_comm_set_fusion_threshold(kolo_comm_t comm, uint64_t bytes);
 
