@@ -77,6 +77,7 @@
 // request fails with the error, which names the rank, and so does every later submission. The
 // transport tells the peers' engines (an ABORT frame), so they fail with the same message. When
 // the communicator's own transport breaks, the communicator tells the engine, which does the same.
+//
 // Autotuning (KOLO_AUTOTUNE=1, autotune.hpp). Rank 0's Autotuner measures the engine's throughput
 // cycle by cycle and now and then chooses a new fusion threshold, cycle time and ring segment.
 // Rank 0 plans the next response with the new threshold and adds the settings to it; every rank
