@@ -19,9 +19,9 @@
 // kSegments below): first the settings the job started with (its KOLO_* values), then every other
 // cycle time with the best threshold and segment so far, then every other threshold with the best
 // cycle time, then every other segment; a setting is measured once in the search, and a later
-// one is kept only if it scores strictly higher. One window on a loaded machine can be lucky
-// (fusion_perf's ResNet-50 step moved by a third between two runs of one setting on the 2-core
-// machine this was written on), so the kFinalists best of the search are then measured once
+// one is kept only if it scores strictly higher. One window on a shared machine can be lucky
+// (other processes' load can move a step's time by more than the settings do; the README's
+// "Autotuning" has measurements), so the kFinalists best of the search are then measured once
 // more, in turn, and the search settles on the one whose two windows average highest: the
 // settings stop changing for the life of the communicator. So it ends after at most
 // max_trials() windows past the warm-up, whatever the measurements. Coordinate search assumes that
