@@ -21,6 +21,12 @@
 //
 //   kolorun -np 4 build/bench/fusion_perf [--model resnet50,vgg16] [--steps 5] [--warmup 2]
 //
+// --autotune (with KOLO_AUTOTUNE=1) measures what the autotuner settles on instead: fused steps
+// only, the threshold left to the tuner, run until every rank has the tuner's final settings
+// (at most --max-tuning-steps), then the measured steps; the table shows the settled step time and
+// the settings. --fused-only leaves out the unfused and ordered columns, for a sweep of fixed
+// settings (bench/autotune_sweep.sh runs both and compares).
+//
 // --list-gradients prints the chosen models' gradients instead (model, name and float32 element
 // count, tab-separated, in forward order) and exits without joining a job, so that other tools
 // (bench/scaling_model.py) read the same shapes rather than defining the layers again.
@@ -30,6 +36,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -166,7 +173,15 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-enum class Mode { kFused, kUnfused, kOrdered };
+// kTuned: fused, with the threshold left to the autotuner.
+enum class Mode { kFused, kUnfused, kOrdered, kTuned };
+
+kolo_fusion_stats_t fusion_stats(kolo_comm_t comm) {
+  kolo_fusion_stats_t stats{};  // every counter zero
+  stats.struct_size = sizeof(stats);
+  check(comm, kolo_comm_fusion_stats(comm, &stats), "kolo_comm_fusion_stats");
+  return stats;
+}
 
 struct StepResult {
   double seconds = 0;        // the slowest rank's
@@ -176,13 +191,11 @@ struct StepResult {
 // One step: every gradient submitted in backward order, then all waited for.
 StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vector<float>>& buffers,
                     std::vector<kolo_request_t>& requests, Mode mode, uint64_t threshold) {
-  check(comm, kolo_comm_set_fusion_threshold(comm, mode == Mode::kFused ? threshold : 0),
-        "kolo_comm_set_fusion_threshold");
-  kolo_fusion_stats_t before, after;
-  std::memset(&before, 0, sizeof(before));
-  before.struct_size = sizeof(before);
-  after = before;
-  check(comm, kolo_comm_fusion_stats(comm, &before), "kolo_comm_fusion_stats");
+  if (mode != Mode::kTuned) {
+    check(comm, kolo_comm_set_fusion_threshold(comm, mode == Mode::kFused ? threshold : 0),
+          "kolo_comm_set_fusion_threshold");
+  }
+  const kolo_fusion_stats_t before = fusion_stats(comm);
   check(comm, kolo_barrier(comm), "kolo_barrier");
   auto start = std::chrono::steady_clock::now();
   // Backward order: the last layer's gradients are ready first.
@@ -214,12 +227,13 @@ StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vecto
   result.seconds = seconds_since(start);
   check(comm, kolo_allreduce(comm, &result.seconds, &result.seconds, 1, KOLO_FLOAT64, KOLO_MAX),
         "kolo_allreduce");
-  check(comm, kolo_comm_fusion_stats(comm, &after), "kolo_comm_fusion_stats");
-  result.collectives = after.collectives - before.collectives;
+  result.collectives = fusion_stats(comm).collectives - before.collectives;
   return result;
 }
 
+// NaN for a mode that did not run (--fused-only), printed as such.
 double median(std::vector<double> values) {
+  if (values.empty()) return std::nan("");
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
 }
@@ -235,6 +249,8 @@ int main(int argc, char** argv) {
   bool verify = false;
   bool list_gradients = false;
   std::string max_tensor_text;
+  bool autotune = false, fused_only = false;
+  int max_tuning_steps = 2000;
   app.add_option("-m,--model", models,
                  "models, comma-separated: resnet50, resnet101, vgg16, "
                  "bert-base")
@@ -249,6 +265,14 @@ int main(int argc, char** argv) {
                  "fusion threshold in bytes when fused (default: KOLO_FUSION_THRESHOLD or 64M)")
       ->check(kolo::bench::size_error);
   app.add_flag("--no-ordered", skip_ordered, "skip the ordered-calls column");
+  app.add_flag("--autotune", autotune,
+               "with KOLO_AUTOTUNE=1: fused steps until the autotuner settles, then the measured "
+               "steps under its settings");
+  app.add_option("--max-tuning-steps", max_tuning_steps,
+                 "--autotune: give up when the tuner has not settled after this many steps")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--fused-only", fused_only, "fused steps only (for a sweep of fixed settings)");
   app.add_option("--max-tensor-bytes", max_tensor_text,
                  "keep only the gradients smaller than this (K/M/G suffixes): the latency-bound "
                  "part of a model")
@@ -260,6 +284,7 @@ int main(int argc, char** argv) {
                "print each model's gradients (model, name, elements; tab-separated, forward "
                "order) and exit without joining a job");
   CLI11_PARSE(app, argc, argv);
+  if (fused_only) skip_ordered = true;
 
   uint64_t threshold = 64ull << 20;
   std::string threshold_source = threshold_text;
@@ -302,7 +327,21 @@ int main(int argc, char** argv) {
 
   const char* cycle = std::getenv("KOLO_CYCLE_TIME_MS");
   const char* timeline = std::getenv("KOLO_TIMELINE");
-  if (rank == 0) {
+  const char* tuning = std::getenv("KOLO_AUTOTUNE");
+  if (autotune && (tuning == nullptr || std::string(tuning) != "1")) {
+    std::fprintf(stderr, "fusion_perf: --autotune needs KOLO_AUTOTUNE=1\n");
+    return 2;
+  }
+  if (autotune && rank == 0) {
+    fmt::print("# fusion_perf --autotune: {} ranks, {} steps after the tuner settles, float32 "
+               "average\n",
+               size, steps);
+    fmt::print("# time: the slowest rank's step, median; tuning: steps and seconds until every "
+               "rank had the final settings\n#\n");
+    fmt::print("# {:<10} {:>7} {:>9} | {:>9} {:>7} {:>6} | {:>6} {:>8} | {:>10} {:>8} {:>9}\n",
+               "model", "tensors", "MB", "tuned ms", "busbw", "colls", "steps", "tuning s",
+               "threshold", "cycle ms", "segment");
+  } else if (rank == 0) {
     fmt::print(
         "# fusion_perf: {} ranks, fusion threshold {} MiB, cycle {} ms, {} steps after {} "
         "warm-up, float32 average{}\n",
@@ -351,9 +390,47 @@ int main(int argc, char** argv) {
     // The modes take turns step by step, so that a machine whose load changes treats them alike.
     std::vector<Mode> modes = {Mode::kFused, Mode::kUnfused};
     if (!skip_ordered) modes.push_back(Mode::kOrdered);
-    std::vector<std::vector<double>> times(3);
-    std::vector<double> collectives(3, 0);
+    if (fused_only) modes = {Mode::kFused};
+    std::vector<std::vector<double>> times(4);
+    std::vector<double> collectives(4, 0);
     std::vector<kolo_request_t> requests(model.gradients.size());
+    if (autotune) {
+      // Until every rank has the final settings (the tuner on rank 0 sends them to all).
+      int tuning_steps = 0;
+      const auto tuning_start = std::chrono::steady_clock::now();
+      for (int64_t settled = 0; !settled; ++tuning_steps) {
+        if (tuning_steps == max_tuning_steps) {
+          std::fprintf(stderr, "fusion_perf: the autotuner did not settle in %d steps\n",
+                       max_tuning_steps);
+          return 1;
+        }
+        run_step(comm, model, buffers, requests, Mode::kTuned, threshold);
+        int64_t mine = fusion_stats(comm).autotune_settled ? 1 : 0;
+        check(comm, kolo_allreduce(comm, &mine, &settled, 1, KOLO_INT64, KOLO_MIN),
+              "kolo_allreduce");
+      }
+      const double tuning_seconds = seconds_since(tuning_start);
+      std::vector<double> tuned;
+      double tuned_collectives = 0;
+      for (int step = 0; step < steps; ++step) {
+        StepResult result = run_step(comm, model, buffers, requests, Mode::kTuned, threshold);
+        tuned.push_back(result.seconds);
+        tuned_collectives += static_cast<double>(result.collectives) / steps;
+      }
+      check_values("autotuned");
+      const kolo_fusion_stats_t stats = fusion_stats(comm);
+      if (rank == 0) {
+        const double time = median(tuned);
+        fmt::print(
+            "  {:<10} {:>7} {:>9.1f} | {:>9.1f} {:>7.2f} {:>6.1f} | {:>6} {:>8.1f} | {:>10} "
+            "{:>8} {:>9}\n",
+            model.name, model.gradients.size(), bytes / 1e6, time * 1e3, busbw(time),
+            tuned_collectives, tuning_steps, tuning_seconds, stats.fusion_threshold,
+            stats.cycle_time_ms, stats.segment_bytes);
+        std::fflush(stdout);
+      }
+      continue;
+    }
     for (int step = 0; step < warmup + steps; ++step) {
       for (Mode mode : modes) {
         StepResult result = run_step(comm, model, buffers, requests, mode, threshold);

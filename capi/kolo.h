@@ -681,6 +681,13 @@ typedef struct kolo_fusion_stats {
   uint64_t tensors_fused;       /* tensors that went through the fusion buffer */
   uint64_t bytes_copied;        /* bytes copied into and out of the fusion buffer */
   uint64_t fusion_buffer_bytes; /* the fusion buffer's size (allocated once, reused) */
+  /* Added with the autotuner: a caller built before them passes a smaller struct_size, and they
+   * are not written. */
+  uint64_t autotune_updates;    /* responses that carried the autotuner's settings (KOLO_AUTOTUNE) */
+  uint64_t autotune_settled;    /* 1 once the autotuner's final settings arrived: they stay */
+  uint64_t fusion_threshold;    /* the fusion threshold in force on this rank (rank 0 plans) */
+  double cycle_time_ms;         /* the cycle time in force on this rank */
+  uint64_t segment_bytes;       /* the ring pipeline segment of the engine's collectives */
 } kolo_fusion_stats_t;
 
 /*
@@ -695,8 +702,9 @@ KOLO_API kolo_status_t kolo_comm_fusion_stats(kolo_comm_t comm, kolo_fusion_stat
  * Sets the fusion threshold (the bytes one fused collective may hold; 0: no fusion) from the next
  * cycle on, overriding KOLO_FUSION_THRESHOLD; for benchmarks and autotuning. Rank 0 plans the
  * fusion for every rank, so rank 0's value is the one that counts; setting the same value on
- * every rank keeps that true if rank 0 changes. At most 4 GiB, else KOLO_ERR_INVALID_ARGUMENT.
- * Never blocks.
+ * every rank keeps that true if rank 0 changes. While rank 0 autotunes (KOLO_AUTOTUNE=1), its
+ * autotuner chooses the threshold instead, and this call changes nothing that counts. At most
+ * 4 GiB, else KOLO_ERR_INVALID_ARGUMENT. Never blocks.
  */
 KOLO_API kolo_status_t kolo_comm_set_fusion_threshold(kolo_comm_t comm, uint64_t bytes);
 

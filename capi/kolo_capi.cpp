@@ -514,6 +514,11 @@ kolo_status_t kolo_comm_fusion_stats(kolo_comm_t comm, kolo_fusion_stats_t* stat
     filled.tensors_fused = counters.tensors_fused;
     filled.bytes_copied = counters.bytes_copied;
     filled.fusion_buffer_bytes = counters.fusion_buffer_bytes;
+    filled.autotune_updates = counters.autotune_updates;
+    filled.autotune_settled = counters.autotune_settled ? 1 : 0;
+    filled.fusion_threshold = counters.fusion_threshold;
+    filled.cycle_time_ms = counters.cycle_time_ms;
+    filled.segment_bytes = counters.segment_bytes;
     const size_t known = std::min(stats->struct_size, sizeof(filled));
     std::memcpy(stats, &filled, known);
     if (stats->struct_size > known) {

@@ -341,6 +341,13 @@ TEST_CASE("accepted spellings", "[config]") {
   CHECK(resolve(kolo_job({{"KOLO_FUSION_THRESHOLD", "0"}})).fusion_threshold_bytes == 0);
   CHECK(resolve(kolo_job({{"KOLO_CYCLE_TIME_MS", "3.5"}})).cycle_time_ms == 3.5);
   CHECK(resolve(kolo_job({{"KOLO_TIMELINE", "/tmp/t.json"}})).timeline_path == "/tmp/t.json");
+  CHECK_FALSE(resolve(kolo_job()).autotune);
+  CHECK(resolve(kolo_job({{"KOLO_AUTOTUNE", "1"}})).autotune);
+  CHECK_FALSE(resolve(kolo_job({{"KOLO_AUTOTUNE", "0"}})).autotune);
+  CHECK(resolve(kolo_job({{"KOLO_AUTOTUNE_LOG", "/tmp/a.csv"}})).autotune_log_path ==
+        "/tmp/a.csv");
+  CHECK(resolve(kolo_job()).autotune_window_ms == 1000);
+  CHECK(resolve(kolo_job({{"KOLO_AUTOTUNE_WINDOW_MS", "50"}})).autotune_window_ms == 50);
   // An empty variable counts as unset.
   CHECK(resolve(kolo_job({{"KOLO_TIMEOUT", ""}})).timeout_s == 300.0);
 }
@@ -490,6 +497,11 @@ TEST_CASE("bad values name the variable and the value", "[config]") {
       {{{"KOLO_FUSION_THRESHOLD", "8G"}}, "KOLO_FUSION_THRESHOLD", "8G"},
       {{{"KOLO_STALL_WARNING_S", "-5"}}, "KOLO_STALL_WARNING_S", "-5"},
       {{{"KOLO_STALL_ABORT_S", "soon"}}, "KOLO_STALL_ABORT_S", "soon"},
+      {{{"KOLO_AUTOTUNE", "yes"}}, "KOLO_AUTOTUNE", "yes"},
+      {{{"KOLO_AUTOTUNE", "2"}}, "KOLO_AUTOTUNE", "2"},
+      {{{"KOLO_AUTOTUNE_WINDOW_MS", "0"}}, "KOLO_AUTOTUNE_WINDOW_MS", "0"},
+      {{{"KOLO_AUTOTUNE_WINDOW_MS", "1s"}}, "KOLO_AUTOTUNE_WINDOW_MS", "1s"},
+      {{{"KOLO_AUTOTUNE_WINDOW_MS", "600001"}}, "KOLO_AUTOTUNE_WINDOW_MS", "600001"},
   };
   for (const Case& c : cases) {
     Environment env = kolo_job(c.change);
@@ -589,10 +601,11 @@ TEST_CASE("the table of known variables is complete and well formed", "[config]"
         "KOLO_TRANSPORT", "KOLO_BIND", "KOLO_DEBUG", "KOLO_CYCLE_TIME_MS", "KOLO_CACHE_CAPACITY",
         "KOLO_FUSION_THRESHOLD", "KOLO_STALL_WARNING_S", "KOLO_STALL_ABORT_S", "KOLO_TIMELINE",
         "KOLO_GPU_BACKEND", "KOLO_SHM", "KOLO_SHM_COPY", "KOLO_SECRET_FILE",
-        "KOLO_LIBRARY", "KOLO_ALLREDUCE", "KOLO_HOST_ID"}) {
+        "KOLO_LIBRARY", "KOLO_ALLREDUCE", "KOLO_HOST_ID", "KOLO_AUTOTUNE", "KOLO_AUTOTUNE_LOG",
+        "KOLO_AUTOTUNE_WINDOW_MS"}) {
     CHECK(names.count(name) == 1);
   }
-  CHECK(names.size() == 26);
+  CHECK(names.size() == 29);
 }
 
 TEST_CASE("the README's table of variables lists exactly the known ones", "[config]") {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include "flavour.hpp"
 #include "job.hpp"
@@ -358,4 +360,122 @@ TEST_CASE("ordered and named calls from two threads of one program do not race",
 
 TEST_CASE("an idle communicator runs no cycles and uses no CPU", "[fusion][idle]") {
   expect_all_pass_on_transport(run(3, {"idle"}), "idle checks passed");
+}
+
+namespace {
+
+// The lines of `output` that match `pattern`, each as its first group.
+std::vector<std::string> matches(const std::string& output, const std::string& pattern) {
+  std::vector<std::string> found;
+  std::regex expression(pattern);
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), expression);
+       it != std::sregex_iterator(); ++it) {
+    found.push_back((*it)[1]);
+  }
+  return found;
+}
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> fields;
+  std::stringstream stream(line);
+  for (std::string field; std::getline(stream, field, ',');) fields.push_back(field);
+  return fields;
+}
+
+}  // namespace
+
+TEST_CASE("autotuning changes the settings mid-run alike on every rank, logs and settles",
+          "[fusion][autotune]") {
+  for (int n : {2, 3}) {
+    DYNAMIC_SECTION("N = " << n) {
+      auto directory = scratch_directory("autotune");
+      const auto log = directory / "autotune.csv";
+      auto results = run(n, {"autotune"},
+                         {{"KOLO_AUTOTUNE", "1"},
+                          {"KOLO_AUTOTUNE_WINDOW_MS", "30"},
+                          {"KOLO_AUTOTUNE_LOG", log.string()},
+                          {"KOLO_DEBUG", "INFO"}},
+                         600);
+      expect_all_pass_on_transport(results, "autotune checks passed");
+
+      // Every rank applied the same settings from the same cycles, and settled on the same.
+      const auto applied = matches(results[0].output, R"(rank 0 applies ([^\n]*))");
+      const auto settled = matches(results[0].output, R"(rank 0: autotune settings: ([^\n]*))");
+      REQUIRE(settled.size() == 1);
+      for (int rank = 1; rank < n; ++rank) {
+        INFO("rank " << rank);
+        const std::string prefix = "rank " + std::to_string(rank);
+        CHECK(matches(results[rank].output, prefix + R"( applies ([^\n]*))") == applied);
+        CHECK(matches(results[rank].output, prefix + R"(: autotune settings: ([^\n]*))") ==
+              settled);
+      }
+
+      // The log: a header, the warm-up, 14 trials of the search (the start, 64M / 5 ms / 1M, is
+      // on every list: 1 + 5 cycle times + 5 thresholds + 3 segments), each a setting of its own,
+      // the 3 best of them again, and the final row.
+      std::ifstream file(log);
+      REQUIRE(file.good());
+      std::vector<std::vector<std::string>> rows;
+      std::string header;
+      std::getline(file, header);
+      CHECK(header ==
+            "trial,fusion_threshold_bytes,cycle_time_ms,segment_bytes,bytes,busy_s,"
+            "score_bytes_per_s,outcome");
+      for (std::string line; std::getline(file, line);) rows.push_back(split_csv(line));
+      REQUIRE(rows.size() == 1 + 14 + 3 + 1);
+      for (const auto& row : rows) REQUIRE(row.size() == 8);
+      CHECK(rows.front()[0] == "0");
+      CHECK(rows.front()[7] == "warmup");
+      auto settings_of = [](const std::vector<std::string>& row) {
+        return row[1] + "," + row[2] + "," + row[3];
+      };
+      std::map<std::string, double> searched;  // settings -> score
+      std::vector<double> ranked;
+      double best = -1;
+      for (size_t i = 1; i <= 14; ++i) {
+        const auto& row = rows[i];
+        INFO("row " << i);
+        CHECK(row[0] == std::to_string(i));
+        CHECK((row[7] == "kept" || row[7] == "dropped"));
+        CHECK(std::stoull(row[4]) > 0);
+        const double score = std::stod(row[6]);
+        CHECK(searched.emplace(settings_of(row), score).second);
+        CHECK((row[7] == "kept") == (score > best));
+        best = std::max(best, score);
+        ranked.push_back(score);
+      }
+      CHECK(settings_of(rows[1]) == "67108864,5,1048576");
+      std::sort(ranked.rbegin(), ranked.rend());
+      // The finalists: the three best of the search, again, and the final one the best mean.
+      std::string chosen;
+      double chosen_mean = -1;
+      for (size_t i = 15; i <= 17; ++i) {
+        const auto& row = rows[i];
+        INFO("row " << i);
+        CHECK(row[0] == std::to_string(i));
+        CHECK(row[7] == "confirm");
+        REQUIRE(searched.count(settings_of(row)));
+        CHECK(searched[settings_of(row)] >= ranked[2]);
+        const double mean = (searched[settings_of(row)] + std::stod(row[6])) / 2;
+        if (mean > chosen_mean) chosen_mean = mean, chosen = settings_of(row);
+      }
+      const auto& final = rows.back();
+      CHECK(final[7] == "final");
+      CHECK(settings_of(final) == chosen);
+      const int trials = 17;
+      // The settings every rank reports are the final row's; one update per trial.
+      CHECK(settled[0] == "updates " + std::to_string(trials) + ", threshold " + final[1] +
+                              ", cycle " + final[2] + " ms, segment " + final[3]);
+      CHECK(applied.size() == static_cast<size_t>(trials));
+      std::filesystem::remove_all(directory);
+    }
+  }
+  SECTION("without KOLO_AUTOTUNE nothing changes") {
+    auto results = run(2, {"autotune", "off"});
+    expect_all_pass_on_transport(results, "autotune checks passed");
+    for (const auto& result : results) {
+      CHECK(contains(result.output, "autotune settings: updates 0, threshold 67108864, cycle 5 "
+                                    "ms, segment 1048576"));
+    }
+  }
 }

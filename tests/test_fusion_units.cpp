@@ -4,14 +4,18 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "fusion/autotune.hpp"
 #include "fusion/cache.hpp"
 #include "fusion/coordinator.hpp"
 #include "fusion/fused_layout.hpp"
@@ -782,4 +786,187 @@ TEST_CASE("decoders allocate as elements arrive, never by a count from the wire"
   put_u32(requests, 4, (payload - 8) / 27);
   CHECK(largest_while([&] { decode_requests(requests.data(), requests.size(), 3, 64); }) <
         (size_t{1} << 20));
+}
+
+// ---- the autotuner's settings on the wire, and its search -------------------------------------
+
+TEST_CASE("a response's settings round-trip; bad ones are refused", "[fusion_units][autotune]") {
+  ResponseList response;
+  response.batches.push_back({false, {{false, -1, allreduce("t", 8)}}});
+  std::vector<uint8_t> without;
+  encode(response, without);
+  response.settings = EngineSettings{uint64_t{16} << 20, 2.5, uint64_t{4} << 20, true};
+  std::vector<uint8_t> bytes;
+  encode(response, bytes);
+  CHECK(bytes.size() == without.size() + 1 + 8 + 8 + 8 + 1);  // appended: the old form stands
+  ResponseCache cache(16);
+  ResponseList back = decode_responses(bytes.data(), bytes.size(), 2, cache);
+  REQUIRE(back.settings);
+  CHECK(*back.settings == *response.settings);
+  CHECK_FALSE(decode_responses(without.data(), without.size(), 2, cache).settings);
+
+  // Each field at a value its variable refuses, and a wrong tag, a truncated section, a byte more.
+  const size_t section = without.size();
+  auto with = [&](size_t offset, auto value) {
+    std::vector<uint8_t> changed = bytes;
+    std::memcpy(changed.data() + section + offset, &value, sizeof(value));
+    return changed;
+  };
+  CHECK(refused_responses(with(0, uint8_t{2}), 2));                          // the tag
+  CHECK(refused_responses(with(1, (uint64_t{4} << 30) + 1), 2));            // threshold > 4G
+  CHECK(refused_responses(with(9, 0.0), 2));                                // cycle 0 ms
+  CHECK(refused_responses(with(9, 10000.5), 2));                            // cycle > 10 s
+  CHECK(refused_responses(with(9, std::numeric_limits<double>::quiet_NaN()), 2));
+  CHECK(refused_responses(with(17, uint64_t{4095}), 2));                    // segment < 4K
+  CHECK(refused_responses(with(17, (uint64_t{256} << 20) + 1), 2));         // segment > 256M
+  CHECK(refused_responses(with(25, uint8_t{2}), 2));                        // final flag
+  std::vector<uint8_t> shorter(bytes.begin(), bytes.end() - 1);
+  CHECK(refused_responses(shorter, 2));
+  std::vector<uint8_t> longer = bytes;
+  longer.push_back(0);
+  CHECK(refused_responses(longer, 2));
+  // The limits themselves are accepted.
+  CHECK_FALSE(refused_responses(with(1, uint64_t{4} << 30), 2));
+  CHECK_FALSE(refused_responses(with(17, uint64_t{4096}), 2));
+}
+
+namespace {
+
+// A synthetic job: each setting has a throughput, its busy time per step follows from it, and the
+// tuner is fed one idle-terminated step of `step_bytes` at a time.
+struct SyntheticJob {
+  std::function<double(const EngineSettings&)> throughput;  // bytes per second
+  uint64_t step_bytes = 100 << 20;
+  Clock::time_point now = Clock::now();
+
+  // Runs steps under the tuner's settings until it returns new ones (or `limit` steps pass).
+  std::optional<EngineSettings> steps(Autotuner& tuner, int limit, int& taken) {
+    for (taken = 0; taken < limit; ++taken) {
+      now += std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(step_bytes / throughput(tuner.current())));
+      std::optional<EngineSettings> next = tuner.observe(step_bytes, now, true);
+      now += std::chrono::seconds(3);  // asleep between steps: not measured
+      tuner.resume(now);
+      if (next) return next;
+    }
+    return std::nullopt;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the autotuner finds the best setting of a separable job and settles",
+          "[fusion_units][autotune]") {
+  const uint64_t kMiB = 1 << 20;
+  SyntheticJob job;
+  // Best: cycle 1 ms, threshold 16M, segment 4M; each parameter's effect is independent.
+  job.throughput = [&](const EngineSettings& s) {
+    double score = 1e9;
+    score /= 1 + std::fabs(std::log2(s.cycle_time_ms / 1.0)) * 0.1;
+    score /= 1 + std::fabs(std::log2((s.fusion_threshold + kMiB) / double(17 * kMiB))) * 0.05;
+    score /= 1 + std::fabs(std::log2(s.segment_bytes / double(4 * kMiB))) * 0.07;
+    return score;
+  };
+  auto path = std::filesystem::temp_directory_path() /
+              ("kolo_autotune_units_" + std::to_string(::getpid()) + ".csv");
+  Autotuner tuner(EngineSettings{64 * kMiB, 5, kMiB, false}, AutotuneOptions{0.25, 1, path},
+                  job.now);
+  int changes = 0, taken = 0, steps = 0;
+  std::optional<EngineSettings> last;
+  while (auto next = job.steps(tuner, 1000, taken)) {
+    steps += taken;
+    ++changes;
+    last = next;
+    CHECK(next->final == tuner.settled());
+    if (next->final) break;
+  }
+  REQUIRE(last);
+  CHECK(last->final);
+  CHECK(tuner.settled());
+  CHECK(*last == EngineSettings{16 * kMiB, 1, 4 * kMiB, true});
+  // Start on every list: one trial for it and one for every other value of each list.
+  CHECK(tuner.trials() == Autotuner::max_trials() - 3);
+  CHECK(changes == tuner.trials());  // a change after every trial, the last one final
+  // 100 MiB at <= 1 GB/s is >= 0.1 s a step: the window of 0.25 s holds 3 steps or fewer.
+  CHECK(steps <= 3 * (tuner.trials() + 1) + 3);
+  // Settled: nothing changes any more.
+  CHECK_FALSE(job.steps(tuner, 200, taken));
+  CHECK(tuner.current() == *last);
+
+  std::ifstream log(path);
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(log, line);) rows.push_back(line);
+  std::filesystem::remove(path);
+  REQUIRE(rows.size() == 1 + 1 + static_cast<size_t>(tuner.trials()) + 1);
+  CHECK(rows[0] ==
+        "trial,fusion_threshold_bytes,cycle_time_ms,segment_bytes,bytes,busy_s,"
+        "score_bytes_per_s,outcome");
+  CHECK(rows[1].rfind("0,67108864,5,1048576,", 0) == 0);
+  CHECK(rows[1].substr(rows[1].rfind(',')) == ",warmup");
+  CHECK(rows[2].rfind("1,67108864,5,1048576,", 0) == 0);
+  CHECK(rows[2].substr(rows[2].rfind(',')) == ",kept");
+  CHECK(rows.back().find(",16777216,1,4194304,") != std::string::npos);
+  CHECK(rows.back().substr(rows.back().rfind(',')) == ",final");
+}
+
+TEST_CASE("the autotuner keeps the start when nothing beats it, and ignores empty windows",
+          "[fusion_units][autotune]") {
+  SyntheticJob job;
+  const EngineSettings start{3 << 20, 3.5, 2 << 20, false};  // on none of the lists
+  job.throughput = [&](const EngineSettings& s) { return s == start ? 2e9 : 1e9; };
+  Autotuner tuner(start, AutotuneOptions{0.05, 1, ""}, job.now);
+  // Windows in which nothing ran do not count.
+  for (int i = 0; i < 10; ++i) {
+    job.now += std::chrono::milliseconds(200);
+    CHECK_FALSE(tuner.observe(0, job.now, true));
+  }
+  int taken = 0, changes = 0;
+  std::optional<EngineSettings> last;
+  while (auto next = job.steps(tuner, 1000, taken)) {
+    ++changes;
+    last = next;
+    if (next->final) break;
+  }
+  REQUIRE(last);
+  CHECK(tuner.trials() == Autotuner::max_trials());  // every value of every list was tried
+  CHECK(*last == EngineSettings{start.fusion_threshold, 3.5, start.segment_bytes, true});
+}
+
+TEST_CASE("the autotuner's window ends at a step's end, or at twice its time",
+          "[fusion_units][autotune]") {
+  Clock::time_point now = Clock::now();
+  const auto tick = std::chrono::milliseconds(125);  // exact in binary: the sums are too
+  Autotuner tuner(EngineSettings{1 << 20, 5, 1 << 20, false}, AutotuneOptions{1.0, 0, ""}, now);
+  // Busy for 1.5 s without an idle response: no decision yet.
+  for (int i = 1; i <= 12; ++i) CHECK_FALSE(tuner.observe(1000, now + i * tick, false));
+  // An idle response ends the window.
+  CHECK(tuner.observe(1000, now + 13 * tick, true));
+  CHECK(tuner.trials() == 1);
+  // Never idle: the window ends at 2 s.
+  now += 13 * tick;
+  for (int i = 1; i < 16; ++i) CHECK_FALSE(tuner.observe(1000, now + i * tick, false));
+  CHECK(tuner.observe(1000, now + 16 * tick, false));
+  CHECK(tuner.trials() == 2);
+}
+
+TEST_CASE("a window's score is its median step's, so one slow step does not decide it",
+          "[fusion_units][autotune]") {
+  auto path = std::filesystem::temp_directory_path() /
+              ("kolo_autotune_median_" + std::to_string(::getpid()) + ".csv");
+  Clock::time_point now = Clock::now();
+  Autotuner tuner(EngineSettings{1 << 20, 5, 1 << 20, false}, AutotuneOptions{1.5, 0, path}, now);
+  const uint64_t step = 250'000'000;
+  // 0.25 s, then 1 s (another process took the cores), then 0.25 s: 1.5 s, three steps.
+  for (double seconds : {0.25, 1.0, 0.25}) {
+    now += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    auto next = tuner.observe(step, now, true);
+    CHECK(next.has_value() == (seconds == 0.25 && tuner.trials() == 1));
+  }
+  std::ifstream log(path);
+  std::string header, row;
+  std::getline(log, header);
+  std::getline(log, row);
+  std::filesystem::remove(path);
+  // The total would be 750 MB / 1.5 s = 0.5 GB/s; the median step ran at 1 GB/s.
+  CHECK(row == "1,1048576,5,1048576,750000000,1.500000,1000000000,kept");
 }

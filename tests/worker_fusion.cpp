@@ -24,6 +24,10 @@
 //   kolo_fusion_worker badargs     invalid arguments of every named call
 //   kolo_fusion_worker allgather   named allgathers of per-rank counts (zero too), every dtype,
 //                                  shuffled among named allreduces, counts changing every step
+//   kolo_fusion_worker autotune [off]
+//                                  steps of checked sums while KOLO_AUTOTUNE changes the settings,
+//                                  until they settle, then steps that must change nothing; "off":
+//                                  without KOLO_AUTOTUNE, the settings never change
 //   kolo_fusion_worker allgather_errors
 //                                  too small a receive capacity, disagreeing ranks, bad arguments
 //                                  and misuse of kolo_request_counts
@@ -1606,6 +1610,59 @@ int run_allgather_errors(kolo_comm_t comm) {
   return 0;
 }
 
+// Steps of small tensors and a large one (8 MiB: its pipeline segments follow the tuner's
+// segment), every element checked against the reference, while rank 0 tunes. The ranks leave the
+// loop together, once every rank's engine has the final settings (an ordered allreduce decides),
+// run more steps, and print the settings, which the test compares between ranks and with the log.
+int run_autotune(kolo_comm_t comm, bool tuning) {
+  std::vector<Tensor> tensors;
+  for (uint64_t i = 0; i < 40; ++i) {
+    tensors.push_back(make_tensor(fmt::format("tune.small.{}", i), KOLO_FLOAT32,
+                                  i % 2 ? KOLO_SUM : KOLO_AVG, 1 + (i * 997) % 20000, i));
+  }
+  tensors.push_back(make_tensor("tune.large", KOLO_FLOAT32, KOLO_SUM, 2 << 20, 99));
+  auto run_step = [&](uint64_t step) {
+    for (Tensor& tensor : tensors) tensor.prepare(step);
+    submit_shuffled(comm, tensors, step);
+    wait_all(tensors);
+    for (const Tensor& tensor : tensors) check_against_reference(tensor, step);
+  };
+  const uint64_t kMaxSteps = tuning ? 400 : 5;
+  uint64_t step = 0;
+  bool settled = false;
+  while (step < kMaxSteps && !settled) {
+    run_step(step++);
+    int64_t mine = stats_of(comm).autotune_settled ? 1 : 0, everyone = 0;
+    check(comm, kolo_allreduce(comm, &mine, &everyone, 1, KOLO_INT64, KOLO_MIN), "kolo_allreduce");
+    settled = everyone == 1;
+  }
+  if (settled != tuning) {
+    fail(fmt::format("after {} steps the engine {} settled (KOLO_AUTOTUNE {})", step,
+                     settled ? "has" : "has not", tuning ? "on" : "off"));
+  }
+  const kolo_fusion_stats_t at_end = stats_of(comm);
+  for (int extra = 0; extra < 5; ++extra) run_step(step++);
+  const kolo_fusion_stats_t after = stats_of(comm);
+  if (after.autotune_updates != at_end.autotune_updates ||
+      after.fusion_threshold != at_end.fusion_threshold ||
+      after.cycle_time_ms != at_end.cycle_time_ms || after.segment_bytes != at_end.segment_bytes) {
+    fail(fmt::format("the settings changed after settling: {} updates, threshold {}, cycle {} ms, "
+                     "segment {}, then {} updates, threshold {}, cycle {} ms, segment {}",
+                     at_end.autotune_updates, at_end.fusion_threshold, at_end.cycle_time_ms,
+                     at_end.segment_bytes, after.autotune_updates, after.fusion_threshold,
+                     after.cycle_time_ms, after.segment_bytes));
+  }
+  if (!tuning && after.autotune_updates != 0) {
+    fail(fmt::format("{} settings updates without KOLO_AUTOTUNE", after.autotune_updates));
+  }
+  fmt::print("rank {}: autotune settings: updates {}, threshold {}, cycle {} ms, segment {}\n",
+             g_rank, after.autotune_updates, after.fusion_threshold, after.cycle_time_ms,
+             after.segment_bytes);
+  fmt::print("rank {}: {} steps\n", g_rank, step);
+  fmt::print("rank {}: autotune checks passed\n", g_rank);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1663,6 +1720,8 @@ int main(int argc, char** argv) {
     result = run_badargs(comm);
   } else if (scenario == "allgather") {
     result = run_allgather(comm);
+  } else if (scenario == "autotune") {
+    result = run_autotune(comm, argument != "off");
   } else if (scenario == "allgather_errors") {
     result = run_allgather_errors(comm);
   } else {

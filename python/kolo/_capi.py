@@ -82,8 +82,9 @@ class FusionStats(ctypes.Structure):
         (name, ctypes.c_uint64) for name in (
             "cycles", "idle_sleeps", "tensors_submitted", "requests_completed",
             "requests_failed", "negotiated", "cache_hits", "collectives", "fused_collectives",
-            "tensors_fused", "bytes_copied", "fusion_buffer_bytes")
-    ]
+            "tensors_fused", "bytes_copied", "fusion_buffer_bytes", "autotune_updates",
+            "autotune_settled", "fusion_threshold")
+    ] + [("cycle_time_ms", ctypes.c_double), ("segment_bytes", ctypes.c_uint64)]
 
 
 _u64 = ctypes.c_uint64

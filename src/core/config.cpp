@@ -65,6 +65,11 @@ const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_STALL_WARNING_S", "60", "seconds before warning about a stalled tensor, 0 = never"},
     {"KOLO_STALL_ABORT_S", "0", "seconds before failing a stalled tensor, 0 = never"},
     {"KOLO_TIMELINE", "(off)", "file to write a Chrome-trace timeline to"},
+    {"KOLO_AUTOTUNE", "0",
+     "1: rank 0 tunes the fusion threshold, cycle time and segment size from measured throughput"},
+    {"KOLO_AUTOTUNE_LOG", "(off)", "CSV file where rank 0 logs every autotuning trial"},
+    {"KOLO_AUTOTUNE_WINDOW_MS", "1000",
+     "busy milliseconds of the engine measured per autotuning trial, > 0 and <= 600000"},
     {"KOLO_LIBRARY", "(see the README)",
      "the libkolo.so that the Python package loads; the library itself does not read it"},
 };
@@ -444,7 +449,7 @@ void resolve_tuning(const ConfigOverrides& overrides, const Environment& env, Co
   }
   if (auto segment = first_of(from_override(overrides.segment_bytes, "segment_bytes"),
                               from_env(env, "KOLO_SEGMENT_BYTES"))) {
-    config.segment_bytes = size_in_range(*segment, 4 << 10, 256 << 20,
+    config.segment_bytes = size_in_range(*segment, kSmallestSegmentBytes, kLargestSegmentBytes,
                                          "a size from 4K to 256M, such as 65536, 512K or 1M");
   }
   if (auto transport = from_env(env, "KOLO_TRANSPORT")) {
@@ -480,7 +485,7 @@ void resolve_tuning(const ConfigOverrides& overrides, const Environment& env, Co
 
 void resolve_fusion(const Environment& env, Config& config) {
   if (auto cycle = from_env(env, "KOLO_CYCLE_TIME_MS")) {
-    config.cycle_time_ms = decimal_in_range(*cycle, 0.0, true, 10000.0,
+    config.cycle_time_ms = decimal_in_range(*cycle, 0.0, true, kMaxCycleTimeMs,
                                             "milliseconds > 0 and <= 10000, such as 5 or 0.5");
   }
   if (auto capacity = from_env(env, "KOLO_CACHE_CAPACITY")) {
@@ -500,6 +505,14 @@ void resolve_fusion(const Environment& env, Config& config) {
         decimal_in_range(*abort, 0.0, false, 1e9, "seconds >= 0 (0: never abort), such as 600");
   }
   if (auto timeline = from_env(env, "KOLO_TIMELINE")) config.timeline_path = timeline->text;
+  if (auto autotune = from_env(env, "KOLO_AUTOTUNE")) {
+    config.autotune = one_of(*autotune, {"0", "1"}) == "1";
+  }
+  if (auto log = from_env(env, "KOLO_AUTOTUNE_LOG")) config.autotune_log_path = log->text;
+  if (auto window = from_env(env, "KOLO_AUTOTUNE_WINDOW_MS")) {
+    config.autotune_window_ms = decimal_in_range(
+        *window, 0.0, true, 600000.0, "milliseconds > 0 and <= 600000, such as 1000 or 50");
+  }
 }
 
 }  // namespace

@@ -36,6 +36,13 @@ namespace kolo {
 // The largest fusion threshold (KOLO_FUSION_THRESHOLD, kolo_comm_set_fusion_threshold).
 inline constexpr uint64_t kMaxFusionThresholdBytes = uint64_t{4} << 30;
 
+// The range of a ring pipeline segment (KOLO_SEGMENT_BYTES, and the autotuner's choices).
+inline constexpr uint64_t kSmallestSegmentBytes = uint64_t{4} << 10;
+inline constexpr uint64_t kLargestSegmentBytes = uint64_t{256} << 20;
+
+// The longest fusion engine cycle (KOLO_CYCLE_TIME_MS), in milliseconds.
+inline constexpr double kMaxCycleTimeMs = 10000.0;
+
 // The longest KOLO_HOST_ID: host identities travel in fixed start-up frames.
 inline constexpr size_t kMaxHostIdBytes = 128;
 
@@ -73,6 +80,10 @@ struct Config {
   double stall_warning_s = 60.0;               // KOLO_STALL_WARNING_S, 0 = never warn
   double stall_abort_s = 0.0;                  // KOLO_STALL_ABORT_S, 0 = never abort
   std::string timeline_path;                   // KOLO_TIMELINE, "" = no timeline
+  // KOLO_AUTOTUNE: rank 0 tunes the threshold, cycle time and segment online (fusion/autotune.hpp).
+  bool autotune = false;
+  std::string autotune_log_path;     // KOLO_AUTOTUNE_LOG, "" = no log
+  double autotune_window_ms = 1000;  // KOLO_AUTOTUNE_WINDOW_MS, > 0 and <= 600000
 };
 
 // The caller's overrides (from kolo_config_t); unset fields are std::nullopt.

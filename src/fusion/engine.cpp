@@ -77,6 +77,14 @@
 // request fails with the error, which names the rank, and so does every later submission. The
 // transport tells the peers' engines (an ABORT frame), so they fail with the same message. When
 // the communicator's own transport breaks, the communicator tells the engine, which does the same.
+//
+// Autotuning (KOLO_AUTOTUNE=1, autotune.hpp). Rank 0's Autotuner measures the engine's throughput
+// cycle by cycle and now and then chooses a new fusion threshold, cycle time and ring segment.
+// Rank 0 plans the next response with the new threshold and adds the settings to it; every rank
+// applies them when it reads that response, before its batches, so the segment (a message size
+// the ranks must agree on) changes between the same two collectives everywhere. Without it no
+// response carries settings and nothing changes.
+//
 // Destroying the communicator stops the engine thread at the end of the collective it may be
 // running (every collective it starts, every rank runs to the end) and fails what is left with
 // KOLO_ERR_CANCELLED.
@@ -85,7 +93,8 @@
 // completion) and the engine thread's life (connect, the cycle, the idle sleep, stop); request.*
 // a submission and its checks; negotiation.* the channel that carries a cycle's messages, the
 // wake-up and the goodbye; coordinator.* rank 0's answers; executor.* the batches, run fused
-// through the fusion buffer or alone; timeline.* the trace and all of its JSON.
+// through the fusion buffer or alone; autotune.* rank 0's search for settings; timeline.* the
+// trace and all of its JSON.
 #include "fusion/engine.hpp"
 
 #include <fmt/format.h>
@@ -98,9 +107,11 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <utility>
 
 #include "core/arguments.hpp"
 #include "core/log.hpp"
+#include "fusion/autotune.hpp"
 #include "fusion/coordinator.hpp"
 #include "fusion/negotiation.hpp"
 #include "fusion/timeline.hpp"
@@ -312,6 +323,7 @@ FusionStats FusionEngine::stats() const {
   stats.tensors_fused = ran.tensors_fused;
   stats.bytes_copied = ran.bytes_copied;
   stats.fusion_buffer_bytes = ran.fusion_buffer_bytes;
+  stats.fusion_threshold = fusion_threshold_.load();
   return stats;
 }
 
@@ -452,6 +464,19 @@ void FusionEngine::connect() {
     coordinator_ = std::make_unique<Coordinator>(
         CoordinatorSettings{size_, config_.stall_warning_s, config_.stall_abort_s}, cache_);
   }
+  cycle_time_ = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.cycle_time_ms = config_.cycle_time_ms;
+    stats_.segment_bytes = ring_->segment_bytes();
+  }
+  if (rank_ == 0 && config_.autotune) {
+    autotuner_ = std::make_unique<Autotuner>(
+        EngineSettings{fusion_threshold_.load(), config_.cycle_time_ms, ring_->segment_bytes()},
+        AutotuneOptions{config_.autotune_window_ms / 1000.0, 1, config_.autotune_log_path},
+        Clock::now());
+  }
   if (!config_.timeline_path.empty()) {
     try {
       timeline_ =
@@ -469,17 +494,16 @@ void FusionEngine::connect() {
 }
 
 void FusionEngine::loop() {
-  const auto cycle_time = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double, std::milli>(config_.cycle_time_ms));
   Clock::time_point next = Clock::now();
   for (;;) {
     if (idle_) {
       idle_wait();
       idle_ = false;
+      if (autotuner_) autotuner_->resume(Clock::now());
     } else {
       sleep_until(next);
     }
-    next = Clock::now() + cycle_time;
+    next = Clock::now() + cycle_time_;  // the cycle's response may change it
     run_cycle();
   }
 }
@@ -515,8 +539,11 @@ void FusionEngine::run_cycle() {
   ResponseList response;
   if (rank_ == 0) {
     std::vector<RequestList> lists = channel_->gather_requests(cycle_, std::move(mine));
-    response = coordinator_->process(cycle_, lists, fusion_threshold_.load(), Clock::now(),
+    const uint64_t threshold =
+        autotuner_ ? autotuner_->current().fusion_threshold : fusion_threshold_.load();
+    response = coordinator_->process(cycle_, lists, threshold, Clock::now(),
                                      timeline_ ? &arrivals : nullptr);
+    response.settings = std::exchange(announce_, std::nullopt);
     channel_->send_response(cycle_, response);
   } else {
     response = channel_->exchange(cycle_, mine, cache_);
@@ -524,6 +551,7 @@ void FusionEngine::run_cycle() {
   const Clock::time_point received = Clock::now();
   execute(response, received, arrivals);
   idle_ = response.idle;
+  if (autotuner_) tune(idle_, Clock::now());
   set_activity(idle_ ? "idle, asleep until the next submission" : "between cycles");
   if (coordinator_ && received - last_summary_ >= std::chrono::seconds(1)) {
     last_summary_ = received;
@@ -584,8 +612,33 @@ RequestList FusionEngine::build_requests() {
   return list;
 }
 
+void FusionEngine::tune(bool idle, Clock::time_point now) {
+  const uint64_t payload = executor_.stats().payload_bytes;
+  std::optional<EngineSettings> next = autotuner_->observe(payload - payload_seen_, now, idle);
+  payload_seen_ = payload;
+  if (next) announce_ = next;
+}
+
+void FusionEngine::apply(const EngineSettings& settings) {
+  fusion_threshold_ = settings.fusion_threshold;
+  cycle_time_ = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double, std::milli>(settings.cycle_time_ms));
+  ring_->set_segment_bytes(settings.segment_bytes);
+  log::info(
+      "fusion engine: rank {} applies {}settings from cycle {}: fusion threshold {} bytes, cycle "
+      "{} ms, segment {} bytes",
+      rank_, settings.final ? "the autotuner's final " : "", cycle_, settings.fusion_threshold,
+      settings.cycle_time_ms, settings.segment_bytes);
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  ++stats_.autotune_updates;
+  stats_.autotune_settled = settings.final;
+  stats_.cycle_time_ms = settings.cycle_time_ms;
+  stats_.segment_bytes = settings.segment_bytes;
+}
+
 void FusionEngine::execute(const ResponseList& response, Clock::time_point received,
                            const std::vector<Arrival>& arrivals) {
+  if (response.settings) apply(*response.settings);
   for (const ResponseError& error : response.errors) {
     if (pending_.count(error.key)) finish(error.key, error.status, error.message);
   }

@@ -31,6 +31,7 @@
 namespace kolo {
 namespace fusion {
 
+class Autotuner;
 class Coordinator;
 class NegotiationChannel;
 class Timeline;
@@ -50,6 +51,13 @@ struct FusionStats {
   uint64_t tensors_fused = 0;        // tensors that went through the fusion buffer
   uint64_t bytes_copied = 0;         // into and out of the fusion buffer
   uint64_t fusion_buffer_bytes = 0;  // its size now
+  // The settings in force on this rank, and how many responses carried the autotuner's
+  // (autotune.hpp).
+  uint64_t autotune_updates = 0;
+  bool autotune_settled = false;  // the autotuner sent its final settings
+  uint64_t fusion_threshold = 0;
+  double cycle_time_ms = 0;
+  uint64_t segment_bytes = 0;
 };
 
 // One tensor of a named call, in the caller's memory (which must stay valid until the request
@@ -106,7 +114,8 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   void communicator_failed(const Error& error);
 
   // Bytes per fused collective from the next cycle on; 0 disables fusion. Rank 0 plans the
-  // fusion for every rank, so its value is the one that counts. Throws kInvalidArgument above
+  // fusion for every rank, so its value is the one that counts; while rank 0 autotunes
+  // (KOLO_AUTOTUNE), the autotuner's threshold counts instead. Throws kInvalidArgument above
   // kMaxFusionThresholdBytes.
   void set_fusion_threshold(uint64_t bytes);
   FusionStats stats() const;
@@ -142,6 +151,10 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   RequestList build_requests();
   void execute(const ResponseList& response, Clock::time_point received,
                const std::vector<Arrival>& arrivals);
+  // Settings from a response, before its batches (every rank at the same point).
+  void apply(const EngineSettings& settings);
+  // Rank 0, autotuning: measures the cycle that just ended, and may choose the next settings.
+  void tune(bool idle, Clock::time_point now);
   void finish(const std::string& key, Status status, const std::string& message,
               std::vector<uint64_t> gathered_counts = {});
   void fail_everything(const Error& error);
@@ -187,6 +200,10 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   ResponseCache cache_;
   std::unique_ptr<NegotiationChannel> channel_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0
+  std::unique_ptr<Autotuner> autotuner_;      // rank 0 with KOLO_AUTOTUNE=1
+  std::optional<EngineSettings> announce_;    // rank 0: settings for the next response
+  uint64_t payload_seen_ = 0;                 // rank 0: the executor's payload bytes, measured
+  Clock::duration cycle_time_{};
   std::unique_ptr<Timeline> timeline_;
   Executor executor_;
   uint32_t cycles_row_ = 0;

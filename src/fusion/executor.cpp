@@ -32,6 +32,7 @@ void Executor::count(const ExecutorStats& more) {
   stats_.fused_collectives += more.fused_collectives;
   stats_.tensors_fused += more.tensors_fused;
   stats_.bytes_copied += more.bytes_copied;
+  stats_.payload_bytes += more.payload_bytes;
 }
 
 void Executor::run(const Batch& batch, const std::vector<const Request*>& requests,
@@ -69,7 +70,7 @@ void Executor::run_allgather(const Request& request, const std::vector<uint64_t>
   const Clock::time_point start = Clock::now();
   allgather_blocks(*ring_, descriptor, buffers.send, buffers.recv, blocks);
   const Clock::time_point end = Clock::now();
-  count({.collectives = 1});
+  count({.collectives = 1, .payload_bytes = blocks.total * dtype_size(spec.dtype)});
   if (timeline_) {
     uint32_t row = timeline_->row(spec.key());
     timeline_->span(row, "QUEUE", received, start);
@@ -102,7 +103,7 @@ void Executor::run_alone(const Request& request, Clock::time_point received) {
       ring_allreduce(*ring_, descriptor, buffers[m].send, buffers[m].recv);
     }
     const Clock::time_point end = Clock::now();
-    count({.collectives = 1});
+    count({.collectives = 1, .payload_bytes = spec.members[m].count * dtype_size(spec.dtype)});
     if (timeline_) {
       uint32_t row = timeline_->row(spec.members[m].name);
       timeline_->span(row, "QUEUE", received, start);
@@ -170,7 +171,8 @@ void Executor::run_fused(const std::vector<const Request*>& requests, Clock::tim
   count({.collectives = 1,
          .fused_collectives = 1,
          .tensors_fused = placed.size(),
-         .bytes_copied = 2 * payload});
+         .bytes_copied = 2 * payload,
+         .payload_bytes = payload});
   if (timed) {
     const std::string args =
         Timeline::collective_args(descriptor.sequence, placed.size(), payload, first, true);

@@ -30,6 +30,7 @@ struct ExecutorStats {
   uint64_t tensors_fused = 0;        // tensors that went through the fusion buffer
   uint64_t bytes_copied = 0;         // into and out of the fusion buffer
   uint64_t fusion_buffer_bytes = 0;  // its size now
+  uint64_t payload_bytes = 0;        // the tensors' bytes the collectives carried (autotune.hpp)
 };
 
 class Executor {

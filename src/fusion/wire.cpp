@@ -4,11 +4,14 @@
 
 #include <cstring>
 
+#include "core/config.hpp"
+
 namespace kolo::fusion {
 namespace {
 
 constexpr uint8_t kUnitHit = 1;
 constexpr uint8_t kUnitNew = 2;
+constexpr uint8_t kSettingsTag = 1;  // the only section that may follow a response's batches
 
 class Writer {
  public:
@@ -116,6 +119,7 @@ class Reader {
     }
     return slot;
   }
+  bool at_end() const { return at_ == size_; }
   void expect_end() const {
     if (at_ != size_) malformed(fmt::format("{} bytes left over", size_ - at_));
   }
@@ -128,6 +132,30 @@ class Reader {
   int ranks_;
   uint32_t capacity_;
 };
+
+// The settings section of a response, every value within what its variable accepts.
+EngineSettings read_settings(Reader& reader) {
+  uint8_t tag = reader.get<uint8_t>("section tag");
+  if (tag != kSettingsTag) reader.malformed(fmt::format("section tag {} after the batches", tag));
+  EngineSettings settings;
+  settings.fusion_threshold = reader.get<uint64_t>("fusion threshold");
+  if (settings.fusion_threshold > kMaxFusionThresholdBytes) {
+    reader.malformed(fmt::format("fusion threshold {}", settings.fusion_threshold));
+  }
+  settings.cycle_time_ms = reader.get<double>("cycle time");
+  if (!(settings.cycle_time_ms > 0 && settings.cycle_time_ms <= kMaxCycleTimeMs)) {
+    reader.malformed(fmt::format("cycle time {} ms", settings.cycle_time_ms));
+  }
+  settings.segment_bytes = reader.get<uint64_t>("segment size");
+  if (settings.segment_bytes < kSmallestSegmentBytes ||
+      settings.segment_bytes > kLargestSegmentBytes) {
+    reader.malformed(fmt::format("segment size {}", settings.segment_bytes));
+  }
+  uint8_t final = reader.get<uint8_t>("final flag");
+  if (final > 1) reader.malformed("final flag");
+  settings.final = final == 1;
+  return settings;
+}
 
 }  // namespace
 
@@ -187,6 +215,13 @@ void encode(const ResponseList& list, std::vector<uint8_t>& out) {
       writer.put<int32_t>(unit.slot);
       if (!unit.hit) writer.put_spec(unit.spec);
     }
+  }
+  if (list.settings) {
+    writer.put<uint8_t>(kSettingsTag);
+    writer.put<uint64_t>(list.settings->fusion_threshold);
+    writer.put<double>(list.settings->cycle_time_ms);
+    writer.put<uint64_t>(list.settings->segment_bytes);
+    writer.put<uint8_t>(list.settings->final ? 1 : 0);
   }
 }
 
@@ -248,6 +283,7 @@ ResponseList decode_responses(const uint8_t* data, size_t size, int ranks,
       }
     }
   }
+  if (!reader.at_end()) list.settings = read_settings(reader);
   reader.expect_end();
   return list;
 }

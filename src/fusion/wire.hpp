@@ -16,6 +16,13 @@
 // per rank in a response. Allgathers are never cached nor fused, so a response that says
 // otherwise is malformed.
 //
+// A response may end with the engine's settings (only the autotuner sends them, only in the
+// cycle after it changed them): a tag byte (1), the fusion threshold (u64), the cycle time in
+// milliseconds (f64), the ring segment (u64) and whether they are final (u8). A response without
+// it is the same bytes as before the settings existed, and a decoder meets anything after the
+// batches only as this section: another tag, a value outside what KOLO_FUSION_THRESHOLD,
+// KOLO_CYCLE_TIME_MS and KOLO_SEGMENT_BYTES accept, or bytes after it are malformed.
+//
 // A decoded response is checked whole before any of it is acted on: every cache hit names a slot
 // that this rank's cache holds, no slot appears twice, and the units of a fused batch are
 // allreduces that fusable() accepts together (the executor copies every member of a fused batch
@@ -27,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,12 +108,24 @@ struct ResponseError {
   std::string message;
 };
 
-// What rank 0 tells every rank in a cycle, executed in this order: errors, then the batches.
+// The settings that every rank applies together, before the batches of the response carrying them
+// (fusion/autotune.hpp decides them on rank 0).
+struct EngineSettings {
+  uint64_t fusion_threshold = 0;  // bytes; rank 0 plans with it, the others size their buffers
+  double cycle_time_ms = 0;
+  uint64_t segment_bytes = 0;  // the ring's pipeline segment: must agree for every collective
+  bool final = false;          // the autotuner has settled: these stay
+  bool operator==(const EngineSettings&) const = default;
+};
+
+// What rank 0 tells every rank in a cycle, executed in this order: settings, errors, then the
+// batches.
 struct ResponseList {
   bool idle = false;        // nothing is pending on any rank after this response: sleep until woken
   int32_t all_joined = -1;  // >= 0: every rank has joined; the rank that joined last
   std::vector<ResponseError> errors;
   std::vector<Batch> batches;
+  std::optional<EngineSettings> settings;
 };
 
 void encode(const RequestList& list, std::vector<uint8_t>& out);

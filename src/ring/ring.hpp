@@ -72,6 +72,13 @@ class Ring {
   int left() const { return (rank_ + size_ - 1) % size_; }
   int right() const { return (rank_ + 1) % size_; }
   size_t segment_bytes() const { return segment_bytes_; }
+  // Changes the segment from the next collective on (and the leaders' ring's). Every rank must
+  // make the same change between the same two collectives: a segment is a message, and the ranks'
+  // messages must pair up (the fusion engine's autotuner carries it in a response).
+  void set_segment_bytes(size_t bytes) {
+    segment_bytes_ = bytes;
+    if (leaders_) leaders_->set_segment_bytes(bytes);
+  }
   // The pipeline segment for a schedule that moves `chunk_bytes` per step (a ring's chunk, a
   // chain's whole buffer): KOLO_SEGMENT_BYTES, or less where that would leave fewer than
   // kPipelineDepth segments, but not below kMinSegmentBytes (nor above KOLO_SEGMENT_BYTES). A

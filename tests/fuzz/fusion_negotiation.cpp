@@ -2,14 +2,18 @@
 // what authenticated peers send. The first byte chooses the side:
 //  - rank 0 (even): the rest is cut into request lists (a u16 length, then that many bytes), one
 //    per rank and cycle, for a few cycles. What decodes goes to the coordinator, whose response
-//    must encode within the payload limit and decode again as a member decodes it, passing every
+//    (with the autotuner's settings in even cycles, chosen from its lists) must encode within the
+//    payload limit and decode again as a member decodes it, settings included, passing every
 //    check of a response; every rank's cache then takes its slot assignments.
 //  - a member (odd): the rest is one response, decoded against a cache that holds units of several
 //    kinds and dtypes. What decodes is copied as the executor copies a fused batch: every member
 //    through one fusion buffer with the first unit's element size, from and to a buffer of the
-//    member's own size, so that a batch that is not fusable is a copy past a buffer.
+//    member's own size, so that a batch that is not fusable is a copy past a buffer. Settings
+//    that decode are within what their KOLO_* variables accept.
 #include <cstddef>
 
+#include "core/config.hpp"
+#include "fusion/autotune.hpp"
 #include "fusion/coordinator.hpp"
 #include "fusion/fused_layout.hpp"
 #include "fuzz_input.hpp"
@@ -36,13 +40,23 @@ void as_rank_zero(FuzzInput& input) {
         const std::vector<uint8_t> bytes = input.take_bytes(input.take<uint16_t>());
         list = decode_requests(bytes.data(), bytes.size(), ranks, cache.capacity());
       }
-      const ResponseList response = coordinator.process(
+      ResponseList response = coordinator.process(
           cycle, lists, threshold, Clock::time_point(std::chrono::seconds(cycle)));
+      if (cycle % 2 == 0) {  // a setting the autotuner may send, chosen without taking input
+        const auto& cycles = Autotuner::kCycleTimesMs;
+        const auto& thresholds = Autotuner::kThresholds;
+        const auto& segments = Autotuner::kSegments;
+        const size_t pick = cycle * 7 + static_cast<size_t>(ranks);
+        response.settings =
+            EngineSettings{thresholds[pick % thresholds.size()], cycles[pick % cycles.size()],
+                           segments[pick % segments.size()], cycle == uint64_t{kMaxCycles}};
+      }
       std::vector<uint8_t> bytes;
       encode(response, bytes);
       FUZZ_REQUIRE(bytes.size() <= kMaxPayloadBytes);
       try {
-        decode_responses(bytes.data(), bytes.size(), ranks, cache);
+        const ResponseList decoded = decode_responses(bytes.data(), bytes.size(), ranks, cache);
+        FUZZ_REQUIRE(decoded.settings == response.settings);
       } catch (const Error& error) {
         std::fprintf(stderr, "rank 0's own response is refused: %s\n", error.what());
         FUZZ_REQUIRE(!"the coordinator's response decodes");
@@ -81,6 +95,13 @@ void as_member(FuzzInput& input) {
     response = decode_responses(bytes.data(), bytes.size(), kRanks, cache);
   } catch (const Error&) {
     return;
+  }
+  if (response.settings) {
+    const EngineSettings& settings = *response.settings;
+    FUZZ_REQUIRE(settings.fusion_threshold <= kMaxFusionThresholdBytes);
+    FUZZ_REQUIRE(settings.cycle_time_ms > 0 && settings.cycle_time_ms <= kMaxCycleTimeMs);
+    FUZZ_REQUIRE(settings.segment_bytes >= kSmallestSegmentBytes &&
+                 settings.segment_bytes <= kLargestSegmentBytes);
   }
   for (const Batch& batch : response.batches) {
     if (!batch.fused) continue;

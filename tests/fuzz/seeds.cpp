@@ -95,6 +95,12 @@ void fusion_seeds() {
   Bytes member{1};
   store_protocol::append_bytes(member, payload.data(), payload.size());
   seed("fusion_negotiation", "member_response", member);
+  // The same with the autotuner's settings after the batches.
+  response.settings = EngineSettings{uint64_t{16} << 20, 2.0, uint64_t{4} << 20, false};
+  encode(response, payload);
+  Bytes tuned{1};
+  store_protocol::append_bytes(tuned, payload.data(), payload.size());
+  seed("fusion_negotiation", "member_response_with_settings", tuned);
 }
 
 void control_seeds() {
