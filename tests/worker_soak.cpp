@@ -24,17 +24,22 @@
 // library's buffers and caches and the allocator's arenas reach the sizes they then keep; the
 // test's own buffers are allocated at their largest before it) while every thread is idle, and
 // those of the end likewise.
-// Memory is the resident set (/proc/self/statm), descriptors the entries of /proc/self/fd, shared
-// memory the mappings of /dev/shm files in /proc/self/maps plus this process's entries left in
-// /dev/shm (named /kolo-<pid>-...). Exit status 0: no call failed, no result was wrong, and on
-// every rank descriptors and shared memory are as at the start and memory grew by less than
-// kMaxGrowthKiB.
+// Memory is the resident set (/proc/self/statm) and the bytes malloc has handed out and not got
+// back (mallinfo2: what the process and the library hold, whatever the allocator keeps mapped
+// besides), descriptors the entries of /proc/self/fd, shared memory the mappings of /dev/shm files
+// in /proc/self/maps plus this process's entries left in /dev/shm (named /kolo-<pid>-...). Exit
+// status 0: no call failed, no result was wrong, and on every rank descriptors and shared memory
+// are as at the start, the resident set grew by less than kMaxResidentGrowthKiB and malloc's bytes
+// in use by less than kMaxInUseGrowthKiB. SOAK_MEMORY_DETAIL=1 also prints where each rank's
+// resident set lies at the start and at the end (heap, anonymous mappings, files, /dev/shm).
 #include <fmt/format.h>
 #include <kolo.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -61,7 +66,11 @@ constexpr uint64_t kLargestCount = 256 * 1024;
 constexpr uint64_t kLargestNamedCount = 64 * 1024;
 constexpr size_t kMaxNamedBatch = 8;
 constexpr size_t kLargestElement = 8;
-constexpr int64_t kMaxGrowthKiB = 32 * 1024;
+// Bounds on growth from the warm-up's end to the end. The library's working buffers grow to the
+// largest message seen and then stay (a few MiB in the first minutes); bytes in use stay within
+// a few hundred KiB.
+constexpr int64_t kMaxResidentGrowthKiB = 16 * 1024;
+constexpr int64_t kMaxInUseGrowthKiB = 4 * 1024;
 constexpr int kShownWrong = 10;  // wrong results described in full; the rest only counted
 
 std::atomic<int> g_wrong_shown{0};
@@ -373,16 +382,62 @@ struct NamedThread {
 
 struct Figures {
   int64_t rss_kib = 0;
+  int64_t in_use_kib = 0;  // malloc's bytes handed out (mallinfo2: uordblks + hblkhd)
   int64_t descriptors = 0;
   int64_t shared_memory = 0;  // /dev/shm mappings plus this process's /dev/shm entries
 };
 
+// Where the resident set lies (/proc/self/smaps) and what the allocator holds (mallinfo2), for
+// finding what grows: printed per rank when SOAK_MEMORY_DETAIL is set.
+std::string memory_detail() {
+  int64_t heap = 0, anonymous = 0, files = 0, shared = 0, stack = 0;
+  int64_t* category = &anonymous;
+  std::ifstream smaps("/proc/self/smaps");
+  for (std::string line; std::getline(smaps, line);) {
+    if (line.empty()) continue;
+    if (std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') < 16 &&
+        line.find(':') > 16) {
+      const size_t slash = line.find('/');
+      const size_t bracket = line.find('[');
+      if (line.find("/dev/shm/") != std::string::npos)
+        category = &shared;
+      else if (slash != std::string::npos)
+        category = &files;
+      else if (line.find("[heap]") != std::string::npos)
+        category = &heap;
+      else if (bracket != std::string::npos)
+        category = &stack;
+      else
+        category = &anonymous;
+      continue;
+    }
+    if (line.rfind("Rss:", 0) == 0) *category += std::strtoll(line.c_str() + 4, nullptr, 10);
+  }
+  const struct mallinfo2 info = mallinfo2();
+  int threads = 0;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Threads:", 0) == 0) threads = std::atoi(line.c_str() + 8);
+  }
+  return fmt::format(
+      "rss heap {:.1f} anon {:.1f} files {:.1f} shm {:.1f} other {:.1f} MiB; "
+      "malloc in use {:.1f} held {:.1f} (mmapped {:.1f}) MiB; threads {}",
+      heap / 1024.0, anonymous / 1024.0, files / 1024.0, shared / 1024.0, stack / 1024.0,
+      (info.uordblks + info.hblkhd) / 1048576.0, (info.arena + info.hblkhd) / 1048576.0,
+      info.hblkhd / 1048576.0, threads);
+}
+
 Figures measure() {
+  if (std::getenv("SOAK_MEMORY_DETAIL") != nullptr) {
+    fmt::print(stderr, "soak: rank {}: {}\n", g_rank, memory_detail());
+  }
   Figures figures;
   std::ifstream statm("/proc/self/statm");
   int64_t size_pages = 0, resident_pages = 0;
   statm >> size_pages >> resident_pages;
   figures.rss_kib = resident_pages * (sysconf(_SC_PAGESIZE) / 1024);
+  const struct mallinfo2 info = mallinfo2();
+  figures.in_use_kib = static_cast<int64_t>((info.uordblks + info.hblkhd) / 1024);
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
     ++figures.descriptors;
   }
@@ -453,7 +508,7 @@ int main(int argc, char** argv) {
   // Every rank's tallies and figures to every rank, so that each judges alike.
   const uint64_t calls = ordered.tally.calls + splits.tally.calls + named.tally.calls;
   const uint64_t wrong = ordered.tally.wrong + splits.tally.wrong + named.tally.wrong;
-  constexpr int kFields = 13;
+  constexpr int kFields = 15;
   int64_t mine[kFields] = {static_cast<int64_t>(calls),
                            static_cast<int64_t>(wrong),
                            static_cast<int64_t>(ordered.tally.calls),
@@ -466,7 +521,9 @@ int main(int argc, char** argv) {
                            at_start.descriptors,
                            at_end.descriptors,
                            at_start.shared_memory,
-                           at_end.shared_memory};
+                           at_end.shared_memory,
+                           at_start.in_use_kib,
+                           at_end.in_use_kib};
   std::vector<int64_t> all(static_cast<size_t>(kFields) * g_size);
   check_status(world.handle, kolo_allgather(world.handle, mine, all.data(), kFields, KOLO_INT64),
                "the allgather of the figures");
@@ -478,14 +535,16 @@ int main(int argc, char** argv) {
     const int64_t* f = all.data() + static_cast<size_t>(r) * kFields;
     total_calls += f[0];
     total_wrong += f[1];
-    const bool rank_flat = f[10] == f[9] && f[12] == f[11] && f[7] - f[6] < kMaxGrowthKiB;
+    const bool rank_flat = f[10] == f[9] && f[12] == f[11] && f[7] - f[6] < kMaxResidentGrowthKiB &&
+                           f[14] - f[13] < kMaxInUseGrowthKiB;
     flat = flat && rank_flat;
     lines += fmt::format(
         "soak: rank {}: {} calls (ordered {}, split {}, named {}), {} wrong; memory {:.1f} MiB "
-        "at init, {:.1f} at start, {:.1f} at end; descriptors {} at init, {} at start, {} at "
-        "end; /dev/shm {} at start, {} at end{}\n",
-        r, f[0], f[2], f[3], f[4], f[1], f[5] / 1024.0, f[6] / 1024.0, f[7] / 1024.0, f[8], f[9],
-        f[10], f[11], f[12], rank_flat ? "" : "  <- NOT FLAT");
+        "at init, {:.1f} at start, {:.1f} at end (malloc in use {:.1f} -> {:.1f}); descriptors {} "
+        "at init, {} at start, {} at end; /dev/shm {} at start, {} at end{}\n",
+        r, f[0], f[2], f[3], f[4], f[1], f[5] / 1024.0, f[6] / 1024.0, f[7] / 1024.0,
+        f[13] / 1024.0, f[14] / 1024.0, f[8], f[9], f[10], f[11], f[12],
+        rank_flat ? "" : "  <- NOT FLAT");
   }
   if (g_rank == 0) {
     fmt::print("{}soak: {} ranks, {:.0f} s after a warm-up of {:.0f} s ({:.0f} s in all), seed {}: "

@@ -188,17 +188,16 @@ void Executor::run_fused(const std::vector<const Request*>& requests, Clock::tim
 }
 
 std::byte* Executor::fusion_buffer(size_t bytes, uint64_t fusion_threshold) {
-  if (bytes > buffer_bytes_) {
+  if (bytes > buffer_.size()) {
     // Allocated once at the threshold (pages are touched only as far as they are used), larger
     // only for a group that exceeds it.
     size_t size = std::max<size_t>(bytes, fusion_threshold);
-    buffer_.reset();
-    buffer_.reset(new std::byte[size]);
-    buffer_bytes_ = size;
+    buffer_.release();
+    buffer_ = PageBuffer(size);
     std::lock_guard<std::mutex> lock(stats_mutex_);
     stats_.fusion_buffer_bytes = size;
   }
-  return buffer_.get();
+  return buffer_.data();
 }
 
 }  // namespace kolo::fusion

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/deadline.hpp"
+#include "core/page_buffer.hpp"
 #include "fusion/request.hpp"
 #include "fusion/wire.hpp"
 
@@ -66,8 +67,7 @@ class Executor {
   Ring* ring_ = nullptr;
   Timeline* timeline_ = nullptr;
   uint64_t sequence_ = 0;  // of the collectives on the engine's ring
-  std::unique_ptr<std::byte[]> buffer_;
-  size_t buffer_bytes_ = 0;
+  PageBuffer buffer_;
   mutable std::mutex stats_mutex_;
   ExecutorStats stats_;
 };

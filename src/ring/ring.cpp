@@ -102,12 +102,11 @@ Ring& Ring::leaders() {
 }
 
 std::byte* Ring::buffer(Buffer which, size_t bytes) {
-  if (bytes > buffer_bytes_[which]) {
-    buffers_[which].reset();  // free first: the old and new buffer need not coexist
-    buffers_[which].reset(new std::byte[bytes]);
-    buffer_bytes_[which] = bytes;
+  if (bytes > buffers_[which].size()) {
+    buffers_[which].release();  // first: the old and new buffer need not coexist
+    buffers_[which] = PageBuffer(bytes);
   }
-  return buffers_[which].get();
+  return buffers_[which].data();
 }
 
 void IncomingReduction::attach(Transfer& transfer) {

@@ -11,6 +11,7 @@
 
 #include "core/deadline.hpp"
 #include "core/op_descriptor.hpp"
+#include "core/page_buffer.hpp"
 #include "core/reduce.hpp"
 #include "ring/algorithms.hpp"
 #include "ring/blocks.hpp"
@@ -135,8 +136,7 @@ class Ring {
   size_t segment_bytes_;
   double timeout_s_;
   Deadline deadline_;
-  std::unique_ptr<std::byte[]> buffers_[kBufferCount];
-  size_t buffer_bytes_[kBufferCount] = {};
+  PageBuffer buffers_[kBufferCount];
   std::vector<Transfer> transfers_;
   std::atomic<int> waiting_for_{-1};
   std::vector<int> ranks_;  // empty: positions are ranks
