@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "faults.hpp"
+#include "flavour.hpp"
 #include "job.hpp"
 #include "kolo_build_config.h"
 
@@ -170,9 +171,12 @@ TEST_CASE("hierarchical allreduce: ranks whose calls differ get KOLO_ERR_MISMATC
   // and its messages go to ranks that the hierarchical schedule does not receive from.
   for (const char* kind : {"count", "dtype", "op", "scale", "collective"}) {
     DYNAMIC_SECTION(kind << " differs, N = 5, hosts of 3 + 2") {
-      auto job = start_job(5, {"mismatch", kind}, {{"KOLO_ALLREDUCE", "hierarchical"}},
+      auto job = start_job(5, {"mismatch", kind},
+                           kolo::test::with_flavour_logging({{"KOLO_ALLREDUCE", "hierarchical"}}),
                            "tests/kolo_test_worker", hosts({"a", "a", "a", "b", "b"}));
-      kolo::test::expect_every_rank_reports_mismatch(job.wait(60), "hierarchical");
+      auto results = job.wait(60);
+      kolo::test::expect_every_rank_reports_mismatch(results, "hierarchical");
+      for (const auto& result : results) kolo::test::check_flavour(result.output, results.size());
     }
   }
 }

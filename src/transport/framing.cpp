@@ -21,6 +21,11 @@ bool numbered_collective(Collective collective) {
          collective != Collective::kNegotiation;
 }
 
+bool enters_another_collective(const OpDescriptor& current, const OpDescriptor& posted) {
+  return numbered_collective(posted.collective) &&
+         (posted.sequence != current.sequence || posted.collective != current.collective);
+}
+
 void check_unexpected_frame(int rank, int peer, const OpDescriptor& current,
                             const FrameHeader& header) {
   const OpDescriptor& theirs = header.descriptor;

@@ -58,6 +58,10 @@ void check_unexpected_frame(int rank, int peer, const OpDescriptor& current,
 // Whether calls of this kind take the communicator's collective numbers (OpDescriptor::sequence).
 bool numbered_collective(Collective collective);
 
+// Whether a transfer of `posted` starts another collective than `current` (the collective a rank
+// is in for check_unexpected_frame): a numbered collective of another number or kind.
+bool enters_another_collective(const OpDescriptor& current, const OpDescriptor& posted);
+
 // A FIFO of T linked through T::next (Transfer, or a transport's own records): pushing and
 // popping never allocate. The queue does not own its elements.
 template <typename T>

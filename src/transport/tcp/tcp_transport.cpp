@@ -268,10 +268,7 @@ class TcpTransport final : public Transport {
   // arrived with no receive posted are judged against it (check_unexpected_frame), as those that
   // arrive later are when their header is read (serve_recvs) or before a sleep (the rings).
   void enter(const OpDescriptor& descriptor) {
-    if (!numbered_collective(descriptor.collective) ||
-        (descriptor.sequence == current_.sequence && descriptor.collective == current_.collective)) {
-      return;
-    }
+    if (!enters_another_collective(current_, descriptor)) return;
     current_ = descriptor;
     for (auto& peer : peers_) {
       for (auto& stream : peer.streams) {

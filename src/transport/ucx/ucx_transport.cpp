@@ -32,6 +32,9 @@
 // completes only after the header was checked against the receiver's own descriptor and length,
 // by check_frame(), as on every transport, so ranks that disagree get KOLO_ERR_MISMATCH. A
 // payload longer than expected is cut short by UCX (truncated), never written past the buffer.
+// A message that comes before its receive waits in UCX, where no check would see it if that
+// receive is never posted; so when a collective starts and before a sleep, the next header from
+// each peer is probed for, taken out of UCX and judged (judge_early_messages below).
 //
 // Peers on this host. Unless KOLO_SHM=0, every message to a peer on the same host goes
 // through kolo's own rings in shared memory instead (transport/shm/: two memcpy()s through
@@ -193,6 +196,7 @@ class UcxTransport final : public Transport {
         control_(rank, size),
         shm_(rank, size, control_, "ucx") {
     pure_spin_ = pure_spin_for(settings.local_size);
+    timeout_s_ = settings.timeout_s;
     if (size > kMaxRanks) {
       throw Error(
           Status::kUnsupported,
@@ -223,6 +227,7 @@ class UcxTransport final : public Transport {
   void post_send(Transfer& transfer) override {
     rethrow_failure();
     guarded([&] {
+      enter(transfer.descriptor);
       if (shm_.connected(transfer.peer)) {
         if (shm_.post_send(transfer)) awake_.set();
         return;
@@ -247,6 +252,7 @@ class UcxTransport final : public Transport {
   void post_recv(Transfer& transfer) override {
     rethrow_failure();
     guarded([&] {
+      enter(transfer.descriptor);
       if (shm_.connected(transfer.peer)) {
         if (shm_.post_recv(transfer)) awake_.set();
         return;
@@ -254,8 +260,12 @@ class UcxTransport final : public Transport {
       Peer& peer = peers_[transfer.peer];
       const uint64_t sequence = peer.received++;
       Operation& operation = acquire(transfer, true);
-      start_receive(operation, 0, &operation.header, sizeof(FrameHeader),
-                    message_tag(false, transfer.peer, sequence, peer.key));
+      if (peer.early_header && peer.early_header->sequence == sequence) {
+        use_early_header(operation, peer);
+      } else {
+        start_receive(operation, 0, &operation.header, sizeof(FrameHeader),
+                      message_tag(false, transfer.peer, sequence, peer.key));
+      }
       if (transfer.bytes > 0) {
         start_receive(operation, 1, transfer.data, transfer.bytes,
                       message_tag(true, transfer.peer, sequence, peer.key));
@@ -291,6 +301,7 @@ class UcxTransport final : public Transport {
         if (now >= spin_from + pure_spin_) ::sched_yield();
       } while (now < spin_from + spin_length);
       serve_control();
+      judge_early_messages();
 
       // Sleep until UCX or the control channel has something, or the deadline.
       awake_.clear();
@@ -301,6 +312,7 @@ class UcxTransport final : public Transport {
           }
           if (process_completions() || deadline.expired()) return awake_.set();
           if (Clock::now() >= next_control_check_) serve_control();
+          judge_early_messages();
           continue;
         }
         if (armed != UCS_OK) throw_ucx("ucp_worker_arm", armed);
@@ -371,6 +383,13 @@ class UcxTransport final : public Transport {
   }
 
  private:
+  struct EarlyHeader {
+    uint64_t sequence = 0;  // of the message between the pair
+    FrameHeader header;
+    size_t length = 0;  // what arrived
+    ucs_status_t status = UCS_OK;
+  };
+
   struct Peer {
     ucp_ep_h endpoint = nullptr;
     uint64_t key = 0;  // mixed into every tag between this pair
@@ -378,6 +397,9 @@ class UcxTransport final : public Transport {
     uint64_t received = 0;
     int outstanding = 0;  // posted operations not yet complete
     std::optional<Clock::time_point> goodbye_seen;
+    // The header of message `received` from this peer, taken out of UCX before its receive was
+    // posted (judge_early_messages); that receive takes it from here.
+    std::optional<EarlyHeader> early_header;
   };
 
   // ---- set-up ---------------------------------------------------------------------------------
@@ -751,6 +773,70 @@ class UcxTransport final : public Transport {
     check_frame(rank_, transfer, header);
   }
 
+  // ---- messages that come before their receive -----------------------------------------------
+
+  // A transfer of `descriptor` is posted: when that starts another collective, the messages that
+  // came before their receive are judged against it, as they are again before each sleep.
+  void enter(const OpDescriptor& descriptor) {
+    if (!enters_another_collective(current_, descriptor)) return;
+    current_ = descriptor;
+    judge_early_messages();
+  }
+
+  // UCX keeps a message that comes before its receive to itself until a receive matches its tag,
+  // and a rank whose schedule differs from its peer's may never post one (a broadcast where the
+  // others run the hierarchical allreduce). So for every peer reached through UCX, the header of
+  // the next message that no receive was posted for yet (tag of message `received`) is taken out
+  // of UCX when it is there and judged against the collective this rank is in
+  // (check_unexpected_frame; the rings judge theirs themselves). A header that passes is kept for
+  // the receive that will be posted for it (post_recv), and judged again when the rank enters
+  // another collective; its payload stays in UCX under its own tag for that receive.
+  void judge_early_messages() {
+    if (current_.sequence == 0) return;  // no collective yet: nothing to judge against
+    for (int peer = 0; peer < size_; ++peer) {
+      if (shm_.connected(peer)) continue;
+      Peer& state = peers_[peer];
+      if (!state.early_header) take_early_header(peer, state);
+      const std::optional<EarlyHeader>& early = state.early_header;
+      if (early && early->status == UCS_OK && early->length == sizeof(FrameHeader) &&
+          early->header.well_formed()) {
+        check_unexpected_frame(rank_, peer, current_, early->header);
+      }
+    }
+  }
+
+  // Takes the header of message `received` out of UCX if it has arrived. A header is small
+  // enough for UCX's eager protocol, where receiving a probed message completes at once; a larger
+  // UCX_RNDV_THRESH aside, the wait below costs nothing.
+  void take_early_header(int peer, Peer& state) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h message = ucp_tag_probe_nb(
+        worker_, message_tag(false, peer, state.received, state.key), kFullMask, 1, &info);
+    if (message == nullptr) return;
+    EarlyHeader& early = state.early_header.emplace();
+    early.sequence = state.received;
+    early.length = info.length;
+    ucp_request_param_t param{};  // no callback: waited for here
+    early.status = wait_request(
+        ucp_tag_msg_recv_nbx(worker_, &early.header, sizeof(FrameHeader), message, &param),
+        Deadline(timeout_s_));
+    if (early.status == UCS_INPROGRESS) {
+      peer_failed(peer, fmt::format("ucx: a message header from it did not arrive within {} s",
+                                    timeout_s_));
+    }
+  }
+
+  // The header part of a receive whose header came early: done as UCX would have done it, and
+  // checked with the payload by advance() as every header is.
+  void use_early_header(Operation& operation, Peer& peer) {
+    Operation::Part& part = operation.parts[0];
+    operation.header = peer.early_header->header;
+    part.done = true;
+    part.status = peer.early_header->status;
+    part.length = peer.early_header->length;
+    peer.early_header.reset();
+  }
+
   // ---- control --------------------------------------------------------------------------------
 
   // Reads the control channel (throws for an ABORT or a lost peer), and fails a wait on a peer
@@ -844,21 +930,22 @@ class UcxTransport final : public Transport {
     if (!worker_) return;
     ucp_request_param_t param{};
     ucs_status_ptr_t request = ucp_worker_flush_nbx(worker_, &param);
-    if (!wait_request(request, Deadline(kShutdownSeconds))) {
+    if (wait_request(request, Deadline(kShutdownSeconds)) != UCS_OK) {
       log::warn("ucx: rank {} could not flush its messages within {} s", rank_, kShutdownSeconds);
     }
   }
 
-  // Progresses until request completes or the deadline; true when it completed.
-  bool wait_request(ucs_status_ptr_t request, const Deadline& deadline) noexcept {
-    if (request == nullptr) return true;
-    if (UCS_PTR_IS_ERR(request)) return false;
+  // Progresses until request completes or the deadline; its status, UCS_INPROGRESS when the
+  // deadline came first (UCX then frees the request when it completes).
+  ucs_status_t wait_request(ucs_status_ptr_t request, const Deadline& deadline) noexcept {
+    if (request == nullptr) return UCS_OK;
+    if (UCS_PTR_IS_ERR(request)) return UCS_PTR_STATUS(request);
     ucs_status_t status;
     while ((status = ucp_request_check_status(request)) == UCS_INPROGRESS && !deadline.expired()) {
       ucp_worker_progress(worker_);
     }
     ucp_request_free(request);
-    return status == UCS_OK;
+    return status;
   }
 
   void destroy_ucx(bool clean) noexcept {
@@ -894,11 +981,13 @@ class UcxTransport final : public Transport {
   AwakeFlag awake_;
   net::Socket readiness_;
   Clock::duration pure_spin_;
+  double timeout_s_;                // KOLO_TIMEOUT
   int max_sleep_ms_ = kMaxSleepMs;  // 1 once a wake-up was found missing (missed_wake_up)
   std::vector<std::unique_ptr<Operation>> operations_;
   Operation* free_ = nullptr;
   IntrusiveFifo<Operation> completed_;
   Clock::time_point next_control_check_{};
+  OpDescriptor current_;  // of the latest posted transfer of a numbered collective (enter)
   std::optional<Error> failure_;
 };
 
