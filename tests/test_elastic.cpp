@@ -5,10 +5,12 @@
 // death to the last survivor's first allreduce on the new communicator, for the README.
 #include <dirent.h>
 #include <signal.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <filesystem>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -56,7 +58,15 @@ double run_scenario(const std::string& phase, const Scenario& scenario,
   const std::set<std::string> shm_before = kolo_shm_entries();
   std::vector<std::string> args = {phase, scenario.victims};
   if (scenario.during >= 0) args.push_back(std::to_string(scenario.during));
-  std::map<std::string, std::string> ranks_env = {{"KOLO_TIMEOUT", "10"}};
+  // Where the ranks say they are past the barrier before the deaths (worker_elastic.cpp); removed
+  // however the scenario ends.
+  struct TemporaryDirectory {
+    std::string path = std::filesystem::temp_directory_path() / "kolo-elastic-XXXXXX";
+    TemporaryDirectory() { REQUIRE(::mkdtemp(path.data()) != nullptr); }
+    ~TemporaryDirectory() { std::filesystem::remove_all(path); }
+  } past_barrier;
+  std::map<std::string, std::string> ranks_env = {{"KOLO_TIMEOUT", "10"},
+                                                  {"ELASTIC_PAST_BARRIER_DIR", past_barrier.path}};
   for (const auto& [key, value] : env) ranks_env[key] = value;
   auto job = kolo::test::start_job(scenario.size, args, kolo::test::with_flavour_logging(ranks_env),
                                    "tests/kolo_test_elastic");

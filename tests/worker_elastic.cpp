@@ -8,8 +8,12 @@
 // PHASE is what every rank runs in a loop when the victims die: "allreduce" (4 MiB calls),
 // "fused" (batches of named allreduces) or "split" (split, an allreduce in the child, destroy).
 // VICTIMS is a comma-separated list of world ranks that kill themselves together, a few
-// milliseconds into the phase. DURING, where given, is a rank that kills itself a few
-// milliseconds after it has called kolo_comm_shrink (a death during the agreement).
+// milliseconds into the phase, once every rank is past the barrier before it: each rank leaves a
+// file in the directory that ELASTIC_PAST_BARRIER_DIR names, and a victim waits for all of them (a
+// barrier returns on one rank before it has on the others, and a victim killed in between would
+// fail the others' barrier instead of their phase, as under AddressSanitizer it did). DURING,
+// where given, is a rank that kills itself a few milliseconds after it has called
+// kolo_comm_shrink (a death during the agreement).
 // "cold": the survivors submit a batch of named allreduces, the first, and the victims, which
 // submit nothing, die: the survivors' fusion engines still connect (they connect on the first
 // submission, and wait for the dead until KOLO_TIMEOUT). The survivors notice through an ordered
@@ -34,6 +38,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -58,6 +64,21 @@ void die_after(int delay_ms) {
     std::fflush(stderr);
     ::raise(SIGKILL);
   }).detach();
+}
+
+// Says that this rank is past the barrier before the deaths, and for a victim waits (up to a
+// minute) until every rank has said so; see the file's comment.
+void pass_barrier(bool victim) {
+  const char* dir = std::getenv("ELASTIC_PAST_BARRIER_DIR");
+  if (dir == nullptr) return;
+  std::ofstream(fmt::format("{}/{}", dir, g_rank)).put('\n');
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (victim && std::chrono::steady_clock::now() < until) {
+    int past = 0;
+    for (int r = 0; r < g_size; ++r) past += std::filesystem::exists(fmt::format("{}/{}", dir, r));
+    if (past == g_size) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 std::vector<int> parse_ranks(const std::string& text) {
@@ -225,6 +246,7 @@ int main(int argc, char** argv) {
   // Every rank is past its checks before anyone dies (a death within the checks is no test).
   check_status(world, kolo_barrier(world), "kolo_barrier before the kill");
   const bool victim = std::find(victims.begin(), victims.end(), g_rank) != victims.end();
+  pass_barrier(victim);
   std::vector<std::vector<float>> cold_tensors;
   std::vector<kolo_request_t> cold_requests;
   if (phase == "cold") {
