@@ -722,7 +722,7 @@ std::atomic<size_t> largest_allocation{0};
 constexpr size_t kRefusedAllocation = size_t{256} << 20;
 }  // namespace
 
-// None of the three is inlined: GCC would see malloc() and free() meet new and delete, and warn.
+// None of them is inlined: GCC would see malloc() and free() meet new and delete, and warn.
 [[gnu::noinline]] void* operator new(size_t bytes) {
   size_t seen = largest_allocation.load(std::memory_order_relaxed);
   while (bytes > seen && !largest_allocation.compare_exchange_weak(seen, bytes)) {
@@ -735,6 +735,19 @@ constexpr size_t kRefusedAllocation = size_t{256} << 20;
   std::free(memory);
 }
 [[gnu::noinline]] void operator delete(void* memory, size_t) noexcept {
+  std::free(memory);
+}
+// The nothrow forms too (std::stable_sort's temporary buffer uses them): left to the runtime, an
+// AddressSanitizer build would take that memory from its own operator new and see it come back to
+// free() above, which it reports as a mismatch.
+[[gnu::noinline]] void* operator new(size_t bytes, const std::nothrow_t&) noexcept {
+  try {
+    return ::operator new(bytes);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+[[gnu::noinline]] void operator delete(void* memory, const std::nothrow_t&) noexcept {
   std::free(memory);
 }
 
