@@ -1,16 +1,20 @@
 #!/bin/sh
-# Builds kolo with sanitizers and runs tests under them; scripts/test.sh calls it after the plain
+# Builds kolo with sanitizers and runs tests under them; scripts/test.sh calls it beside the plain
 # suite and counts its results in its last line. What each part costs is in the README
 # (Development).
-#   build-asan  AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer: the whole
-#               suite except the Python package's (Python would need libasan preloaded), the soak
-#               (the plain build runs it), three of UCX's four flavours (ucx_stream_*,
-#               ucx_shm_*, ucx_tcp_*: the same kolo code as ucx_* under other UCX settings) and
-#               ucx_fusion_* (the engine of fusion_* over the transport of the other ucx_*), to
-#               keep .ci/run within its budget, and the checks that run no kolo code under the
-#               sanitizers: layers, install_deps, scaling_model (Python scripts) and
-#               install_consumers (programs built outside Meson, without the sanitizer runtime
-#               that the sanitized libkolo needs to come first).
+#   build-asan  AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer on kolo's own
+#               code (-Dsanitize_kolo: the core, libkolo, kolorun; the tests and benchmarks that
+#               drive it are built at -O1 without them): the whole suite except the Python
+#               package's (Python would need libasan preloaded), the soak (its memory bounds
+#               measure the plain build; the sanitizers' quarantine would break them), three of
+#               UCX's four flavours (ucx_stream_*, ucx_shm_*, ucx_tcp_*: the same kolo code as
+#               ucx_* under other UCX settings) and ucx_fusion_* (the engine of fusion_* over the
+#               transport of the other ucx_*), the fuzz suite (its own build, sanitized as well),
+#               and the checks that run no kolo code under the sanitizers: layers, install_deps,
+#               scaling_model (Python scripts) and install_consumers (programs built outside
+#               Meson, without the sanitizer runtime that the sanitized libkolo needs to come
+#               first). `sh scripts/sanitize.sh --list-asan BUILD_DIR` prints these tests' names;
+#               scripts/test.sh runs the others in the plain build, so that each test runs once.
 #   build-tsan  ThreadSanitizer: the fusion engine (fusion_*, and two of them over TCP beside
 #               kolo's rings), the splits, a shrink past ranks killed in a named batch and during
 #               the agreement, and the threaded unit tests, over kolo's own transports; only what
@@ -21,30 +25,47 @@
 # under ucm_madvise); without memory events UCX only gives up its registration cache.
 # Suppressions, for third-party libraries only, are in tests/sanitizers/ with the reason for each.
 #   sh scripts/sanitize.sh [asan|tsan]     both by default, or one of them
+#   sh scripts/sanitize.sh --list-asan DIR the AddressSanitizer run's tests, from DIR's test list
 set -u
 cd "$(dirname "$0")/.."
 here=$(pwd)
 which=${1:-all}
 status=0
 
-# Configures (once) and builds a sanitizer build dir; the rest of the arguments are targets.
+list_asan() {
+  meson test -C "$1" --no-rebuild --list --no-suite python --no-suite soak --no-suite fuzz \
+    2>/dev/null | grep " / " |
+    sed 's|.* / ||' |
+    grep -v -E '^(ucx_(stream|shm|tcp|fusion)_.*|install_consumers|install_deps|layers|scaling_model)$'
+}
+if [ "$which" = --list-asan ]; then
+  list_asan "$2"
+  exit
+fi
+
+# Configures (once) and builds a sanitizer build dir: DIR, then `meson setup` options, `--`, and
+# the targets to build (all when none).
 build() {
   dir=$1
-  sanitize=$2
-  shift 2
+  shift
+  options=
+  while [ "$1" != -- ]; do
+    options="$options $1"
+    shift
+  done
+  shift
   rm -f "$dir/meson-logs/testlog.json"
   if [ ! -f "$dir/build.ninja" ]; then
-    meson setup "$dir" -Dbuildtype=debugoptimized -Db_sanitize="$sanitize" -Db_lundef=false \
-      >/dev/null || return 1
+    # shellcheck disable=SC2086
+    meson setup "$dir" $options -Db_lundef=false >/dev/null || return 1
   fi
   ninja -C "$dir" "$@"
 }
 
 if [ "$which" != tsan ]; then
-  if build build-asan address,undefined; then
-    asan_tests=$(meson test -C build-asan --list --no-suite python --no-suite soak 2>/dev/null |
-      sed 's|.* / ||' |
-      grep -v -E '^(ucx_(stream|shm|tcp|fusion)_.*|install_consumers|install_deps|layers|scaling_model)$')
+  if build build-asan -Dbuildtype=plain -Doptimization=1 -Ddebug=false \
+    -Dsanitize_kolo=address,undefined --; then
+    asan_tests=$(list_asan build-asan)
     # shellcheck disable=SC2086
     ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" \
     LSAN_OPTIONS="suppressions=$here/tests/sanitizers/lsan.supp:print_suppressions=0" \
@@ -63,9 +84,10 @@ if [ "$which" != asan ]; then
     peerlost destroy leave stall threads idle allgather allgather_errors join autotune; do
     tsan_tests="$tsan_tests fusion_$tag"
   done
-  if build build-tsan thread src/kolorun tests/test_fusion tests/kolo_fusion_worker \
-    tests/test_fusion_units tests/test_more_collectives tests/kolo_test_collectives \
-    tests/test_store tests/test_config tests/test_elastic tests/kolo_test_elastic; then
+  if build build-tsan -Dbuildtype=debugoptimized -Db_sanitize=thread -- \
+    src/kolorun tests/test_fusion tests/kolo_fusion_worker tests/test_fusion_units \
+    tests/test_more_collectives tests/kolo_test_collectives tests/test_store tests/test_config \
+    tests/test_elastic tests/kolo_test_elastic; then
     # shellcheck disable=SC2086
     TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tests/sanitizers/tsan.supp" \
     UCX_MEM_EVENTS=no \
