@@ -6,15 +6,13 @@
 #               code (-Dsanitize_kolo: the core, libkolo, kolorun; the tests and benchmarks that
 #               drive it are built at -O1 without them): the whole suite except the Python
 #               package's (Python would need libasan preloaded), the soak (its memory bounds
-#               measure the plain build; the sanitizers' quarantine would break them), three of
-#               UCX's four flavours (ucx_stream_*, ucx_shm_*, ucx_tcp_*: the same kolo code as
-#               ucx_* under other UCX settings) and ucx_fusion_* (the engine of fusion_* over the
-#               transport of the other ucx_*), the fuzz suite (its own build, sanitized as well),
-#               and the checks that run no kolo code under the sanitizers: layers, install_deps,
-#               scaling_model (Python scripts) and install_consumers (programs built outside
-#               Meson, without the sanitizer runtime that the sanitized libkolo needs to come
-#               first). `sh scripts/sanitize.sh --list-asan BUILD_DIR` prints these tests' names;
-#               scripts/test.sh runs the others in the plain build, so that each test runs once.
+#               measure the plain build; the sanitizers' quarantine would break them), the fuzz
+#               suite (its own build, sanitized as well), and the checks that run no kolo code
+#               under the sanitizers: layers, install_deps, scaling_model (Python scripts) and
+#               install_consumers (programs built outside Meson, without the sanitizer runtime
+#               that the sanitized libkolo needs to come first). `sh scripts/sanitize.sh
+#               --list-asan BUILD_DIR` prints these tests' names; scripts/test.sh runs the others
+#               in the plain build, so that each test runs once.
 #   build-tsan  ThreadSanitizer: the fusion engine (fusion_*, and two of them over TCP beside
 #               kolo's rings), the splits, a shrink past ranks killed in a named batch and during
 #               the agreement, and the threaded unit tests, over kolo's own transports; only what
@@ -36,7 +34,7 @@ list_asan() {
   meson test -C "$1" --no-rebuild --list --no-suite python --no-suite soak --no-suite fuzz \
     2>/dev/null | grep " / " |
     sed 's|.* / ||' |
-    grep -v -E '^(ucx_(stream|shm|tcp|fusion)_.*|install_consumers|install_deps|layers|scaling_model)$'
+    grep -v -E '^(install_consumers|install_deps|layers|scaling_model)$'
 }
 if [ "$which" = --list-asan ]; then
   list_asan "$2"

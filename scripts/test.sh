@@ -2,8 +2,8 @@
 # Installs what is missing, builds, runs the whole test suite, and ends with the line
 # "N passed, N failed" (CI reads that line), which counts the tests of every build. Each test runs
 # once: kolo's C tests under AddressSanitizer and UndefinedBehaviorSanitizer (scripts/sanitize.sh
-# asan, which lists them), the rest (the Python package, the soak, the fuzz suite, three of UCX's
-# four flavours, the install and layering checks) in the plain build; then the ThreadSanitizer
+# asan, which lists them), the rest (the Python package, the soak, the fuzz suite, the install and
+# layering checks) in the plain build; then the ThreadSanitizer
 # run of the fusion engine, splits and threaded unit tests. What each part costs is in the README
 # (Development).
 #   sh scripts/test.sh                     everything (what .ci/run does)
