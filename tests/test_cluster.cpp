@@ -317,8 +317,9 @@ TEST_CASE("UCX's shared memory between hosts, if asked for, does not stall waits
 }
 
 // The hierarchical allreduce between real network namespaces: at 2 hosts x 3 ranks auto chooses
-// it for small buffers (recursive doubling would cross between the hosts four times), and forced
-// it runs at every size, on the world and on sub-communicators that span the hosts.
+// it through the leaders for small buffers (recursive doubling would cross between the hosts four
+// times) and by shards for large ones (the quick checks' 256 KiB buffers), forced it runs at every
+// size, on the world and on sub-communicators that span the hosts.
 TEST_CASE("hierarchical allreduce across hosts", "[cluster][hierarchical]") {
   struct Case {
     int hosts;
@@ -328,9 +329,14 @@ TEST_CASE("hierarchical allreduce across hosts", "[cluster][hierarchical]") {
     const char* choice;  // what rank 0 logs at INFO
   };
   const Case cases[] = {
-      {2, 3, "auto", "allreduce", "KOLO_ALLREDUCE=auto: hierarchical up to 196608 bytes"},
-      {2, 3, "hierarchical", "allreduce", "KOLO_ALLREDUCE=hierarchical: hierarchical"},
-      {2, 2, "hierarchical", "split", "KOLO_ALLREDUCE=hierarchical: hierarchical"},
+      {2, 3, "auto", "allreduce",
+       "KOLO_ALLREDUCE=auto: hierarchical up to 196608 bytes, hierarchical by shards above;"},
+      {2, 3, "hierarchical", "allreduce",
+       "KOLO_ALLREDUCE=hierarchical: hierarchical up to 196608 bytes, hierarchical by shards "
+       "above;"},
+      {2, 2, "hierarchical", "split",
+       "KOLO_ALLREDUCE=hierarchical: hierarchical up to 131072 bytes, hierarchical by shards "
+       "above;"},
   };
   for (const Case& c : cases) {
     DYNAMIC_SECTION(c.program << ", " << c.hosts << " hosts x " << c.per_host

@@ -3,6 +3,7 @@
 // every result against their own reference (tests/worker.cpp).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -31,14 +32,27 @@ struct Layout {
   const char* name;
   std::vector<std::string> host_of_rank;
   const char* placement;  // what rank 0 logs at INFO about the hosts
+  const char* choice;     // and about the schedules
 };
 
+// Uneven hosts run through the leaders at every size; even ones by shards above recursive
+// doubling's limit (the 4 MiB buffers of the worker's checks).
+const char kLeadersOnly[] = "KOLO_ALLREDUCE=hierarchical: hierarchical;";
 const Layout kLayouts[] = {
-    {"N = 5, hosts of 3 + 2", {"a", "a", "a", "b", "b"}, "2 hosts (leaders 0,3)"},
-    {"N = 4, hosts of 1 + 3", {"a", "b", "b", "b"}, "2 hosts (leaders 0,1)"},
+    {"N = 5, hosts of 3 + 2", {"a", "a", "a", "b", "b"}, "2 hosts (leaders 0,3)", kLeadersOnly},
+    {"N = 4, hosts of 2 + 2",
+     {"a", "a", "b", "b"},
+     "2 hosts (leaders 0,2)",
+     "KOLO_ALLREDUCE=hierarchical: hierarchical up to 131072 bytes, hierarchical by shards above;"},
+    {"N = 6, hosts of 2 + 2 + 2, interleaved",
+     {"a", "b", "c", "a", "b", "c"},
+     "3 hosts (leaders 0,1,2)",
+     "KOLO_ALLREDUCE=hierarchical: hierarchical up to 196608 bytes, hierarchical by shards above;"},
+    {"N = 4, hosts of 1 + 3", {"a", "b", "b", "b"}, "2 hosts (leaders 0,1)", kLeadersOnly},
     {"N = 5, hosts of 2 + 1 + 2, interleaved",
      {"a", "b", "a", "c", "c"},
-     "3 hosts (leaders 0,1,3)"},
+     "3 hosts (leaders 0,1,3)",
+     kLeadersOnly},
 };
 
 }  // namespace
@@ -55,7 +69,7 @@ TEST_CASE("hierarchical allreduce: every dtype, op and size, uneven hosts",
       expect_all_pass(results, "allreduce checks passed");
       INFO("rank 0 output:\n" << results[0].output);
       CHECK(contains(results[0].output, layout.placement));
-      CHECK(contains(results[0].output, "KOLO_ALLREDUCE=hierarchical"));
+      CHECK(contains(results[0].output, layout.choice));
       CHECK_FALSE(contains(results[0].output, "WARN"));
     }
   }
@@ -72,10 +86,16 @@ TEST_CASE("hierarchical allreduce on sub-communicators: splits take their member
 
 TEST_CASE("hierarchical allreduce: inexact floats give the same bits on every rank",
           "[hierarchical][hierarchical_identical]") {
+  // 3 + 2 through the leaders; 2 + 2 + 2 by shards for the largest counts.
   for (const char* mode : {"hierarchical", "auto"}) {
     DYNAMIC_SECTION("KOLO_ALLREDUCE=" << mode << ", N = 5, hosts of 3 + 2") {
       auto job = start_job(5, {"identical"}, {{"KOLO_ALLREDUCE", mode}}, "tests/kolo_test_worker",
                            hosts({"a", "a", "a", "b", "b"}));
+      expect_all_pass(job.wait(300), "identical checks passed");
+    }
+    DYNAMIC_SECTION("KOLO_ALLREDUCE=" << mode << ", N = 6, hosts of 2 + 2 + 2") {
+      auto job = start_job(6, {"identical"}, {{"KOLO_ALLREDUCE", mode}}, "tests/kolo_test_worker",
+                           hosts({"a", "a", "b", "b", "c", "c"}));
       expect_all_pass(job.wait(300), "identical checks passed");
     }
   }
@@ -86,20 +106,24 @@ TEST_CASE("KOLO_HOST_ID: one machine counts as two hosts", "[hierarchical][host_
   // node count, local ranks and the allreduce's hosts follow (placement logged by rank 0). Auto
   // goes hierarchical up to recursive doubling's limit where some host has several ranks (2 + 2:
   // as many steps between hosts, half the bytes on each host's link; 3 + 3: four steps between
-  // hosts against one), and keeps the flat schedules with one rank per host.
+  // hosts against one) and by shards above it, and keeps the flat schedules with one rank per
+  // host.
   struct Case {
     std::vector<std::string> host_of_rank;
     const char* placement;
     const char* choice;
   };
   for (const Case& c :
-       {Case{{"a", "b"}, "2 hosts (leaders 0,1)", "KOLO_ALLREDUCE=auto: flat"},
+       {Case{{"a", "b"}, "2 hosts (leaders 0,1)", "KOLO_ALLREDUCE=auto: flat;"},
         Case{{"a", "a", "b", "b"},
              "2 hosts (leaders 0,2)",
-             "KOLO_ALLREDUCE=auto: hierarchical up to 131072 bytes"},
+             "KOLO_ALLREDUCE=auto: hierarchical up to 131072 bytes, hierarchical by shards above;"},
         Case{{"a", "a", "a", "b", "b", "b"},
              "2 hosts (leaders 0,3)",
-             "KOLO_ALLREDUCE=auto: hierarchical up to 196608 bytes"}}) {
+             "KOLO_ALLREDUCE=auto: hierarchical up to 196608 bytes, hierarchical by shards above;"},
+        Case{{"a", "a", "a", "b", "b"},
+             "2 hosts (leaders 0,3)",
+             "KOLO_ALLREDUCE=auto: hierarchical up to 163840 bytes, flat above;"}}) {
     const int n = static_cast<int>(c.host_of_rank.size());
     DYNAMIC_SECTION("N = " << n) {
       auto job = start_job(n, {"barrier"}, {{"KOLO_DEBUG", "INFO"}}, "tests/kolo_test_worker",
@@ -109,8 +133,12 @@ TEST_CASE("KOLO_HOST_ID: one machine counts as two hosts", "[hierarchical][host_
       for (int rank = 0; rank < n; ++rank) {
         INFO("rank " << rank << " output:\n" << results[rank].output);
         CHECK(contains(results[rank].output, "2 node(s)"));
+        const auto& hosts_of = c.host_of_rank;
+        const auto mine = hosts_of[rank];
         CHECK(contains(results[rank].output,
-                       fmt::format("local rank {} of {}", rank % (n / 2), n / 2)));
+                       fmt::format("local rank {} of {}",
+                                   std::count(hosts_of.begin(), hosts_of.begin() + rank, mine),
+                                   std::count(hosts_of.begin(), hosts_of.end(), mine))));
       }
       INFO("rank 0 output:\n" << results[0].output);
       CHECK(contains(results[0].output, c.placement));

@@ -314,7 +314,9 @@ int run_identical(kolo_comm_t comm) {
     const TypeInfo& type = *std::find_if(std::begin(kTypes), std::end(kTypes),
                                          [&](const TypeInfo& t) { return t.dtype == dtype; });
     for (kolo_op_t op : {KOLO_SUM, KOLO_AVG}) {
-      for (uint64_t count : {uint64_t{1}, uint64_t{7}, uint64_t{7919}, uint64_t{70001}}) {
+      // 300007 elements: above recursive doubling's limit in every type up to N = 9.
+      for (uint64_t count :
+           {uint64_t{1}, uint64_t{7}, uint64_t{7919}, uint64_t{70001}, uint64_t{300007}}) {
         for (int in_place = 0; in_place < 2; ++in_place) {
           const size_t bytes = count * type.size;
           std::vector<unsigned char> send(bytes), recv(bytes), first(bytes);

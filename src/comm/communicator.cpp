@@ -162,12 +162,22 @@ void Communicator::place_allreduce() {
                                                                    : AllreduceMode::kAuto;
   HostMap hosts(host_of_);
   const HostShape& shape = hosts.shape();
+  // What allreduce_algorithm() gives below and above recursive doubling's size limit.
+  const uint64_t limit = kRecursiveDoublingMaxBytesPerRank * static_cast<uint64_t>(size());
   std::string choice = "flat";
-  if (mode == AllreduceMode::kHierarchical) {
-    choice = "hierarchical";
-  } else if (mode == AllreduceMode::kAuto && hierarchical_pays(shape)) {
-    choice = fmt::format("hierarchical up to {} bytes, flat above",
-                         kRecursiveDoublingMaxBytesPerRank * static_cast<uint64_t>(size()));
+  if (mode != AllreduceMode::kRing) {
+    const Algorithm small = allreduce_algorithm(limit, size(), mode, shape);
+    const Algorithm large = allreduce_algorithm(limit + 1, size(), mode, shape);
+    if (small != Algorithm::kRecursiveDoubling || large != Algorithm::kRing) {
+      auto name = [](Algorithm algorithm) {
+        return algorithm == Algorithm::kRecursiveDoubling || algorithm == Algorithm::kRing
+                   ? "flat"
+                   : algorithm_name(algorithm);
+      };
+      choice = small == large
+                   ? name(small)
+                   : fmt::format("{} up to {} bytes, {} above", name(small), limit, name(large));
+    }
   }
   log::info(
       "allreduce: KOLO_ALLREDUCE={}: {}; {} hosts (leaders {}), at most {} ranks on one; "

@@ -47,7 +47,7 @@ const std::vector<EnvVarInfo> kKnownVariables = {
      "largest ring pipeline segment, 4K..256M (K/M/G suffixes, powers of 1024)"},
     {"KOLO_TRANSPORT", "auto", "tcp, ucx or auto"},
     {"KOLO_ALLREDUCE", "auto",
-     "allreduce schedule: ring (flat), hierarchical (through one leader per host) or auto"},
+     "allreduce schedule: ring (flat), hierarchical (by host: leaders or shards) or auto"},
     {"KOLO_HOST_ID", "(host name and boot id)",
      "what counts as this rank's host: ranks with the same value share one"},
     {"KOLO_SHM", "auto",

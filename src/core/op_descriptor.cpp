@@ -32,6 +32,8 @@ const char* algorithm_name(Algorithm algorithm) {
     case Algorithm::kRecursiveDoubling: return "recursive doubling";
     case Algorithm::kBruck: return "Bruck";
     case Algorithm::kHierarchical: return "hierarchical";
+    case Algorithm::kHierarchicalShards:
+      return "hierarchical by shards";
   }
   return "unknown algorithm";
 }

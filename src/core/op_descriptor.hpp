@@ -34,10 +34,11 @@ const char* collective_name(Collective collective);
 // same way on every rank, and carried so that ranks built or configured differently report a
 // mismatch instead of waiting for messages that never come. See src/ring/algorithms.hpp.
 enum class Algorithm : uint8_t {
-  kRing = 0,               // the ring (or, for alltoall and send/recv, the one schedule)
-  kRecursiveDoubling = 1,  // small allreduce
-  kBruck = 2,              // small allgather
-  kHierarchical = 3,       // allreduce through host leaders (ring/allreduce_hierarchical.cpp)
+  kRing = 0,                // the ring (or, for alltoall and send/recv, the one schedule)
+  kRecursiveDoubling = 1,   // small allreduce
+  kBruck = 2,               // small allgather
+  kHierarchical = 3,        // allreduce through host leaders (ring/allreduce_hierarchical.cpp)
+  kHierarchicalShards = 4,  // large allreduce by shards across hosts (the same file)
 };
 
 const char* algorithm_name(Algorithm algorithm);

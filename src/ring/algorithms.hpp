@@ -46,8 +46,9 @@ enum class AllreduceMode : uint8_t {
 // What the allreduce dispatcher knows of the hosts: the same on every rank (every rank derives it
 // from the host map exchanged at start-up, ring/ring.hpp's HostMap).
 struct HostShape {
-  int hosts = 1;         // hosts the communicator spans
-  int largest_host = 1;  // ranks on its most crowded host
+  int hosts = 1;          // hosts the communicator spans
+  int largest_host = 1;   // ranks on its most crowded host
+  int smallest_host = 1;  // and on its least crowded one
   // Steps in which some message crosses between hosts (each costs a network latency): of
   // recursive doubling over all ranks, and of the hierarchical schedule (recursive doubling over
   // the host leaders).
@@ -81,16 +82,28 @@ inline bool hierarchical_pays(const HostShape& shape) {
          shape.hierarchical_network_steps <= shape.flat_network_steps;
 }
 
+// Whether the hierarchical schedule by shards can run: several hosts, each with the same number
+// of ranks, more than one. Above recursive doubling's size limit it replaces the flat ring: each
+// host's link then carries 2(H-1)/H of the buffer each way instead of 2(N-1)/N, and no rank ever
+// holds more than its shard beyond its own buffer (ring/allreduce_hierarchical.cpp).
+inline bool shards_fit(const HostShape& shape) {
+  return shape.hosts > 1 && shape.largest_host > 1 && shape.smallest_host == shape.largest_host;
+}
+
 // The schedule KOLO_ALLREDUCE, the hosts, the size and N give: identical on every rank of a
 // communicator, since all of them are (the mode is checked at start-up, comm/communicator.cpp).
+// Hierarchical runs through the leaders where the flat choice is recursive doubling, by shards
+// where it is the ring and the hosts are even; through the leaders at every size otherwise.
 inline Algorithm allreduce_algorithm(uint64_t bytes, int ranks, AllreduceMode mode,
                                      const HostShape& shape) {
   const Algorithm flat = flat_allreduce_algorithm(bytes, ranks);
-  const bool hierarchical =
-      mode == AllreduceMode::kHierarchical ||
-      (mode == AllreduceMode::kAuto && flat == Algorithm::kRecursiveDoubling &&
-       hierarchical_pays(shape));
-  return ranks > 1 && hierarchical ? Algorithm::kHierarchical : flat;
+  if (ranks <= 1 || mode == AllreduceMode::kRing) return flat;
+  if (flat == Algorithm::kRing && shards_fit(shape)) return Algorithm::kHierarchicalShards;
+  if (mode == AllreduceMode::kHierarchical ||
+      (flat == Algorithm::kRecursiveDoubling && hierarchical_pays(shape))) {
+    return Algorithm::kHierarchical;
+  }
+  return flat;
 }
 
 inline Algorithm allgather_algorithm(uint64_t total_bytes, int ranks) {

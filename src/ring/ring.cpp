@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 
@@ -35,14 +36,24 @@ class SubsetTransport final : public Transport {
 
 HostMap::HostMap(const std::vector<int>& host_of) {
   std::map<int, int> number;  // the caller's host number -> ours
-  std::map<int, int> ranks_on;
   for (size_t rank = 0; rank < host_of.size(); ++rank) {
     auto [entry, added] = number.emplace(host_of[rank], static_cast<int>(leaders_.size()));
-    if (added) leaders_.push_back(static_cast<int>(rank));
+    if (added) {
+      leaders_.push_back(static_cast<int>(rank));
+      ranks_on_.emplace_back();
+    }
     host_of_.push_back(entry->second);
-    shape_.largest_host = std::max(shape_.largest_host, ++ranks_on[entry->second]);
+    local_index_.push_back(static_cast<int>(ranks_on_[entry->second].size()));
+    ranks_on_[entry->second].push_back(static_cast<int>(rank));
   }
   shape_.hosts = std::max<int>(1, static_cast<int>(leaders_.size()));
+  if (!ranks_on_.empty()) {
+    const auto [fewest, most] =
+        std::minmax_element(ranks_on_.begin(), ranks_on_.end(),
+                            [](const auto& a, const auto& b) { return a.size() < b.size(); });
+    shape_.smallest_host = static_cast<int>(fewest->size());
+    shape_.largest_host = static_cast<int>(most->size());
+  }
   // Recursive doubling's steps (ring/allreduce_recursive_doubling.cpp), and which of them cross
   // between hosts, over all ranks and over the leaders.
   auto network_steps = [](int n, const std::function<bool(int, int)>& apart) {
@@ -65,6 +76,14 @@ HostMap::HostMap(const std::vector<int>& host_of) {
   shape_.hierarchical_network_steps = network_steps(shape_.hosts, [](int, int) { return true; });
 }
 
+std::vector<int> HostMap::at_local_index(int local_index) const {
+  std::vector<int> ranks;
+  for (const std::vector<int>& host : ranks_on_) {
+    if (local_index < static_cast<int>(host.size())) ranks.push_back(host[local_index]);
+  }
+  return ranks;
+}
+
 Ring::Ring(Transport& transport, int rank, int size, size_t segment_bytes, double timeout_s)
     : Ring(transport, rank, size, segment_bytes, timeout_s, {}) {}
 
@@ -80,25 +99,43 @@ Ring::Ring(Transport& transport, int rank, int size, size_t segment_bytes, doubl
       hosts_(std::vector<int>(static_cast<size_t>(size), 0)) {}
 
 Ring::~Ring() = default;
+Ring::Subring::~Subring() = default;
+
+void Ring::Subring::reset() {
+  ring.reset();
+  transport.reset();
+}
 
 void Ring::set_allreduce_placement(AllreduceMode mode, HostMap hosts) {
   allreduce_mode_ = mode;
   hosts_ = std::move(hosts);
-  leaders_.reset();
-  leader_transport_.reset();
+  for (Subring* subring : {&leaders_, &local_, &cross_}) subring->reset();
+}
+
+Ring& Ring::subring(Subring& subring, const std::vector<int>& ranks, int position) {
+  if (!subring.ring) {
+    std::vector<int> names;
+    for (int rank : ranks) names.push_back(rank_name(rank));
+    subring.transport = std::make_unique<SubsetTransport>(transport_, ranks);
+    subring.ring.reset(new Ring(*subring.transport, position, static_cast<int>(ranks.size()),
+                                segment_bytes_, timeout_s_, std::move(names)));
+    subring.ring->waiting_for_ = waiting_for_;
+  }
+  return *subring.ring;
 }
 
 Ring& Ring::leaders() {
-  if (!leaders_) {
-    const std::vector<int>& leaders = hosts_.leaders();
-    std::vector<int> names;
-    for (int leader : leaders) names.push_back(rank_name(leader));
-    leader_transport_ = std::make_unique<SubsetTransport>(transport_, leaders);
-    leaders_.reset(new Ring(*leader_transport_, hosts_.host_of(rank_),
-                            static_cast<int>(leaders.size()), segment_bytes_, timeout_s_,
-                            std::move(names)));
-  }
-  return *leaders_;
+  return subring(leaders_, hosts_.leaders(), hosts_.host_of(rank_));
+}
+
+Ring& Ring::local() {
+  return subring(local_, hosts_.ranks_on(hosts_.host_of(rank_)), hosts_.local_index(rank_));
+}
+
+Ring& Ring::cross() {
+  const std::vector<int> ranks = hosts_.at_local_index(hosts_.local_index(rank_));
+  const auto position = std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin();
+  return subring(cross_, ranks, static_cast<int>(position));
 }
 
 std::byte* Ring::buffer(Buffer which, size_t bytes) {
@@ -136,7 +173,7 @@ Transfer* Ring::transfers(size_t count) {
 }
 
 void Ring::wait(const OpDescriptor& op, int waiting_for) {
-  waiting_for_.store(waiting_for, std::memory_order_relaxed);
+  waiting_for_->store(rank_name(waiting_for), std::memory_order_relaxed);
   if (deadline_.expired()) {
     Error error(Status::kTimeout,
                 fmt::format("{} timed out on rank {}: nothing arrived from or went to rank {} for "

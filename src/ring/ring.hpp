@@ -54,11 +54,18 @@ class HostMap {
   int leader_of(int rank) const { return leaders_[host_of_[rank]]; }
   // The host leaders, in host order.
   const std::vector<int>& leaders() const { return leaders_; }
+  // The ranks on `host`, in rank order; a rank's place among them is its local index.
+  const std::vector<int>& ranks_on(int host) const { return ranks_on_[host]; }
+  int local_index(int rank) const { return local_index_[rank]; }
+  // The rank at `local_index` on every host that has one, in host order.
+  std::vector<int> at_local_index(int local_index) const;
   const HostShape& shape() const { return shape_; }
 
  private:
   std::vector<int> host_of_;
   std::vector<int> leaders_;
+  std::vector<std::vector<int>> ranks_on_;
+  std::vector<int> local_index_;
   HostShape shape_;
 };
 
@@ -78,7 +85,9 @@ class Ring {
   // messages must pair up (the fusion engine's autotuner carries it in a response).
   void set_segment_bytes(size_t bytes) {
     segment_bytes_ = bytes;
-    if (leaders_) leaders_->set_segment_bytes(bytes);
+    for (Subring* subring : {&leaders_, &local_, &cross_}) {
+      if (subring->ring) subring->ring->set_segment_bytes(bytes);
+    }
   }
   // The pipeline segment for a schedule that moves `chunk_bytes` per step (a ring's chunk, a
   // chain's whole buffer): KOLO_SEGMENT_BYTES, or less where that would leave fewer than
@@ -102,7 +111,7 @@ class Ring {
 
   // Starts the no-progress clock for a new collective.
   void begin() {
-    waiting_for_.store(-1, std::memory_order_relaxed);
+    waiting_for_->store(-1, std::memory_order_relaxed);
     made_progress();
   }
   // Something completed: the no-progress clock starts again.
@@ -111,17 +120,22 @@ class Ring {
   // wait for when nothing has completed for the timeout, after telling every peer.
   void wait(const OpDescriptor& op, int waiting_for);
   // The peer the last wait() of the running collective named, -1 before any; any thread may ask
-  // (the report of who is stuck, comm/report.hpp).
-  int waiting_for() const { return waiting_for_.load(std::memory_order_relaxed); }
+  // (the report of who is stuck, comm/report.hpp). A subset's ring writes its waits into the whole
+  // ring's, by the whole ring's rank numbers.
+  int waiting_for() const { return waiting_for_->load(std::memory_order_relaxed); }
 
   // What the allreduce dispatcher chooses from besides size and N: KOLO_ALLREDUCE and the hosts
   // (by default one host holding every rank). Set by the communicator once connected.
   void set_allreduce_placement(AllreduceMode mode, HostMap hosts);
   AllreduceMode allreduce_mode() const { return allreduce_mode_; }
   const HostMap& hosts() const { return hosts_; }
-  // On a host leader: a ring of the leaders only (position = host number), over the same
-  // transport, made on first use; its schedules are the ones of this file, unchanged.
+  // Rings over a subset of the ranks, over the same transport, made on first use; their
+  // schedules are the ones of this file, unchanged. On a host leader: the leaders only (position =
+  // host number). On every rank: the ranks of its own host (position = local index), and the
+  // ranks with its local index on every host (position = host number).
   Ring& leaders();
+  Ring& local();
+  Ring& cross();
 
  private:
   // A ring over a subset of another's ranks: `ranks` gives each position's rank there, so that
@@ -138,12 +152,21 @@ class Ring {
   Deadline deadline_;
   PageBuffer buffers_[kBufferCount];
   std::vector<Transfer> transfers_;
-  std::atomic<int> waiting_for_{-1};
+  std::atomic<int> own_waiting_for_{-1};
+  std::atomic<int>* waiting_for_ = &own_waiting_for_;
   std::vector<int> ranks_;  // empty: positions are ranks
   AllreduceMode allreduce_mode_ = AllreduceMode::kAuto;
   HostMap hosts_;
-  std::unique_ptr<SubsetTransport> leader_transport_;
-  std::unique_ptr<Ring> leaders_;  // after leader_transport_: destroyed first
+  struct Subring {
+    std::unique_ptr<SubsetTransport> transport;
+    std::unique_ptr<Ring> ring;  // after transport: destroyed first
+    ~Subring();
+    void reset();
+  };
+  Ring& subring(Subring& subring, const std::vector<int>& ranks, int position);
+  Subring leaders_;
+  Subring local_;
+  Subring cross_;
 };
 
 // A ring with the transport it runs over, as connecting a group of ranks makes them
@@ -181,9 +204,12 @@ void ring_reduce_scatter(Ring& ring, const OpDescriptor& op, const void* sendbuf
 // Allreduce for small buffers: op.algorithm == Algorithm::kRecursiveDoubling (see run_allreduce()).
 void recursive_doubling_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf,
                                   void* recvbuf);
-// Allreduce across hosts for small buffers: op.algorithm == Algorithm::kHierarchical (see
-// run_allreduce() and ring/allreduce_hierarchical.cpp), over ring.hosts().
+// Allreduce across hosts (see run_allreduce() and ring/allreduce_hierarchical.cpp), over
+// ring.hosts(): through the host leaders (op.algorithm == Algorithm::kHierarchical), or by shards
+// (Algorithm::kHierarchicalShards, hosts with equally many ranks only).
 void hierarchical_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf);
+void sharded_hierarchical_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf,
+                                    void* recvbuf);
 // Fills `count` elements with the identity of op in dtype's bits: x OP identity == x for every x,
 // NaN included (-0 for sums, 1 for products, +inf/-inf or the integer limits for min/max).
 void fill_identity(std::byte* buffer, uint64_t count, DataType dtype, ReduceOp op);

@@ -12,6 +12,8 @@ void run_allreduce(Ring& ring, OpDescriptor op, const void* sendbuf, void* recvb
                                      ring.allreduce_mode(), ring.hosts().shape());
   if (op.algorithm == Algorithm::kHierarchical) {
     hierarchical_allreduce(ring, op, sendbuf, recvbuf);
+  } else if (op.algorithm == Algorithm::kHierarchicalShards) {
+    sharded_hierarchical_allreduce(ring, op, sendbuf, recvbuf);
   } else if (op.algorithm == Algorithm::kRecursiveDoubling) {
     recursive_doubling_allreduce(ring, op, sendbuf, recvbuf);
   } else {
