@@ -58,7 +58,7 @@ How to run it (a Python 3 from Debian, standard library only; the plot needs mat
   /usr/bin/python3 bench/scaling_model.py predict [options]     efficiency table (and --plot PNG)
   /usr/bin/python3 bench/scaling_model.py fit --ranks N TABLE    alpha and beta from allreduce_perf
   /usr/bin/python3 bench/scaling_model.py check --inter-alpha-us A --inter-gbit B TSV...
-                                        the flat ring's predictions against cluster_perf.sh medians
+                                        predictions (flat ring, hierarchical) against cluster_perf.sh medians
   /usr/bin/python3 bench/scaling_model.py small --hosts H --ranks-per-host L [options]
                                         kolo's small-buffer schedules: time of each, per size
 
@@ -366,11 +366,12 @@ def command_fit(arguments):
 def command_check(arguments):
     inter = Link(arguments.inter_alpha_us * 1e-6, arguments.inter_gbit * GIGA / 8)
     intra = Link(arguments.intra_alpha_us * 1e-6, arguments.intra_gbit * GIGA / 8)
-    print(f"# flat ring predicted with inter-host {inter}, intra-host {intra}")
-    print(f"# {'hosts':>5} {'x':>3} {'transport':>9} {'bytes':>10} {'measured':>9} "
-          f"{'predicted':>9} {'error':>7} {'hierarchical':>12}")
-    print("# busbw in GB/s, out of place; hierarchical: what the model predicts for it (ring "
-          "between hosts), to check once kolo has it")
+    print(f"# predicted with inter-host {inter}, intra-host {intra}")
+    print(f"# {'hosts':>5} {'x':>3} {'transport':>9} {'schedule':>12} {'bytes':>10} "
+          f"{'measured':>9} {'predicted':>9} {'error':>7}")
+    print("# busbw in GB/s, out of place, counted as the flat ring's over all ranks; rows of "
+          "variant flat or ring: the flat ring; hierarchical: by shards (ring between hosts), "
+          "above 32 KiB x N where kolo runs it")
     errors = []
     for path in arguments.tsv:
         with open_input(path) as tsv:
@@ -379,19 +380,22 @@ def command_check(arguments):
                 sys.exit(f"scaling_model.py: {path} is not a table written by cluster_perf.sh -o")
             for line in tsv:
                 row = dict(zip(header, line.rstrip("\n").split("\t")))
-                if (row["variant"] != "flat" or row["transport"] != arguments.transport
-                        or int(row["bytes"]) < arguments.min_bytes):
-                    continue
                 hosts, per_host = int(row["hosts"]), int(row["ranks_per_host"])
                 size, ranks = int(row["bytes"]), hosts * per_host
+                schedule = {"flat": "flat ring", "ring": "flat ring",
+                            "hierarchical": "hierarchical"}.get(row["variant"])
+                if (schedule is None or row["transport"] != arguments.transport
+                        or size < arguments.min_bytes
+                        or (schedule == "hierarchical" and size <= 32 * 1024 * ranks)):
+                    continue
                 factor = 2 * (ranks - 1) / ranks
-                predicted = size * factor / flat_ring(size, hosts, per_host, inter, intra) / GIGA
+                model = flat_ring if schedule == "flat ring" else hierarchical
+                predicted = size * factor / model(size, hosts, per_host, inter, intra) / GIGA
                 measured = float(row["busbw_out"])
                 error = (predicted - measured) / measured
                 errors.append(abs(error))
-                other = size * factor / hierarchical(size, hosts, per_host, inter, intra) / GIGA
-                print(f"  {hosts:>5} {per_host:>3} {row['transport']:>9} {size:>10} "
-                      f"{measured:>9.4f} {predicted:>9.4f} {error * 100:>+6.1f}% {other:>12.4f}")
+                print(f"  {hosts:>5} {per_host:>3} {row['transport']:>9} {schedule:>12} "
+                      f"{size:>10} {measured:>9.4f} {predicted:>9.4f} {error * 100:>+6.1f}%")
     if errors:
         print(f"# largest |error| {max(errors) * 100:.1f}%, median "
               f"{sorted(errors)[len(errors) // 2] * 100:.1f}%")
@@ -593,7 +597,7 @@ def main(argv=None):
                             help="fit sizes from this up: where the ring runs (default: "
                                  "%(default)s; below 32 KiB x N kolo uses recursive doubling)")
 
-    check = commands.add_parser("check", help="flat ring predictions against cluster_perf.sh")
+    check = commands.add_parser("check", help="predictions against cluster_perf.sh's medians")
     check.add_argument("tsv", nargs="+", help="files written by cluster_perf.sh --tsv")
     check.add_argument("--inter-alpha-us", type=non_negative, required=True,
                        help="between hosts, from `fit` on a 2-host run")
