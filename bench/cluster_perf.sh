@@ -22,6 +22,8 @@
 #                           a variant: a label and the environment its ranks get; repeat for more.
 #                           Default: one variant, 'flat' (no settings). Schedules, for example:
 #                           -v 'ring KOLO_ALLREDUCE=ring' -v 'hierarchical KOLO_ALLREDUCE=hierarchical'
+#                           PERF=PATH runs that allreduce_perf instead (another build, such as one
+#                           with other switch points)
 #   -o, --tsv FILE          also write the medians as tab-separated rows to FILE
 #   -n, --name NAME         the cluster's name (default: kolobench; the tests use kolotest)
 #   -b, --build DIR         the build directory (default: build)
@@ -35,7 +37,7 @@
 set -eu
 
 usage() {
-  sed -n '14,28p' "$0" | sed 's/^#  *//' >&2
+  sed -n '14,30p' "$0" | sed 's/^#  *//' >&2
   exit 2
 }
 fail() {
@@ -144,6 +146,11 @@ run() {  # output transport settings...
   transport=$2
   shift 2
   port=$((port + 1))
+  program=$perf
+  for setting in "$@"; do
+    case "$setting" in PERF=*) program=${setting#PERF=} ;; esac
+  done
+  [ -x "$program" ] || { echo "cluster_perf.sh: no program $program" >"$output"; return 1; }
   pids=""
   rank=0
   for host in $(seq 1 "$hosts"); do
@@ -153,7 +160,7 @@ run() {  # output transport settings...
       env -u CLUSTER_SUBNET -u CLUSTER_SUBNET6 "$@" KOLO_TRANSPORT="$transport" KOLO_SECRET="$secret" KOLO_TIMEOUT=60 \
         RANK=$rank WORLD_SIZE=$ranks LOCAL_RANK=$local_rank LOCAL_WORLD_SIZE=$per_host \
         MASTER_ADDR="${name}1" MASTER_PORT=$port \
-        timeout 900 sh scripts/cluster.sh exec "$name" "$host" "$perf" $perf_flags </dev/null >"$out" 2>&1 &
+        timeout 900 sh scripts/cluster.sh exec "$name" "$host" "$program" $perf_flags </dev/null >"$out" 2>&1 &
       pids="$pids $!"
       rank=$((rank + 1))
     done
