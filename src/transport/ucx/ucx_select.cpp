@@ -17,10 +17,7 @@
 #include "transport/ucx/ucx_transport.hpp"
 
 namespace kolo {
-namespace {
 
-// Whether this host has an RDMA port that is up (/sys/class/infiniband/<device>/ports/<n>/state
-// reads "4: ACTIVE").
 bool has_active_rdma_port() {
   namespace fs = std::filesystem;
   std::error_code error;
@@ -34,8 +31,6 @@ bool has_active_rdma_port() {
   }
   return false;
 }
-
-}  // namespace
 
 bool ucx_is_faster(const TransportSettings& settings, StoreClient& store, int rank, int size,
                    uint64_t context, std::string& reason) {

@@ -14,6 +14,10 @@ namespace kolo {
 std::unique_ptr<Transport> make_ucx_transport(const TransportSettings& settings, StoreClient& store,
                                               int rank, int size, uint64_t context);
 
+// Whether this host has an RDMA port that is up (/sys/class/infiniband/<device>/ports/<n>/state
+// reads "4: ACTIVE").
+bool has_active_rdma_port();
+
 // KOLO_TRANSPORT=auto: whether UCX gives this job a faster path than kolo's TCP transport, namely
 // every rank on one host (shared memory) or an active RDMA port on every host. Every rank
 // publishes its host and RDMA ports in the store and rank 0 decides for all, so that all ranks
