@@ -125,6 +125,8 @@ namespace {
 constexpr size_t kAnnouncementBudget = kMaxPayloadBytes / 2;
 // With a transport that has no readiness fd, idle ranks look at it this often.
 constexpr int kIdlePollMsWithoutFd = 2;
+// The first wait for a late rank (FusionEngine::loop).
+constexpr auto kLateRankRetry = std::chrono::microseconds(250);
 
 // For the message of a response that does not fit what this rank submitted: with an allgather's
 // counts, which describe() leaves out.
@@ -505,6 +507,14 @@ void FusionEngine::loop() {
     }
     next = Clock::now() + cycle_time_;  // the cycle's response may change it
     run_cycle();
+    // A cycle that found submissions on some ranks only was early for a late rank, which is
+    // usually microseconds to a few milliseconds behind (ranks leave a step at different
+    // times): asking again after a whole cycle would add up to KOLO_CYCLE_TIME_MS to the step.
+    // So the next cycle comes after kLateRankRetry, then twice that, ..., up to the cycle time:
+    // a rank that is seconds late costs a handful of extra cycles, not a busy loop.
+    if (late_rank_retry_ > Clock::duration::zero()) {
+      next = std::min(next, Clock::now() + late_rank_retry_);
+    }
   }
 }
 
@@ -551,6 +561,14 @@ void FusionEngine::run_cycle() {
   const Clock::time_point received = Clock::now();
   execute(response, received, arrivals);
   idle_ = response.idle;
+  const bool late_rank = !response.idle && response.batches.empty() && response.errors.empty();
+  if (!late_rank) {
+    late_rank_retry_ = Clock::duration::zero();
+  } else {
+    late_rank_retry_ = late_rank_retry_ == Clock::duration::zero()
+                           ? Clock::duration(kLateRankRetry)
+                           : std::min<Clock::duration>(2 * late_rank_retry_, cycle_time_);
+  }
   if (autotuner_) tune(idle_, Clock::now());
   set_activity(idle_ ? "idle, asleep until the next submission" : "between cycles");
   if (coordinator_ && received - last_summary_ >= std::chrono::seconds(1)) {

@@ -212,6 +212,9 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   bool joined_announced_ = false;     // rank 0 has been told that this rank joined
   Clock::time_point last_summary_{};  // rank 0: when waiting_ranks_ was last refreshed
   bool idle_ = false;
+  // After a response with work pending on some rank but nothing ready on all (a rank is late):
+  // how soon the next cycle starts, doubled each time up to the cycle time; zero otherwise.
+  Clock::duration late_rank_retry_{};
 };
 
 }  // namespace fusion
