@@ -41,11 +41,11 @@
 // is checked by its leader, the leaders' partials by each other, the result by each member. The
 // leaders' messages carry the accumulator type and SUM for AVG, as they are on the wire; two ranks
 // whose calls differ disagree in those too. A member learns of a failure elsewhere through the
-// transport (a broken rank tells every peer), so nobody waits out the timeout. Not caught: a rank
-// that runs another collective altogether (a broadcast, say) talks to its ring neighbours, whom
-// this schedule may never read from; then every rank ends in KOLO_ERR_TIMEOUT after KOLO_TIMEOUT
-// instead (seen with the last of 3 + 2 ranks broadcasting), as the flat schedules can too when
-// their pairs miss the odd rank.
+// transport (a broken rank tells every peer), so nobody waits out the timeout. A rank that runs
+// another collective altogether (a broadcast, say) talks to its ring neighbours, whom this
+// schedule may never read from: the transports judge such a message when it arrives before any
+// receive for it (check_unexpected_frame, transport/framing.hpp), so that is KOLO_ERR_MISMATCH
+// too, not a timeout (test fault_mismatch_hierarchical, its "collective" section).
 //
 // In place. A member posts its receive only once its send completed: the result could not arrive
 // sooner anyway (the leader waits for every input), and the transport is then done with the
