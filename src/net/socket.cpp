@@ -135,9 +135,11 @@ AddrinfoList resolve(const Endpoint& endpoint, bool passive, const std::string& 
 }
 
 bool connect_error_is_transient(int error) {
-  // The listener may not be up yet, or the route may still be coming up.
-  return error == ECONNREFUSED || error == ENETUNREACH || error == ETIMEDOUT ||
-         error == EHOSTUNREACH || error == EAGAIN;
+  // The listener may not be up yet, or the route may still be coming up. A listener that closed
+  // while this connection waited in its backlog resets it: no listener, as when refused (a
+  // lifeline probe of a rank killed that moment saw this, kolo_comm_shrink).
+  return error == ECONNREFUSED || error == ECONNRESET || error == ENETUNREACH ||
+         error == ETIMEDOUT || error == EHOSTUNREACH || error == EAGAIN;
 }
 
 // One connection attempt to one address, bounded by the deadline. Returns the connected
