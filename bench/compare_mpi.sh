@@ -3,7 +3,10 @@
 # memory (btl vader) and over TCP on loopback (btl tcp), for 2 and 4 ranks, and a markdown table of
 # the out-of-place bus bandwidth of each. kolo runs over its TCP transport and, where it was built
 # with UCX, over UCX (KOLO_TRANSPORT=ucx with UCX's default transports: shared memory and CMA here;
-# UCX_TLS and UCX_NET_DEVICES from the environment apply).
+# UCX_TLS and UCX_NET_DEVICES from the environment apply). The "loopback" column is what TCP over
+# the loopback carries in the same pattern with nothing else to do (bench/tcp_loopback: every
+# process sending to the next and receiving from the previous at once, the rate one process sends
+# at): the ceiling of every TCP column's busbw.
 #
 # Open MPI's allreduce mallocs a temporary buffer of the message's size on every call, which glibc
 # maps fresh (and pays page faults for) above its mmap threshold. The "MPI shm kept" column runs the
@@ -30,6 +33,7 @@
 #   PLOT=                    an SVG file to draw the table into (needs gnuplot)
 #   LOG_DIR=<new temporary>  where the full nccl-tests-style output of every run is kept
 #   MPIRUN_ARGS="--bind-to none"   extra mpirun flags (kolorun pins nothing either)
+#   CONFIGS="kolo kolo_ucx mpi_shm mpi_shm_kept mpi_tcp loopback"   the columns (those available)
 #
 # A cell reads "fail" when the run failed and ends in "!" when some element was wrong; the logs
 # say why.
@@ -141,9 +145,33 @@ if ! KOLO_TRANSPORT=ucx "$kolorun" -np 2 "$kolo_perf" -b 1M -e 1M -n 1 -w 0 -c 1
   have_ucx=0
 fi
 
-configs=(kolo)
-((have_ucx)) && configs+=(kolo_ucx)
-((have_mpi)) && configs+=(mpi_shm mpi_shm_kept mpi_tcp)
+available=(kolo)
+((have_ucx)) && available+=(kolo_ucx)
+((have_mpi)) && available+=(mpi_shm mpi_shm_kept mpi_tcp)
+[[ -x $BUILD/bench/tcp_loopback ]] && available+=(loopback)
+configs=()
+for config in ${CONFIGS:-${available[*]}}; do
+  if [[ " ${available[*]} " == *" $config "* ]]; then configs+=("$config")
+  else echo "compare_mpi.sh: no column $config here (available: ${available[*]})" >&2; exit 2; fi
+done
+
+# The loopback's ceiling at every size, as rows of the benchmarks' table (field 8: the slowest
+# process's median rate, field 9: no wrong elements; tcp_loopback checks what arrived itself).
+#   loopback_rows RANKS
+loopback_rows() {
+  local size iterations status=0
+  for size in "${sizes[@]}"; do
+    iterations=$LARGE_ITERS
+    ((size < split)) && iterations=$SMALL_ITERS
+    "$BUILD/bench/tcp_loopback" "$1" "$size" "$iterations" >"$LOG_DIR/tcp_loopback.out" 2>&1 ||
+      status=1
+    cat "$LOG_DIR/tcp_loopback.out"
+    awk -v size="$size" '/median/ { rate = $(NF - 4) + 0; if (min == "" || rate < min) min = rate }
+      END { if (min != "") print size, 0, "float", "sum", -1, 0, 0, min, 0, 0, 0, 0, 0 }' \
+      "$LOG_DIR/tcp_loopback.out"
+  done
+  return $status
+}
 declare -A busbw  # every round's figures of a cell, space-separated
 started=$SECONDS
 # Other work on the machine skews every column; the table says how busy it was.
@@ -163,6 +191,7 @@ for ranks in $RANKS; do
                  mpirun --allow-run-as-root --oversubscribe $MPIRUN_ARGS -np "$ranks" \
                  -x MALLOC_MMAP_MAX_ -x MALLOC_TRIM_THRESHOLD_ \
                  --mca pml ob1 --mca btl self,vader "$mpi_perf" ;;
+      loopback) loopback_rows "$ranks" >"$log" 2>&1 ;;
       mpi_tcp) measure "$log" mpirun --allow-run-as-root --oversubscribe $MPIRUN_ARGS -np "$ranks" \
                  --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo "$mpi_perf" ;;
     esac
@@ -196,7 +225,7 @@ median() {
 }
 
 declare -A titles=([kolo]="kolo tcp" [kolo_ucx]="kolo ucx" [mpi_shm]="MPI shm"
-                   [mpi_shm_kept]="MPI shm kept" [mpi_tcp]="MPI tcp")
+                   [mpi_shm_kept]="MPI shm kept" [mpi_tcp]="MPI tcp" [loopback]="loopback")
 what="allreduce busbw in GB/s (out of place, $DTYPE $OP"
 ((ROUNDS > 1)) && what+=", median of $ROUNDS interleaved rounds"
 what+=") on $(hostname), $(nproc) cores, load $load_at_start at the start and"
