@@ -19,7 +19,7 @@
 #
 # Settings from the environment:
 #   BUILD=./build  NP=2  TRANSPORTS="tcp ucx"  MODELS="resnet50 bert-base"
-#   THRESHOLDS="1M 64M"  CYCLES="0.5 5 20"  SEGMENTS="256K 1M 4M 16M"   (the sweep's grid)
+#   THRESHOLDS="0 1M 64M"  CYCLES="0.5 5 20"  SEGMENTS="256K 1M 4M 16M"   (the sweep's grid)
 #   STEPS=7  WARMUP=1  WINDOW_MS=1000 (KOLO_AUTOTUNE_WINDOW_MS)  ROUNDS=3
 #   LOG_DIR=a new temporary directory: every job's output and the tuner's CSV logs
 set -eu
@@ -27,7 +27,7 @@ BUILD=${BUILD:-./build}
 NP=${NP:-2}
 TRANSPORTS=${TRANSPORTS:-"tcp ucx"}
 MODELS=${MODELS:-"resnet50 bert-base"}
-THRESHOLDS=${THRESHOLDS:-"1M 64M"}
+THRESHOLDS=${THRESHOLDS:-"0 1M 64M"}
 CYCLES=${CYCLES:-"0.5 5 20"}
 SEGMENTS=${SEGMENTS:-"256K 1M 4M 16M"}
 STEPS=${STEPS:-7}
