@@ -117,19 +117,21 @@ void recursive_doubling_allreduce(Ring& ring, const OpDescriptor& op, const void
 
   std::byte* mine = ring.buffer(Ring::kPartials, std::max<size_t>(1, partial_bytes));
   std::byte* theirs = ring.buffer(Ring::kReceiveSlots, std::max<size_t>(1, partial_bytes));
-  // Posts a receive and/or a send with one peer and waits for both. Buffers may be null when
-  // empty (count 0), so what to post is said explicitly.
+  // Posts a send and/or a receive with one peer and waits for both. Buffers may be null when
+  // empty (count 0), so what to post is said explicitly. The send goes first: posting a receive
+  // already looks for the peer's message (a cache line fetched over shared memory), and the
+  // peer waits for this rank's message meanwhile.
   enum Direction { kSend = 1, kReceive = 2, kBoth = 3 };
   auto exchange = [&](int peer, Direction direction, const void* send, size_t send_bytes,
                       void* receive, size_t receive_bytes) {
     Transfer* transfers = ring.transfers(2);
-    if (direction & kReceive) {
-      transfers[0].reset(peer, op, receive, receive_bytes);
-      ring.transport().post_recv(transfers[0]);
-    }
     if (direction & kSend) {
       transfers[1].reset(peer, op, const_cast<void*>(send), send_bytes);
       ring.transport().post_send(transfers[1]);
+    }
+    if (direction & kReceive) {
+      transfers[0].reset(peer, op, receive, receive_bytes);
+      ring.transport().post_recv(transfers[0]);
     }
     for (int i = 0; i < 2; ++i) {
       if (!(direction & (i == 0 ? kReceive : kSend))) continue;
