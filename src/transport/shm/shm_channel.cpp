@@ -148,7 +148,7 @@ struct ShmChannel::Link {
   // from the consumer's core: +1 when that took longer than kFarNanoseconds, -1 otherwise, kept
   // within +-32 so that a change of placement shows within a few dozen pieces and one slow load
   // (an interrupt) changes nothing.
-  uint64_t seen_tail = 0;
+  uint64_t seen_tail = 0;  // out->tail as last loaded
   int far_votes = 0;
   bool far() const { return far_votes > 0; }
   void vote_far(bool slow) { far_votes = std::clamp(far_votes + (slow ? 1 : -1), -32, 32); }
@@ -411,13 +411,22 @@ bool ShmChannel::pump(bool& moved) {
 bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
   Transfer* transfer = link.sends.front();
   if (!transfer) return false;
-  const bool sample = copy_ == Copy::kAuto;
-  const auto before =
-      sample ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-  const uint64_t tail = link.out->tail.load(std::memory_order_seq_cst);
-  if (sample && tail != link.seen_tail) {
-    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - before;
-    link.vote_far(took.count() > kFarNanoseconds);
+  // A small piece (never streamed, so it needs no vote) loads the consumer's counter, a cache
+  // line fetched from the consumer's core, only when the value loaded last leaves too little room
+  // for it: a message fewer lines to move between the cores.
+  const uint64_t wanted = (link.header_sent ? 0 : sizeof(FrameHeader)) +
+                          std::min<uint64_t>(transfer->bytes - transfer->done, kSlotBytes);
+  uint64_t tail = link.seen_tail;
+  if (wanted >= kStreamBytes || link.head - tail > kCapacity - wanted) {
+    const bool sample = copy_ == Copy::kAuto;
+    const auto before =
+        sample ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    tail = link.out->tail.load(std::memory_order_seq_cst);
+    if (sample && tail != link.seen_tail) {
+      const std::chrono::duration<double, std::nano> took =
+          std::chrono::steady_clock::now() - before;
+      link.vote_far(took.count() > kFarNanoseconds);
+    }
     link.seen_tail = tail;
   }
   if (tail > link.head || link.head - tail > kCapacity) {

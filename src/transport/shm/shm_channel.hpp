@@ -29,7 +29,9 @@
 // long and never crosses the end of the ring, and each is published at once (a store of head or
 // tail), so the consumer copies one slot's worth out while the producer fills the next. (Cutting
 // at the slots' own boundaries instead would split every slot-sized message, header included,
-// into a big piece and a 64-byte one.) The producer copies with plain stores, or with
+// into a big piece and a 64-byte one.) For a small piece the producer reuses the value of `tail`
+// it loaded last while that leaves room, since each load fetches the counter's cache line from the
+// consumer's core. The producer copies with plain stores, or with
 // non-temporal ones while the consumer's core shares no cache with its own (copy_into_ring in
 // shm_channel.cpp, KOLO_SHM_COPY); a receive that carries a sink (Transfer::sink) gets the
 // payload handed to it where it lies instead of copied out. The k-th receive posted for a
