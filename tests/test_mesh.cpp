@@ -1,6 +1,7 @@
 // Transport set-up and control, without a job: the connection mesh (transport/mesh.hpp) between
 // two ranks run as threads of this process, with a real rendezvous store (strangers that connect
 // and never answer must not delay it), and the control channel over a loopback pair.
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <catch2/catch.hpp>
@@ -39,6 +40,41 @@ std::vector<PeerSockets> join(const net::Endpoint& store, int rank, int streams)
 }
 
 }  // namespace
+
+// Every bounded wait counts on Deadline, which reads the kernel's coarse clock (a tick of 1-10 ms)
+// to keep clock reads off each collective's path: it must still end each wait on time, and a
+// caller that polls until it expires must sleep through the last tick, not spin through it.
+TEST_CASE("a deadline ends a wait on time, sleeping to the end", "[deadline]") {
+  CHECK(Deadline(0).expired());
+  CHECK(Deadline(0).remaining_ms() == 0);
+  CHECK(Deadline(-1).remaining_ms() == 0);
+  // Until it expires, a deadline never says 0 ms are left: watched without a pause through its
+  // last tick, where less than a millisecond is left (not a whole number of milliseconds).
+  const Deadline short_one(0.0505);
+  long looks = 0;
+  while (!short_one.expired()) {
+    // 0 only when the clock has passed the end since expired() looked
+    if (short_one.remaining_ms() == 0) REQUIRE(short_one.expired());
+    ++looks;
+  }
+  CHECK(looks > 0);
+  // A caller that sleeps for what is left ends on time, in a few sleeps.
+  const auto start = std::chrono::steady_clock::now();
+  const Deadline deadline(0.2005);
+  CHECK_FALSE(deadline.expired());
+  CHECK(deadline.remaining_ms() > 150);
+  CHECK(deadline.remaining_ms() <= 201);
+  int polls = 0;
+  while (!deadline.expired()) {
+    ::poll(nullptr, 0, deadline.remaining_ms());
+    ++polls;
+  }
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(took >= 0.2 - 0.011);  // at most one tick early (the clock lags by less than a tick)
+  CHECK(took < 1.0);
+  CHECK(polls < 30);  // one sleep, and a few of a millisecond in the last tick
+}
 
 TEST_CASE("silent strangers at a rank's listener do not delay the mesh", "[mesh]") {
   StoreServer server({"127.0.0.1", 0}, kSecret);

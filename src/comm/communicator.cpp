@@ -233,14 +233,15 @@ void Communicator::set_activity(const OpDescriptor& op, bool running, bool faile
   activity_.op = op;
   activity_.running = running;
   activity_.failed = activity_.failed || failed;
-  activity_.since = Clock::now();
+  activity_.since = CoarseClock::now();
 }
 
 std::string Communicator::report() {
   std::string text;
   {
     std::lock_guard<std::mutex> lock(activity_mutex_);
-    const double seconds = std::chrono::duration<double>(Clock::now() - activity_.since).count();
+    const double seconds =
+        std::chrono::duration<double>(CoarseClock::now() - activity_.since).count();
     text = fmt::format("rank {} of {} (communicator {:x}): ", config_.rank, config_.size, context_);
     if (!activity_.op) {
       text += "no collective yet";

@@ -171,7 +171,7 @@ class Communicator {
     std::optional<OpDescriptor> op;  // the last collective run() started
     bool running = false;
     bool failed = false;
-    Clock::time_point since{};
+    CoarseClock::time_point since{};
   };
   std::mutex activity_mutex_;  // guards activity_; never held while waiting
   Activity activity_;
