@@ -15,7 +15,8 @@
 // of one program. Application threads only queue requests; all communication and every access to
 // the caller's buffers happens on the engine thread.
 //
-// A cycle (every KOLO_CYCLE_TIME_MS while there is work):
+// A cycle (every KOLO_CYCLE_TIME_MS while there is work; at once after one that ran collectives
+// while this rank had more, see loop()):
 //   1. Every rank builds a RequestList: one bit per response-cache slot that holds a unit it has
 //      pending, and the full spec of each pending unit that is not cached, announced once.
 //   2. Ranks 1..N-1 send it to rank 0 (a 32-byte header and a payload), which hands all N lists
@@ -515,6 +516,13 @@ void FusionEngine::loop() {
     if (late_rank_retry_ > Clock::duration::zero()) {
       next = std::min(next, Clock::now() + late_rank_retry_);
     }
+    // Submissions that arrived while the cycle's collectives ran have waited for them already;
+    // waiting out the cycle time as well would leave the transport idle with work queued (a
+    // step's small gradients submitted during its first, large collective waited up to
+    // KOLO_CYCLE_TIME_MS). So a cycle that ran collectives is followed at once by the next while
+    // this rank has anything left: the work that piled up during a collective is the next batch.
+    // A rank with nothing left sleeps as before, and the others wait for it in the exchange.
+    if (again_) next = Clock::now();
   }
 }
 
@@ -561,6 +569,12 @@ void FusionEngine::run_cycle() {
   const Clock::time_point received = Clock::now();
   execute(response, received, arrivals);
   idle_ = response.idle;
+  if (response.batches.empty() || idle_) {
+    again_ = false;
+  } else {
+    std::lock_guard<std::mutex> lock(mutex_);
+    again_ = !queue_.empty() || !pending_.empty();
+  }
   const bool late_rank = !response.idle && response.batches.empty() && response.errors.empty();
   if (!late_rank) {
     late_rank_retry_ = Clock::duration::zero();

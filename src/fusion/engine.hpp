@@ -215,6 +215,8 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   // After a response with work pending on some rank but nothing ready on all (a rank is late):
   // how soon the next cycle starts, doubled each time up to the cycle time; zero otherwise.
   Clock::duration late_rank_retry_{};
+  // The cycle ran collectives and this rank still had work afterwards: the next starts at once.
+  bool again_ = false;
 };
 
 }  // namespace fusion
