@@ -19,6 +19,7 @@
 #include "fusion/cache.hpp"
 #include "fusion/coordinator.hpp"
 #include "fusion/fused_layout.hpp"
+#include "fusion/fusion_cost.hpp"
 #include "fusion/timeline.hpp"
 #include "fusion/wire.hpp"
 
@@ -457,12 +458,51 @@ TEST_CASE("batches: same dtype, op and factors, within the threshold, looking pa
     CHECK(response.batches[1].units[0].spec.key() == "huge");
     CHECK_FALSE(response.batches[1].fused);
   }
+  SECTION("below a megabyte where rank 0 measured that fusing does not pay") {
+    coordinator.set_alone_bytes(4000);
+    response = coordinator.process(
+        2, {announcing({allreduce("tiny", 10), allreduce("mid", 1000), allreduce("tiny2", 10)})},
+        64 << 20, at(0));
+    REQUIRE(response.batches.size() == 2);
+    CHECK(response.batches[0].units.size() == 2);
+    CHECK(response.batches[0].fused);
+    CHECK(response.batches[1].units[0].spec.key() == "mid");
+    CHECK_FALSE(response.batches[1].fused);
+    coordinator.set_alone_bytes(kAloneBytes * 4);  // never above a megabyte
+    CHECK(coordinator.alone_bytes() == kAloneBytes);
+  }
   SECTION("a group larger than the threshold still runs as one fused collective") {
     response = coordinator.process(2, {announcing({group})}, 100, at(0));
     REQUIRE(response.batches.size() == 1);
     CHECK(response.batches[0].fused);
     CHECK(response.batches[0].units.size() == 1);
   }
+}
+
+TEST_CASE("the alone size is a collective's latency over the cost of copying a byte",
+          "[fusion_units]") {
+  using std::chrono::microseconds;
+  using std::chrono::nanoseconds;
+  FusionCost cost;
+  CHECK(cost.alone_bytes() == kAloneBytes);  // nothing measured: as before the measuring
+  for (int i = 0; i < 5; ++i) cost.alone(4, microseconds(3));
+  CHECK(cost.latency_s() == Approx(3e-6));
+  CHECK(cost.alone_bytes() == kAloneBytes);   // no copy measured yet
+  cost.copied(1000000, nanoseconds(300000));  // 0.3 ns per byte
+  CHECK(cost.copy_s_per_byte() == Approx(0.3e-9));
+  CHECK(cost.alone_bytes() == 10000);  // 3 us / 0.3 ns
+  // Larger collectives are not latencies, small copies are not a byte's cost: both ignored.
+  cost.alone(FusionCost::kLatencyBytes + 1, microseconds(1000));
+  cost.copied(FusionCost::kCopyBytes - 1, microseconds(1000));
+  CHECK(cost.alone_bytes() == 10000);
+  // Medians of the last kSamples: one slow collective does not move it, a slower machine does.
+  cost.alone(4, microseconds(500));
+  CHECK(cost.alone_bytes() == 10000);
+  for (size_t i = 0; i < FusionCost::kSamples; ++i) cost.alone(4, microseconds(6));
+  CHECK(cost.alone_bytes() == 20000);
+  // A network's latency makes every tensor below a megabyte worth fusing, never more.
+  for (size_t i = 0; i < FusionCost::kSamples; ++i) cost.alone(4, microseconds(50000));
+  CHECK(cost.alone_bytes() == kAloneBytes);
 }
 
 TEST_CASE("stalled tensors are aborted after KOLO_STALL_ABORT_S, naming the missing ranks",

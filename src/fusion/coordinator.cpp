@@ -265,8 +265,8 @@ std::vector<Batch> Coordinator::plan(const std::vector<Ready>& ready,
   };
   std::vector<Batch> batches;
   std::vector<bool> taken(ready.size(), false);
-  auto alone = [](const UnitSpec& spec) {
-    return spec.members.size() == 1 && spec.total_bytes() >= kAloneBytes;
+  auto alone = [this](const UnitSpec& spec) {
+    return spec.members.size() == 1 && spec.total_bytes() >= alone_bytes_;
   };
   for (size_t i = 0; i < ready.size(); ++i) {
     if (taken[i]) continue;

@@ -42,15 +42,18 @@
 // and therefore always runs as one collective; one larger than the threshold runs alone in a
 // buffer of its own size.
 //
-// A single tensor of kAloneBytes or more also runs alone, in place in the caller's buffer. Fusion
-// saves a collective's latency (tens to hundreds of microseconds) at the price of copying the
-// tensor in and out of the fusion buffer, and of a buffer too large to stay in cache: from about
-// a megabyte the copies cost as much as the latency saved, and for larger tensors they only add
+// A single tensor of alone_bytes() or more also runs alone, in place in the caller's buffer: at
+// most kAloneBytes, less where rank 0 has measured that fusing a smaller tensor costs more than
+// it saves (fusion_cost.hpp). Fusion saves a collective's latency (microseconds on one host, tens
+// to hundreds of microseconds across hosts) at the price of copying the tensor in and out of the
+// fusion buffer, and of a buffer too large to stay in cache: from about a megabyte the copies
+// cost as much as the latency saved even across hosts, and for larger tensors they only add
 // (bench/fusion_perf measured ResNet-50 1.4 to 1.7 times slower with its 1-9 MiB gradients fused
 // than with nothing fused, on TCP loopback). Results do not depend on it: a tensor reduced alone
 // and one reduced in a fused buffer are bitwise the same.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -88,6 +91,11 @@ class Coordinator {
   ResponseList process(uint64_t cycle, const std::vector<RequestList>& lists,
                        uint64_t fusion_threshold, Clock::time_point now,
                        std::vector<Arrival>* arrivals = nullptr);
+
+  // Single tensors of this many bytes or more run alone from now on (fusion_cost.hpp); at most,
+  // and at first, kAloneBytes.
+  void set_alone_bytes(uint64_t bytes) { alone_bytes_ = std::min(bytes, kAloneBytes); }
+  uint64_t alone_bytes() const { return alone_bytes_; }
 
   // Units submitted by some ranks and not yet ready.
   size_t outstanding() const { return ledger_.size(); }
@@ -133,6 +141,7 @@ class Coordinator {
 
   CoordinatorSettings settings_;
   const ResponseCache& cache_;
+  uint64_t alone_bytes_ = kAloneBytes;
   std::unordered_map<std::string, Entry> ledger_;
   // Least recently used order of the occupied slots: (cycle last used, slot).
   std::vector<uint64_t> last_used_;

@@ -44,8 +44,9 @@
 // first use, grown only for a larger group, and reused): copy every tensor in, one ring allreduce,
 // copy every tensor out. The buffer is laid out chunk-major (fused_layout.hpp) so that every
 // element is reduced in exactly the order it would be alone: fused results are bitwise identical
-// to unfused ones for every dtype and op. A batch of one tensor (a broadcast, a tensor of a
-// megabyte or more, or anything when fusion is off) runs in place in the caller's buffers. The
+// to unfused ones for every dtype and op. A batch of one tensor (a broadcast, a tensor too large
+// for fusing to pay, which rank 0 measures (fusion_cost.hpp) and which is never more than a
+// megabyte, or anything when fusion is off) runs in place in the caller's buffers. The
 // engine always uses the ring schedule, whatever the size, so that a tensor's result never
 // depends on what it was batched with (kolo_allreduce uses recursive doubling, or across hosts
 // the hierarchical schedule, for small buffers, whose results may differ in the last bit).
@@ -128,6 +129,9 @@ constexpr size_t kAnnouncementBudget = kMaxPayloadBytes / 2;
 constexpr int kIdlePollMsWithoutFd = 2;
 // The first wait for a late rank (FusionEngine::loop).
 constexpr auto kLateRankRetry = std::chrono::microseconds(250);
+// Allreduces of one float per rank timed when the engine connects: the first measure of a
+// collective's latency (fusion_cost.hpp).
+constexpr int kLatencyProbes = 5;
 
 // For the message of a response that does not fit what this rank submitted: with an allgather's
 // counts, which describe() leaves out.
@@ -490,6 +494,7 @@ void FusionEngine::connect() {
     }
   }
   executor_.attach(ring_.get(), timeline_.get());
+  if (size_ > 1) executor_.probe_latency(kLatencyProbes);
   log::info(
       "fusion engine: rank {} connected ({} ranks, cycle {} ms, fusion threshold {} bytes, "
       "cache {} entries)",
@@ -559,6 +564,7 @@ void FusionEngine::run_cycle() {
     std::vector<RequestList> lists = channel_->gather_requests(cycle_, std::move(mine));
     const uint64_t threshold =
         autotuner_ ? autotuner_->current().fusion_threshold : fusion_threshold_.load();
+    update_alone_bytes();
     response = coordinator_->process(cycle_, lists, threshold, Clock::now(),
                                      timeline_ ? &arrivals : nullptr);
     response.settings = std::exchange(announce_, std::nullopt);
@@ -604,6 +610,22 @@ void FusionEngine::run_cycle() {
     }
     if (idle_) timeline_->instant(cycles_row_, "IDLE", Clock::now());
   }
+}
+
+void FusionEngine::update_alone_bytes() {
+  const FusionCost& cost = executor_.cost();
+  const uint64_t bytes = cost.alone_bytes();
+  coordinator_->set_alone_bytes(bytes);
+  // Logged when it first moves and then whenever it has halved or doubled since last logged.
+  if (bytes == logged_alone_bytes_ ||
+      (bytes * 2 > logged_alone_bytes_ && bytes < 2 * logged_alone_bytes_)) {
+    return;
+  }
+  logged_alone_bytes_ = bytes;
+  log::info(
+      "fusion engine: single tensors of {} bytes or more now run alone (a collective's latency "
+      "{:.1f} us, copying in and out {:.3f} ns per byte)",
+      bytes, cost.latency_s() * 1e6, cost.copy_s_per_byte() * 1e9);
 }
 
 RequestList FusionEngine::build_requests() {

@@ -22,6 +22,7 @@
 #include "core/config.hpp"
 #include "core/op_descriptor.hpp"
 #include "fusion/cache.hpp"
+#include "fusion/coordinator.hpp"
 #include "fusion/executor.hpp"
 #include "fusion/request.hpp"
 #include "fusion/wire.hpp"
@@ -149,6 +150,8 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   void loop();
   void run_cycle();
   RequestList build_requests();
+  // Rank 0: hands the coordinator the alone size measured so far (fusion_cost.hpp).
+  void update_alone_bytes();
   void execute(const ResponseList& response, Clock::time_point received,
                const std::vector<Arrival>& arrivals);
   // Settings from a response, before its batches (every rank at the same point).
@@ -217,6 +220,7 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   Clock::duration late_rank_retry_{};
   // The cycle ran collectives and this rank still had work afterwards: the next starts at once.
   bool again_ = false;
+  uint64_t logged_alone_bytes_ = kAloneBytes;  // rank 0: the alone size last logged
 };
 
 }  // namespace fusion

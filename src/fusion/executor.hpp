@@ -14,6 +14,7 @@
 
 #include "core/deadline.hpp"
 #include "core/page_buffer.hpp"
+#include "fusion/fusion_cost.hpp"
 #include "fusion/request.hpp"
 #include "fusion/wire.hpp"
 
@@ -52,6 +53,12 @@ class Executor {
 
   ExecutorStats stats() const;
 
+  // Runs `rounds` allreduces of one float per rank on every rank, after three to warm up, each
+  // timed into cost() as a collective's latency (fusion_cost.hpp); not counted in stats().
+  void probe_latency(int rounds);
+  // What fusing costs and saves, measured from the collectives run so far.
+  const FusionCost& cost() const { return cost_; }
+
  private:
   void run_fused(const std::vector<const Request*>& requests, Clock::time_point received,
                  uint64_t fusion_threshold);
@@ -67,6 +74,7 @@ class Executor {
   Timeline* timeline_ = nullptr;
   uint64_t sequence_ = 0;  // of the collectives on the engine's ring
   PageBuffer buffer_;
+  FusionCost cost_;
   mutable std::mutex stats_mutex_;
   ExecutorStats stats_;
 };

@@ -1,0 +1,53 @@
+// Rank 0's measure of what fusing a tensor saves and what it costs, from which the coordinator
+// takes the size at which a single tensor runs alone instead (coordinator.hpp).
+//
+// Fusing a tensor of b bytes saves one collective's fixed cost α (the ring's 2(N-1) messages and
+// the engine's bookkeeping for one collective) and costs copying it into and out of the fusion
+// buffer, b·γ; the ring's cost per byte is the same either way. So a tensor is worth fusing
+// while b < α/γ, and that quotient is the alone size, never above kAloneBytes (beyond a megabyte
+// the fusion buffer also falls out of cache). What the two are depends on the machine and the
+// transport far more than on the model: on one host α is a few microseconds at N = 2 and γ a
+// fraction of a nanosecond per byte, so only tensors of kilobytes are worth fusing (a ResNet-50
+// step over the shared-memory rings at N = 2 took 24.6 ms fused with everything below a megabyte
+// fused, 22.0 ms with this rule, 21.2 ms as ordered calls); across hosts α is tens to hundreds of
+// microseconds and the alone size stays at kAloneBytes.
+//
+// α: the median of the last kSamples collectives of at most kLatencyBytes that ran alone, the
+// first ones the latency probe that every engine runs when it connects (Executor::probe_latency).
+// γ: the median of the last kSamples fused collectives' copy time (in and out) per byte, counting
+// only those that carried at least kCopyBytes (below that the per-tensor cost of the copy loop
+// dominates). Until a fused collective has been measured, the alone size is kAloneBytes: kolo
+// starts as it always did and fuses less only once it has measured that it pays.
+// Engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+
+#include "core/deadline.hpp"
+
+namespace kolo::fusion {
+
+class FusionCost {
+ public:
+  static constexpr uint64_t kLatencyBytes = 4096;
+  static constexpr uint64_t kCopyBytes = 64 * 1024;
+  static constexpr size_t kSamples = 15;
+
+  // A collective that carried `bytes` alone, taking `elapsed`.
+  void alone(uint64_t bytes, Clock::duration elapsed);
+  // A fused collective's copies of `bytes` into and out of the fusion buffer, taking `elapsed`.
+  void copied(uint64_t bytes, Clock::duration elapsed);
+
+  // Single tensors at least this large run alone: α/γ, at most kAloneBytes, kAloneBytes until
+  // both are measured.
+  uint64_t alone_bytes() const;
+  // The medians in seconds and seconds per byte; 0 before any sample.
+  double latency_s() const;
+  double copy_s_per_byte() const;
+
+ private:
+  std::deque<double> latency_, copy_;
+};
+
+}  // namespace kolo::fusion
