@@ -505,6 +505,35 @@ TEST_CASE("the alone size is a collective's latency over the cost of copying a b
   CHECK(cost.alone_bytes() == kAloneBytes);
 }
 
+TEST_CASE("recursive-doubling and ring tensors are fused apart, the former in small batches",
+          "[fusion_units]") {
+  ResponseCache cache(0);
+  Coordinator coordinator({2, 0.0, 0.0}, cache);
+  // At N = 2 recursive doubling runs up to 64 KiB: 16384 floats.
+  REQUIRE(engine_algorithm(allreduce("x", 16384), 2) == Algorithm::kRecursiveDoubling);
+  REQUIRE(engine_algorithm(allreduce("x", 16386), 2) == Algorithm::kRing);
+  auto keys = [](const ResponseList& response) {
+    std::vector<std::vector<std::string>> batches;
+    for (const Batch& batch : response.batches) {
+      std::vector<std::string> names;
+      for (const ResponseUnit& unit : batch.units) names.push_back(unit.spec.key());
+      batches.push_back(names);
+    }
+    return batches;
+  };
+  const std::vector<UnitSpec> mixed = {allreduce("a", 10), allreduce("big", 20000),
+                                       allreduce("b", 10), allreduce("big2", 20000)};
+  ResponseList response =
+      coordinator.process(1, {announcing(mixed), announcing(mixed)}, 64 << 20, at(0));
+  CHECK(keys(response) == std::vector<std::vector<std::string>>{{"a", "b"}, {"big", "big2"}});
+  // Five of 60000 bytes: at most latency_batch_bytes(2) = 256 KiB together, so four and one.
+  REQUIRE(latency_batch_bytes(2) == 256 * 1024);
+  std::vector<UnitSpec> five;
+  for (int i = 0; i < 5; ++i) five.push_back(allreduce("s" + std::to_string(i), 15000));
+  response = coordinator.process(2, {announcing(five), announcing(five)}, 64 << 20, at(0));
+  CHECK(keys(response) == std::vector<std::vector<std::string>>{{"s0", "s1", "s2", "s3"}, {"s4"}});
+}
+
 TEST_CASE("stalled tensors are aborted after KOLO_STALL_ABORT_S, naming the missing ranks",
           "[fusion_units]") {
   ResponseCache cache(8);
@@ -743,6 +772,10 @@ TEST_CASE("a response that fuses what cannot be fused is refused before anything
              Catch::Contains("a fused batch of"));
   CHECK_THAT(outcome(true, {unit(broadcast)}), Catch::Contains("a fused batch of"));
   CHECK_THAT(outcome(true, {unit(a32), unit(broadcast)}), Catch::Contains("a fused batch of"));
+  // At N = 3 a float32 tensor of 100000 elements is reduced by the ring, one of 10 by recursive
+  // doubling: the executor could not run both in one collective.
+  CHECK_THAT(outcome(true, {unit(a32), unit(allreduce("ring", 100000))}),
+             Catch::Contains("a fused batch of"));
   CHECK_THAT(outcome(false, {hit(3)}), Catch::Contains("cache slot 3, which is empty"));
   CHECK_THAT(outcome(false, {hit(0), unit(a32)}), Catch::Contains("accepted"));
   ResponseUnit cached_a32 = unit(a32);

@@ -389,7 +389,9 @@ int run_large(kolo_comm_t comm) {
   return 0;
 }
 
-// Every dtype x op, with and without factors: fused results equal unfused ones bit for bit.
+// Every dtype x op, with and without factors, below and above the size where the engine switches
+// from recursive doubling to the ring: fused results equal unfused ones and kolo_allreduce's
+// (one host: the flat schedules) bit for bit.
 int run_bitwise(kolo_comm_t comm) {
   const kolo_dtype_t dtypes[] = {KOLO_FLOAT32, KOLO_FLOAT64, KOLO_FLOAT16, KOLO_BFLOAT16,
                                  KOLO_INT8,    KOLO_UINT8,   KOLO_INT32,   KOLO_INT64};
@@ -399,9 +401,11 @@ int run_bitwise(kolo_comm_t comm) {
   uint64_t id = 0;
   for (kolo_dtype_t dtype : dtypes) {
     for (kolo_op_t op : ops) {
-      for (int i = 0; i < 3; ++i) {
+      for (int i = 0; i < 4; ++i) {
+        // The fourth is above 32 KiB x N for every dtype at N <= 4: reduced by the ring.
+        const uint64_t count = i == 3 ? 140000 + sizes() % 5000 : 1 + sizes() % 5000;
         Tensor tensor = make_tensor(fmt::format("{}.{}.{}", dtype_text(dtype), op_text(op), i),
-                                    dtype, op, 1 + sizes() % 5000, id++);
+                                    dtype, op, count, id++);
         if (i == 2 && op != KOLO_PROD) {
           tensor.prescale = 0.75;
           tensor.postscale = 1.5;
@@ -411,15 +415,24 @@ int run_bitwise(kolo_comm_t comm) {
     }
   }
   std::vector<std::vector<unsigned char>> fused(tensors.size());
-  for (int round = 0; round < 2; ++round) {
-    const bool fusing = round == 0;
+  for (int round = 0; round < 3; ++round) {
+    const bool fusing = round == 0, ordered = round == 2;
     check(comm, kolo_barrier(comm), "barrier");
     check(comm, kolo_comm_set_fusion_threshold(comm, fusing ? (64u << 20) : 0),
           "kolo_comm_set_fusion_threshold");
     kolo_fusion_stats_t before = stats_of(comm);
-    for (Tensor& tensor : tensors) tensor.prepare(0);  // the same inputs in both rounds
-    submit_shuffled(comm, tensors, round);
-    wait_all(tensors);
+    for (Tensor& tensor : tensors) tensor.prepare(0);  // the same inputs in every round
+    if (ordered) {
+      for (Tensor& tensor : tensors) {
+        check(comm,
+              kolo_allreduce_scaled(comm, tensor.send.data(), tensor.recv.data(), tensor.count,
+                                    tensor.dtype, tensor.op, tensor.prescale, tensor.postscale),
+              "kolo_allreduce_scaled " + tensor.name);
+      }
+    } else {
+      submit_shuffled(comm, tensors, round);
+      wait_all(tensors);
+    }
     kolo_fusion_stats_t after = stats_of(comm);
     uint64_t fused_now = after.fused_collectives - before.fused_collectives;
     if (fusing && g_size > 1 && fused_now == 0) fail("the fused round fused nothing");
@@ -437,12 +450,16 @@ int run_bitwise(kolo_comm_t comm) {
           uint64_t a = 0, b = 0;
           std::memcpy(&a, fused[t].data() + i * size, size);
           std::memcpy(&b, tensor.recv.data() + i * size, size);
-          fail(fmt::format("{} element {}: fused {:#x} but unfused {:#x}", tensor.name, i, a, b));
+          fail(fmt::format("{} element {}: fused {:#x} but {} {:#x}", tensor.name, i, a,
+                           ordered ? "kolo_allreduce" : "unfused", b));
         }
       }
     }
     fmt::print("rank {}: round {} ({}): {} collectives, {} fused\n", g_rank, round,
-               fusing ? "fused" : "unfused", after.collectives - before.collectives, fused_now);
+               fusing    ? "fused"
+               : ordered ? "ordered"
+                         : "unfused",
+               after.collectives - before.collectives, fused_now);
   }
   fmt::print("rank {}: bitwise checks passed ({} tensors, every dtype and op)\n", g_rank,
              tensors.size());

@@ -277,10 +277,16 @@ std::vector<Batch> Coordinator::plan(const std::vector<Ready>& ready,
     if (fusion_threshold > 0 && first.kind == Kind::kAllreduce && !alone(first)) {
       size_t members = first.members.size();
       uint64_t bytes = padded_bytes(first);
-      for (size_t j = i + 1; j < ready.size() && bytes < fusion_threshold; ++j) {
-        if (taken[j] || !fusable(first, *ready[j].spec) || alone(*ready[j].spec)) continue;
+      const uint64_t limit =
+          engine_algorithm(first, settings_.ranks) == Algorithm::kRecursiveDoubling
+              ? std::min(fusion_threshold, latency_batch_bytes(settings_.ranks))
+              : fusion_threshold;
+      for (size_t j = i + 1; j < ready.size() && bytes < limit; ++j) {
+        if (taken[j] || !fusable(first, *ready[j].spec, settings_.ranks) || alone(*ready[j].spec)) {
+          continue;
+        }
         uint64_t more = padded_bytes(*ready[j].spec);
-        if (bytes + more > fusion_threshold) continue;
+        if (bytes + more > limit) continue;
         taken[j] = true;
         bytes += more;
         members += ready[j].spec->members.size();

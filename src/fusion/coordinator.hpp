@@ -38,7 +38,9 @@
 // a batch, and later units that can be fused with it (allreduce, same dtype, op and factors) join
 // while the padded size stays within the fusion threshold, looking past units that do not fit. A
 // unit is padded to a multiple of N elements per member (see fused_layout.hpp), so the test is
-// exact. Broadcasts run alone, and so does everything when the threshold is 0. A group is one unit
+// exact; units reduced by recursive doubling (engine_algorithm() in spec.hpp) are fused only with
+// each other, and at most latency_batch_bytes() of them. Broadcasts run alone, and so does
+// everything when the threshold is 0. A group is one unit
 // and therefore always runs as one collective; one larger than the threshold runs alone in a
 // buffer of its own size.
 //
@@ -63,6 +65,7 @@
 #include "core/deadline.hpp"
 #include "fusion/cache.hpp"
 #include "fusion/wire.hpp"
+#include "ring/algorithms.hpp"
 
 namespace kolo::fusion {
 
@@ -74,6 +77,14 @@ struct Arrival {
 
 // Single tensors at least this large are not fused (see above).
 inline constexpr uint64_t kAloneBytes = uint64_t{1} << 20;
+
+// The most a fused batch of units that run recursive doubling (engine_algorithm() in spec.hpp)
+// holds: four times the most that kolo_allreduce runs so. Every message of that schedule holds
+// the whole buffer, log2 N of them where the ring sends 2(N-1)/N of it, so a larger batch runs as
+// several.
+inline uint64_t latency_batch_bytes(int ranks) {
+  return 4 * kRecursiveDoublingMaxBytesPerRank * static_cast<uint64_t>(ranks);
+}
 
 struct CoordinatorSettings {
   int ranks = 1;

@@ -46,10 +46,12 @@
 // element is reduced in exactly the order it would be alone: fused results are bitwise identical
 // to unfused ones for every dtype and op. A batch of one tensor (a broadcast, a tensor too large
 // for fusing to pay, which rank 0 measures (fusion_cost.hpp) and which is never more than a
-// megabyte, or anything when fusion is off) runs in place in the caller's buffers. The
-// engine always uses the ring schedule, whatever the size, so that a tensor's result never
-// depends on what it was batched with (kolo_allreduce uses recursive doubling, or across hosts
-// the hierarchical schedule, for small buffers, whose results may differ in the last bit).
+// megabyte, or anything when fusion is off) runs in place in the caller's buffers. A unit's
+// schedule follows from its own size (engine_algorithm() in spec.hpp): recursive doubling up to
+// kolo_allreduce's limit for it, the ring above, and only units of the same schedule are fused
+// together, so that a tensor's result never depends on what it was batched with, and equals
+// kolo_allreduce's on one host (across hosts kolo_allreduce runs the hierarchical schedules,
+// whose results may differ in the last bit).
 //
 // Join (kolo_join). A rank with no more data says so in every RequestList until every rank has
 // joined; rank 0 then counts it as having submitted whatever the others submit (coordinator.hpp),

@@ -62,11 +62,20 @@ void Executor::probe_latency(int rounds) {
   descriptor.dtype = DataType::kFloat32;
   descriptor.op = ReduceOp::kSum;
   descriptor.count = data.size();
+  descriptor.algorithm = flat_allreduce_algorithm(data.size() * sizeof(float), size_);
   for (int round = -kWarmUp; round < rounds; ++round) {
     descriptor.sequence = ++sequence_;
     const Clock::time_point start = Clock::now();
-    ring_allreduce(*ring_, descriptor, data.data(), data.data());
+    allreduce(descriptor, data.data(), data.data());
     if (round >= 0) cost_.alone(data.size() * sizeof(float), Clock::now() - start);
+  }
+}
+
+void Executor::allreduce(const OpDescriptor& descriptor, const void* send, void* recv) {
+  if (descriptor.algorithm == Algorithm::kRecursiveDoubling) {
+    recursive_doubling_allreduce(*ring_, descriptor, send, recv);
+  } else {
+    ring_allreduce(*ring_, descriptor, send, recv);
   }
 }
 
@@ -118,7 +127,9 @@ void Executor::run_alone(const Request& request, Clock::time_point received) {
       descriptor.op = spec.op;
       descriptor.prescale = spec.prescale;
       descriptor.postscale = spec.postscale;
-      ring_allreduce(*ring_, descriptor, buffers[m].send, buffers[m].recv);
+      // A group's members by the group's schedule, like the group fused.
+      descriptor.algorithm = engine_algorithm(spec, size_);
+      allreduce(descriptor, buffers[m].send, buffers[m].recv);
     }
     const Clock::time_point end = Clock::now();
     const uint64_t bytes = spec.members[m].count * dtype_size(spec.dtype);
@@ -177,9 +188,10 @@ void Executor::run_fused(const std::vector<const Request*>& requests, Clock::tim
   descriptor.prescale = first.prescale;
   descriptor.postscale = first.postscale;
   descriptor.count = layout.total_elements();
+  descriptor.algorithm = engine_algorithm(first, size_);  // the same for every unit (fusable())
   descriptor.sequence = ++sequence_;
   const Clock::time_point reduce_start = Clock::now();
-  ring_allreduce(*ring_, descriptor, buffer, buffer);
+  allreduce(descriptor, buffer, buffer);
   const Clock::time_point reduce_end = Clock::now();
 
   std::vector<Clock::time_point> out_marks(timed ? placed.size() + 1 : 0);

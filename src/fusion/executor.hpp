@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/deadline.hpp"
+#include "core/op_descriptor.hpp"
 #include "core/page_buffer.hpp"
 #include "fusion/fusion_cost.hpp"
 #include "fusion/request.hpp"
@@ -66,6 +67,8 @@ class Executor {
   void run_allgather(const Request& request, const std::vector<uint64_t>& counts,
                      Clock::time_point received);
   std::byte* fusion_buffer(size_t bytes, uint64_t fusion_threshold);
+  // By descriptor.algorithm: the ring or recursive doubling (engine_algorithm() in spec.hpp).
+  void allreduce(const OpDescriptor& descriptor, const void* send, void* recv);
   void count(const ExecutorStats& more);
 
   const int size_;

@@ -1,9 +1,10 @@
 // Rank 0's measure of what fusing a tensor saves and what it costs, from which the coordinator
 // takes the size at which a single tensor runs alone instead (coordinator.hpp).
 //
-// Fusing a tensor of b bytes saves one collective's fixed cost α (the ring's 2(N-1) messages and
-// the engine's bookkeeping for one collective) and costs copying it into and out of the fusion
-// buffer, b·γ; the ring's cost per byte is the same either way. So a tensor is worth fusing
+// Fusing a tensor of b bytes saves one collective's fixed cost α (the latency of a small
+// collective, recursive doubling's log2 N exchanges, and the engine's bookkeeping for it) and
+// costs copying it into and out of the fusion buffer, b·γ; the cost per byte on the wire is the
+// same either way. So a tensor is worth fusing
 // while b < α/γ, and that quotient is the alone size, never above kAloneBytes (beyond a megabyte
 // the fusion buffer also falls out of cache). What the two are depends on the machine and the
 // transport far more than on the model: on one host α is a few microseconds at N = 2 and γ a

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "core/arguments.hpp"
+#include "ring/algorithms.hpp"
 
 namespace kolo::fusion {
 
@@ -75,9 +76,14 @@ bool matches_submission(const UnitSpec& submitted, const UnitSpec& scheduled, in
   return total && *total <= submitted.recv_capacity;
 }
 
-bool fusable(const UnitSpec& a, const UnitSpec& b) {
+Algorithm engine_algorithm(const UnitSpec& spec, int ranks) {
+  return flat_allreduce_algorithm(spec.total_bytes(), ranks);
+}
+
+bool fusable(const UnitSpec& a, const UnitSpec& b, int ranks) {
   return a.kind == Kind::kAllreduce && b.kind == Kind::kAllreduce && a.dtype == b.dtype &&
-         a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale;
+         a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale &&
+         engine_algorithm(a, ranks) == engine_algorithm(b, ranks);
 }
 
 std::string group_size_problem(int64_t members) {

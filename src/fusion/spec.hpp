@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/op_descriptor.hpp"
 #include "kolo/dtype.hpp"
 
 namespace kolo::fusion {
@@ -76,8 +77,18 @@ std::optional<uint64_t> gathered_total(const std::vector<uint64_t>& counts, Data
 // count and a gathered total that fits in this rank's recv_capacity.
 bool matches_submission(const UnitSpec& submitted, const UnitSpec& scheduled, int rank);
 
-// Whether a and b may share one fused collective: allreduces of the same dtype, op and factors.
-bool fusable(const UnitSpec& a, const UnitSpec& b);
+// The schedule the engine reduces an allreduce unit with, alone or fused: recursive doubling when
+// the unit's own bytes are within kolo_allreduce's limit for it at this N (flat_allreduce_algorithm
+// in ring/algorithms.hpp), else the ring. Recursive doubling combines whole buffers element by
+// element, and the fused layout gives every element of a ring-reduced tensor the chunk it has
+// alone, so either way a tensor's result does not depend on what it is fused with; and it is
+// kolo_allreduce's result too wherever that runs the flat schedules (one host, or
+// KOLO_ALLREDUCE=ring).
+Algorithm engine_algorithm(const UnitSpec& spec, int ranks);
+
+// Whether a and b may share one fused collective: allreduces of the same dtype, op, factors and
+// engine_algorithm().
+bool fusable(const UnitSpec& a, const UnitSpec& b, int ranks);
 
 // Checks a spec built from a caller's arguments or read from a peer: known kind, dtype and op,
 // finite factors, a root in [0, ranks) for broadcasts, 1..kMaxGroupMembers members with names of

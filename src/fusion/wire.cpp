@@ -277,7 +277,7 @@ ResponseList decode_responses(const uint8_t* data, size_t size, int ranks,
       }
       // Every unit against the first, the first against itself (an allreduce).
       const UnitSpec* first = spec_of(batch.units.front(), cache);
-      if (batch.fused && !fusable(*first, *spec)) {
+      if (batch.fused && !fusable(*first, *spec, ranks)) {
         reader.malformed(
             fmt::format("a fused batch of {} and {}", describe(*first), describe(*spec)));
       }
