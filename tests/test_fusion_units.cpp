@@ -529,7 +529,7 @@ TEST_CASE("recursive-doubling and ring tensors are fused apart, the former in sm
   // Five of 60000 bytes: at most latency_batch_bytes(2) = 256 KiB together, so four and one.
   REQUIRE(latency_batch_bytes(2) == 256 * 1024);
   std::vector<UnitSpec> five;
-  for (int i = 0; i < 5; ++i) five.push_back(allreduce("s" + std::to_string(i), 15000));
+  for (const char* name : {"s0", "s1", "s2", "s3", "s4"}) five.push_back(allreduce(name, 15000));
   response = coordinator.process(2, {announcing(five), announcing(five)}, 64 << 20, at(0));
   CHECK(keys(response) == std::vector<std::vector<std::string>>{{"s0", "s1", "s2", "s3"}, {"s4"}});
 }
