@@ -40,9 +40,8 @@
 // unit is padded to a multiple of N elements per member (see fused_layout.hpp), so the test is
 // exact; units reduced by recursive doubling (engine_algorithm() in spec.hpp) are fused only with
 // each other, and at most latency_batch_bytes() of them. Broadcasts run alone, and so does
-// everything when the threshold is 0. A group is one unit
-// and therefore always runs as one collective; one larger than the threshold runs alone in a
-// buffer of its own size.
+// everything when the threshold is 0. A group is one unit and therefore always runs as one
+// collective; one larger than the threshold runs alone in a buffer of its own size.
 //
 // A single tensor of alone_bytes() or more also runs alone, in place in the caller's buffer: at
 // most kAloneBytes, less where rank 0 has measured that fusing a smaller tensor costs more than

@@ -4,14 +4,14 @@
 // Fusing a tensor of b bytes saves one collective's fixed cost α (the latency of a small
 // collective, recursive doubling's log2 N exchanges, and the engine's bookkeeping for it) and
 // costs copying it into and out of the fusion buffer, b·γ; the cost per byte on the wire is the
-// same either way. So a tensor is worth fusing
-// while b < α/γ, and that quotient is the alone size, never above kAloneBytes (beyond a megabyte
-// the fusion buffer also falls out of cache). What the two are depends on the machine and the
-// transport far more than on the model: on one host α is a few microseconds at N = 2 and γ a
-// fraction of a nanosecond per byte, so only tensors of kilobytes are worth fusing (a ResNet-50
-// step over the shared-memory rings at N = 2 took 24.6 ms fused with everything below a megabyte
-// fused, 22.0 ms with this rule, 21.2 ms as ordered calls); across hosts α is tens to hundreds of
-// microseconds and the alone size stays at kAloneBytes.
+// same either way. So a tensor is worth fusing while b < α/γ, and that quotient is the alone
+// size, never above kAloneBytes (beyond a megabyte the fusion buffer also falls out of cache).
+// What the two are depends on the machine and the transport far more than on the model: on one
+// host α is a few microseconds at N = 2 and γ a fraction of a nanosecond per byte, so only
+// tensors of kilobytes are worth fusing (a ResNet-50 step over the shared-memory rings at N = 2
+// took 24.6 ms with everything below a megabyte fused, 22.0 ms with this rule, 21.2 ms as ordered
+// calls); across hosts α is tens to hundreds of microseconds and the alone size stays at
+// kAloneBytes.
 //
 // α: the median of the last kSamples collectives of at most kLatencyBytes that ran alone, the
 // first ones the latency probe that every engine runs when it connects (Executor::probe_latency).
