@@ -326,6 +326,10 @@ TEST_CASE("accepted spellings", "[config]") {
   CHECK(resolve(kolo_job({})).shm_copy == "auto");
   CHECK(resolve(kolo_job({{"KOLO_SHM_COPY", "stream"}})).shm_copy == "stream");
   CHECK(resolve(kolo_job({{"KOLO_SHM_COPY", "plain"}})).shm_copy == "plain");
+  CHECK(resolve(kolo_job()).tcp_congestion == "auto");
+  CHECK(resolve(kolo_job({{"KOLO_TCP_CONGESTION", " Cubic "}})).tcp_congestion == "cubic");
+  CHECK(resolve(kolo_job({{"KOLO_TCP_CONGESTION", "system"}})).tcp_congestion == "system");
+  CHECK(resolve(kolo_job({{"KOLO_TCP_CONGESTION", "dctcp"}})).tcp_congestion == "dctcp");
   CHECK(resolve(kolo_job({{"KOLO_ALLREDUCE", "Hierarchical"}})).allreduce == "hierarchical");
   CHECK(resolve(kolo_job({{"KOLO_ALLREDUCE", "ring"}})).allreduce == "ring");
   CHECK(resolve(kolo_job({{"KOLO_HOST_ID", " rack3-node7 "}})).host_id == "rack3-node7");
@@ -470,6 +474,8 @@ TEST_CASE("bad values name the variable and the value", "[config]") {
       {{{"KOLO_TCP_STREAMS", "0"}}, "KOLO_TCP_STREAMS", "0"},
       {{{"KOLO_TCP_STREAMS", "17"}}, "KOLO_TCP_STREAMS", "17"},
       {{{"KOLO_TCP_STREAMS", "two"}}, "KOLO_TCP_STREAMS", "two"},
+      {{{"KOLO_TCP_CONGESTION", "reno!"}}, "KOLO_TCP_CONGESTION", "reno!"},
+      {{{"KOLO_TCP_CONGESTION", "sixteen-letters1"}}, "KOLO_TCP_CONGESTION", "sixteen-letters1"},
       {{{"KOLO_SEGMENT_BYTES", "1"}}, "KOLO_SEGMENT_BYTES", "1"},
       {{{"KOLO_SEGMENT_BYTES", "512M"}}, "KOLO_SEGMENT_BYTES", "512M"},
       {{{"KOLO_SEGMENT_BYTES", "1X"}}, "KOLO_SEGMENT_BYTES", "1X"},
@@ -595,17 +601,39 @@ TEST_CASE("the table of known variables is complete and well formed", "[config]"
     CHECK(std::string(info.description).size() > 0);
     CHECK(names.insert(info.name).second);  // no duplicates
   }
-  for (const char* name :
-       {"KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_ADDR", "KOLO_SECRET",
-        "KOLO_TIMEOUT", "KOLO_TCP_STREAMS", "KOLO_SOCKET_IFNAME", "KOLO_SEGMENT_BYTES",
-        "KOLO_TRANSPORT", "KOLO_BIND", "KOLO_DEBUG", "KOLO_CYCLE_TIME_MS", "KOLO_CACHE_CAPACITY",
-        "KOLO_FUSION_THRESHOLD", "KOLO_STALL_WARNING_S", "KOLO_STALL_ABORT_S", "KOLO_TIMELINE",
-        "KOLO_GPU_BACKEND", "KOLO_SHM", "KOLO_SHM_COPY", "KOLO_SECRET_FILE",
-        "KOLO_LIBRARY", "KOLO_ALLREDUCE", "KOLO_HOST_ID", "KOLO_AUTOTUNE", "KOLO_AUTOTUNE_LOG",
-        "KOLO_AUTOTUNE_WINDOW_MS"}) {
+  for (const char* name : {"KOLO_RANK",
+                           "KOLO_SIZE",
+                           "KOLO_LOCAL_RANK",
+                           "KOLO_LOCAL_SIZE",
+                           "KOLO_ADDR",
+                           "KOLO_SECRET",
+                           "KOLO_TIMEOUT",
+                           "KOLO_TCP_STREAMS",
+                           "KOLO_SOCKET_IFNAME",
+                           "KOLO_SEGMENT_BYTES",
+                           "KOLO_TRANSPORT",
+                           "KOLO_BIND",
+                           "KOLO_DEBUG",
+                           "KOLO_CYCLE_TIME_MS",
+                           "KOLO_CACHE_CAPACITY",
+                           "KOLO_FUSION_THRESHOLD",
+                           "KOLO_STALL_WARNING_S",
+                           "KOLO_STALL_ABORT_S",
+                           "KOLO_TIMELINE",
+                           "KOLO_GPU_BACKEND",
+                           "KOLO_SHM",
+                           "KOLO_SHM_COPY",
+                           "KOLO_SECRET_FILE",
+                           "KOLO_LIBRARY",
+                           "KOLO_ALLREDUCE",
+                           "KOLO_HOST_ID",
+                           "KOLO_AUTOTUNE",
+                           "KOLO_AUTOTUNE_LOG",
+                           "KOLO_AUTOTUNE_WINDOW_MS",
+                           "KOLO_TCP_CONGESTION"}) {
     CHECK(names.count(name) == 1);
   }
-  CHECK(names.size() == 29);
+  CHECK(names.size() == 30);
 }
 
 TEST_CASE("the README's table of variables lists exactly the known ones", "[config]") {

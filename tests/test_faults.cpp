@@ -177,3 +177,18 @@ TEST_CASE("a missing rendezvous configuration says what to set", "[faults][confi
   CHECK(contains(result.output, "KOLO_ERR_CONFIG"));
   CHECK(contains(result.output, "KOLO_ADDR"));
 }
+
+TEST_CASE("a congestion control the kernel refuses fails the job on every rank, naming it",
+          "[faults][config]") {
+  auto job = start_job(2, {"barrier"},
+                       {{"KOLO_TRANSPORT", "tcp"}, {"KOLO_TCP_CONGESTION", "kolo-no-such"}});
+  auto results = job.wait(60);
+  for (size_t rank = 0; rank < results.size(); ++rank) {
+    INFO("rank " << rank << " output:\n" << results[rank].output);
+    CHECK_FALSE(results[rank].timed_out);
+    CHECK(results[rank].exit_code == 4);
+    CHECK(contains(results[rank].output, "KOLO_ERR_CONFIG"));
+    CHECK(contains(results[rank].output, "KOLO_TCP_CONGESTION=kolo-no-such"));
+    CHECK(contains(results[rank].output, "it allows: "));
+  }
+}

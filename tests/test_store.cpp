@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <limits>
@@ -897,4 +898,27 @@ TEST_CASE("store: many pipelined requests are answered in order, in linear time"
   // bound is for gross regressions, and generous for sanitizer builds.
   INFO("400,000 pipelined requests took " << seconds << " s");
   CHECK(seconds < 10.0);
+}
+
+TEST_CASE("congestion control: reno within this host, the system's default or a named one",
+          "[net]") {
+  std::ifstream system_file("/proc/sys/net/ipv4/tcp_congestion_control");
+  std::string system_default;
+  std::getline(system_file, system_default);
+  REQUIRE(!system_default.empty());
+
+  LoopbackPair pair = loopback_pair();
+  CHECK(net::connects_this_host(pair.client));
+  CHECK(net::connects_this_host(pair.server));
+  CHECK(net::set_congestion_control(pair.client, "system") == system_default);
+  // Over loopback "auto" takes reno, which every Linux kernel has built in and lets anyone use.
+  CHECK(net::set_congestion_control(pair.client, "auto") == "reno");
+  CHECK(net::set_congestion_control(pair.server, "reno") == "reno");
+  // "system" changes nothing that was set before.
+  CHECK(net::set_congestion_control(pair.client, "system") == "reno");
+
+  Error error = expect_error([&] { net::set_congestion_control(pair.server, "kolo-no-such"); });
+  CHECK(error.status() == Status::kConfig);
+  CHECK_THAT(error.what(), Contains("KOLO_TCP_CONGESTION=kolo-no-such") && Contains("allows") &&
+                               Contains("reno"));
 }

@@ -24,6 +24,7 @@ TransportSettings transport_settings(const Config& config) {
   settings.host = host_identity(config);
   settings.local_size = config.local_size;
   settings.tcp_streams = config.tcp_streams;
+  settings.tcp_congestion = config.tcp_congestion;
   settings.shm = config.shm;
   settings.shm_copy = config.shm_copy;
   return settings;

@@ -34,14 +34,16 @@ const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_RANK", "from the launcher", "this process's rank, 0 <= rank < size"},
     {"KOLO_SIZE", "from the launcher", "the number of ranks in the job"},
     {"KOLO_LOCAL_RANK", "from the launcher, else by host", "this rank's index on its machine"},
-    {"KOLO_LOCAL_SIZE", "from the launcher, else by host",
-     "the number of ranks on this machine"},
+    {"KOLO_LOCAL_SIZE", "from the launcher, else by host", "the number of ranks on this machine"},
     {"KOLO_ADDR", "MASTER_ADDR:MASTER_PORT", "host:port where rank 0 serves the rendezvous store"},
     {"KOLO_SECRET", "(none: unauthenticated)", "the job secret every connection must prove"},
     {"KOLO_SECRET_FILE", "(none)",
      "a file holding the job secret, readable by its owner only (instead of KOLO_SECRET)"},
     {"KOLO_TIMEOUT", "300", "seconds any single wait may last (decimals allowed)"},
     {"KOLO_TCP_STREAMS", "1", "TCP connections per peer for data, 1..16"},
+    {"KOLO_TCP_CONGESTION", "auto",
+     "TCP congestion control of data connections: auto (reno within this host, the system's "
+     "across hosts), system, or an algorithm's name such as cubic"},
     {"KOLO_SOCKET_IFNAME", "(any interface)", "network interface to listen on, such as eth0"},
     {"KOLO_SEGMENT_BYTES", "1M",
      "largest ring pipeline segment, 4K..256M (K/M/G suffixes, powers of 1024)"},
@@ -446,6 +448,25 @@ void resolve_tuning(const ConfigOverrides& overrides, const Environment& env, Co
   if (auto streams = first_of(from_override(overrides.tcp_streams, "tcp_streams"),
                               from_env(env, "KOLO_TCP_STREAMS"))) {
     config.tcp_streams = integer_in_range(*streams, 1, 16, "an integer from 1 to 16");
+  }
+  if (auto congestion = from_env(env, "KOLO_TCP_CONGESTION")) {
+    config.tcp_congestion = std::string(trim(congestion->text));
+    std::transform(config.tcp_congestion.begin(), config.tcp_congestion.end(),
+                   config.tcp_congestion.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    const bool name_like =
+        !config.tcp_congestion.empty() && config.tcp_congestion.size() < kMaxCongestionNameBytes &&
+        std::all_of(config.tcp_congestion.begin(), config.tcp_congestion.end(), [](char c) {
+          return std::islower(static_cast<unsigned char>(c)) ||
+                 std::isdigit(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+        });
+    if (!name_like) {
+      fail(
+          fmt::format("kolo: {}={} is not a congestion control: expected auto, system or an "
+                      "algorithm's name such as reno or cubic (letters, digits, _ and -, at most "
+                      "{} characters)",
+                      congestion->source, congestion->text, kMaxCongestionNameBytes - 1));
+    }
   }
   if (auto segment = first_of(from_override(overrides.segment_bytes, "segment_bytes"),
                               from_env(env, "KOLO_SEGMENT_BYTES"))) {

@@ -45,6 +45,8 @@ inline constexpr double kMaxCycleTimeMs = 10000.0;
 
 // The longest KOLO_HOST_ID: host identities travel in fixed start-up frames.
 inline constexpr size_t kMaxHostIdBytes = 128;
+// Linux's TCP_CA_NAME_MAX: a congestion control's name and its terminating zero.
+inline constexpr size_t kMaxCongestionNameBytes = 16;
 
 struct Config {
   int rank = -1;
@@ -60,6 +62,8 @@ struct Config {
   double timeout_s = 300.0;          // KOLO_TIMEOUT
   int tcp_streams = 1;               // KOLO_TCP_STREAMS, 1..16
   std::string socket_ifname;         // KOLO_SOCKET_IFNAME
+  // KOLO_TCP_CONGESTION: auto, system or an algorithm's name (net::set_congestion_control).
+  std::string tcp_congestion = "auto";
   uint64_t segment_bytes = 1 << 20;  // KOLO_SEGMENT_BYTES, 4 KiB .. 256 MiB
   std::string transport = "auto";    // KOLO_TRANSPORT: tcp | ucx | auto
   // KOLO_ALLREDUCE: auto | ring | hierarchical (ring/algorithms.hpp); the same on every rank.

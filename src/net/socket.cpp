@@ -22,6 +22,8 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <string_view>
 #include <system_error>
@@ -462,6 +464,50 @@ void tune_for_bulk(const Socket& socket, int buffer_bytes) {
   set_int_option(socket, IPPROTO_TCP, TCP_KEEPINTVL, 1, "TCP_KEEPINTVL");
   set_int_option(socket, IPPROTO_TCP, TCP_KEEPCNT, 5, "TCP_KEEPCNT");
   set_int_option(socket, IPPROTO_TCP, TCP_USER_TIMEOUT, 10000, "TCP_USER_TIMEOUT");
+}
+
+namespace {
+
+std::string congestion_control(const Socket& socket) {
+  char name[16] = {};  // Linux's TCP_CA_NAME_MAX
+  socklen_t length = sizeof name;
+  if (::getsockopt(socket.fd(), IPPROTO_TCP, TCP_CONGESTION, name, &length) != 0) {
+    throw_system(fmt::format("getsockopt(TCP_CONGESTION) on the connection to {}",
+                             describe_peer(socket.fd())),
+                 errno);
+  }
+  return std::string(name, strnlen(name, std::min<size_t>(length, sizeof name)));
+}
+
+std::string allowed_congestion_controls() {
+  std::ifstream file("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
+  std::string allowed;
+  std::getline(file, allowed);
+  return allowed.empty() ? "unknown" : allowed;
+}
+
+}  // namespace
+
+bool connects_this_host(const Socket& socket) {
+  const std::string peer = peer_endpoint(socket).host;
+  return peer == local_endpoint(socket).host || is_loopback_address(peer);
+}
+
+std::string set_congestion_control(const Socket& socket, const std::string& policy) {
+  if (policy == "system" || (policy == "auto" && !connects_this_host(socket))) {
+    return congestion_control(socket);
+  }
+  const std::string name = policy == "auto" ? "reno" : policy;
+  if (::setsockopt(socket.fd(), IPPROTO_TCP, TCP_CONGESTION, name.data(), name.size()) != 0) {
+    const int error = errno;
+    if (policy == "auto") return congestion_control(socket);  // reno is built in; keep going
+    throw Error(Status::kConfig,
+                fmt::format("kolo: KOLO_TCP_CONGESTION={}: this kernel does not let kolo use it "
+                            "on the connection to {} ({}); it allows: {}",
+                            name, describe_peer(socket.fd()), errno_text(error),
+                            allowed_congestion_controls()));
+  }
+  return congestion_control(socket);
 }
 
 namespace {

@@ -71,6 +71,17 @@ void set_nodelay(const Socket& socket);
 // TCP_USER_TIMEOUT so unacknowledged data to a vanished host fails within ~10 s.
 void tune_for_bulk(const Socket& socket, int buffer_bytes);
 
+// TCP congestion control for a data connection, by KOLO_TCP_CONGESTION's policy: "system" leaves
+// the kernel's default; "auto" sets reno where both ends are on this machine (the two addresses
+// are equal, or loopback), where there is no network to share and a pacing algorithm such as bbr
+// only holds the sender back, and leaves the default elsewhere; any other value is the name of an
+// algorithm to set on every connection. Returns the algorithm the connection uses afterwards.
+// Throws kolo::Error(kConfig) naming the algorithm and the ones this kernel lets us choose when it
+// refuses a named one.
+std::string set_congestion_control(const Socket& socket, const std::string& policy);
+// True when both ends of a connected socket are on this machine.
+bool connects_this_host(const Socket& socket);
+
 // The address of the first interface, in the kernel's order, that `spec` selects, with NCCL's
 // grammar for KOLO_SOCKET_IFNAME: a comma-separated list of name prefixes ("eth,ib"), "=" before
 // the list for exact names ("=eth0"), "^" before it to take every interface except those

@@ -49,6 +49,7 @@ struct TransportSettings {
   std::string host;                   // this rank's host identity (core/host.hpp)
   int local_size = -1;                // ranks on this host, -1 when unknown
   int tcp_streams = 1;                // tcp: KOLO_TCP_STREAMS data connections per peer
+  std::string tcp_congestion = "auto";  // tcp: KOLO_TCP_CONGESTION (net::set_congestion_control)
   // KOLO_SHM: kolo's shared-memory rings (transport/shm/) for the peers on this host, "1" or "0";
   // make_transport turns "auto" into one of them for the transport it connects.
   std::string shm = "auto";

@@ -109,7 +109,7 @@ class TcpTransport final : public Transport {
       if (!shm_.connected(peer)) {  // else its data sockets close here, unused
         peers_[peer].streams.resize(streams_);
         for (int stream = 0; stream < streams_; ++stream) {
-          attach(peer, stream, std::move(sockets[peer].data[stream]));
+          attach(peer, stream, std::move(sockets[peer].data[stream]), settings.tcp_congestion);
         }
       }
       control_.attach(peer, std::move(sockets[peer].control));
@@ -292,9 +292,15 @@ class TcpTransport final : public Transport {
 
   // ---- set-up ---------------------------------------------------------------------------------
 
-  void attach(int peer, int stream, net::Socket socket) {
+  void attach(int peer, int stream, net::Socket socket, const std::string& congestion) {
     net::set_nodelay(socket);
     net::tune_for_bulk(socket, kSocketBufferBytes);
+    const std::string algorithm = net::set_congestion_control(socket, congestion);
+    if (stream == 0) {
+      log::info("tcp: rank {} -> rank {}: congestion control {} (KOLO_TCP_CONGESTION={}, {})",
+                rank_, peer, algorithm, congestion,
+                net::connects_this_host(socket) ? "this host" : "another host");
+    }
     net::set_nonblocking(socket, true);
     auto connection = std::make_unique<Connection>();
     connection->socket = std::move(socket);
