@@ -6,7 +6,9 @@
 # UCX_TLS and UCX_NET_DEVICES from the environment apply). The "loopback" column is what TCP over
 # the loopback carries in the same pattern with nothing else to do (bench/tcp_loopback: every
 # process sending to the next and receiving from the previous at once, the rate one process sends
-# at): the ceiling of every TCP column's busbw.
+# at), with kolo's socket options and congestion control (reno within a host): the ceiling of
+# kolo's TCP column. Open MPI keeps the kernel's default congestion control (bbr on some kernels,
+# which is slower over the loopback: README, "Large buffers over TCP").
 #
 # Open MPI's allreduce mallocs a temporary buffer of the message's size on every call, which glibc
 # maps fresh (and pays page faults for) above its mmap threshold. The "MPI shm kept" column runs the

@@ -2,12 +2,15 @@
  * tcp_loopback: what TCP over this host's loopback can carry in the pattern of a ring collective,
  * with nothing else to do: N processes in a ring, each sending BYTES to the next and receiving
  * BYTES from the previous at the same time, through non-blocking sockets and poll(), with the
- * socket options kolo's TCP transport sets (TCP_NODELAY, 4 MiB buffers). At N = 2 the two share
- * one connection, both directions at once, as two ranks of kolo do.
+ * socket options kolo's TCP transport sets (TCP_NODELAY, 4 MiB buffers, and within one host the
+ * congestion control reno). At N = 2 the two share one connection, both directions at once, as
+ * two ranks of kolo do.
  *
- *   tcp_loopback N BYTES ITERATIONS [PIECE]
+ *   tcp_loopback N BYTES ITERATIONS [PIECE [CONGESTION]]
  *
- * PIECE (default 1 MiB) is the most one send() or recv() is asked to move. Each iteration starts
+ * PIECE (default 1 MiB) is the most one send() or recv() is asked to move. CONGESTION (default
+ * reno, as kolo's KOLO_TCP_CONGESTION=auto on one host) is set on every socket; "system" keeps
+ * the kernel's default. Each iteration starts
  * at a barrier (a byte around the ring's own sockets is not used: a pipe from every process to the
  * parent and back). Prints the median and best per-process rate in GB/s (10^9 bytes sent per
  * second by one process), which is an upper bound of an allreduce's busbw over the same sockets:
@@ -42,11 +45,17 @@ static void die(const char* what) {
   exit(1);
 }
 
+static const char* congestion = "reno";
+
 static void tune(int fd) {
   int one = 1, bytes = kSocketBuffer;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+  if (strcmp(congestion, "system") != 0 &&
+      setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, congestion, strlen(congestion)) != 0) {
+    die("setsockopt(TCP_CONGESTION)");
+  }
 }
 
 static void read_exactly(int fd, void* buffer, size_t size) {
@@ -103,14 +112,15 @@ static int compare_doubles(const void* a, const void* b) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 4 && argc != 5) {
-    fprintf(stderr, "usage: %s N BYTES ITERATIONS [PIECE]\n", argv[0]);
+  if (argc < 4 || argc > 6) {
+    fprintf(stderr, "usage: %s N BYTES ITERATIONS [PIECE [CONGESTION]]\n", argv[0]);
     return 2;
   }
   const int ranks = atoi(argv[1]);
   const size_t bytes = strtoull(argv[2], NULL, 0);
   const int iterations = atoi(argv[3]);
-  const size_t piece = argc == 5 ? strtoull(argv[4], NULL, 0) : (size_t)1 << 20;
+  const size_t piece = argc >= 5 ? strtoull(argv[4], NULL, 0) : (size_t)1 << 20;
+  if (argc == 6) congestion = argv[5];
   if (ranks < 2 || ranks > kMaxRanks || bytes == 0 || iterations < 1 ||
       iterations > kMaxIterations || piece == 0) {
     fprintf(stderr, "need 2 <= N <= %d, BYTES > 0, 1 <= ITERATIONS <= %d, PIECE > 0\n", kMaxRanks,
