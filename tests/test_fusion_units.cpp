@@ -487,13 +487,25 @@ TEST_CASE("the alone size is a collective's latency over the cost of copying a b
   CHECK(cost.alone_bytes() == kAloneBytes);  // nothing measured: as before the measuring
   for (int i = 0; i < 5; ++i) cost.alone(4, microseconds(3));
   CHECK(cost.latency_s() == Approx(3e-6));
-  CHECK(cost.alone_bytes() == kAloneBytes);   // no copy measured yet
-  cost.copied(1000000, nanoseconds(300000));  // 0.3 ns per byte
+  CHECK(cost.alone_bytes() == kAloneBytes);  // no copy measured yet
+  // One or two copies measured are not yet the machine's speed: one preempted copy loop must not
+  // send tensors alone.
+  cost.copied(1000000, 10, nanoseconds(30000000));  // 30 ns per byte
+  CHECK(cost.alone_bytes() == kAloneBytes);
+  for (size_t i = 1; i < FusionCost::kMinCopySamples; ++i) {
+    CHECK(cost.alone_bytes() == kAloneBytes);
+    cost.copied(1000000, 10, nanoseconds(300000));  // 0.3 ns per byte
+  }
   CHECK(cost.copy_s_per_byte() == Approx(0.3e-9));
   CHECK(cost.alone_bytes() == 10000);  // 3 us / 0.3 ns
-  // Larger collectives are not latencies, small copies are not a byte's cost: both ignored.
+  // Larger collectives are not latencies; small copies, and copies of many tiny tensors (whose
+  // time is the copy loop's per tensor), are not a byte's cost: all ignored.
   cost.alone(FusionCost::kLatencyBytes + 1, microseconds(1000));
-  cost.copied(FusionCost::kCopyBytes - 1, microseconds(1000));
+  cost.copied(FusionCost::kCopyBytes - 1, 1, microseconds(1000));
+  const uint64_t tiny = FusionCost::kCopyTensorBytes - 1;
+  for (size_t i = 0; i < FusionCost::kSamples; ++i) {
+    cost.copied(400 * tiny, 400, microseconds(1000));
+  }
   CHECK(cost.alone_bytes() == 10000);
   // Medians of the last kSamples: one slow collective does not move it, a slower machine does.
   cost.alone(4, microseconds(500));

@@ -200,7 +200,7 @@ void Executor::run_fused(const std::vector<const Request*>& requests, Clock::tim
     layout.copy_out(i, buffer, placed[i].buffers->recv, element);
     if (timed) out_marks[i + 1] = Clock::now();
   }
-  cost_.copied(payload, (reduce_start - start) + (Clock::now() - reduce_end));
+  cost_.copied(payload, placed.size(), (reduce_start - start) + (Clock::now() - reduce_end));
   count({.collectives = 1,
          .fused_collectives = 1,
          .tensors_fused = placed.size(),

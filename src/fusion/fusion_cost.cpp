@@ -28,8 +28,8 @@ void FusionCost::alone(uint64_t bytes, Clock::duration elapsed) {
   if (bytes <= kLatencyBytes) keep(latency_, std::chrono::duration<double>(elapsed).count());
 }
 
-void FusionCost::copied(uint64_t bytes, Clock::duration elapsed) {
-  if (bytes >= kCopyBytes) {
+void FusionCost::copied(uint64_t bytes, uint64_t tensors, Clock::duration elapsed) {
+  if (bytes >= kCopyBytes && bytes >= tensors * kCopyTensorBytes) {
     keep(copy_, std::chrono::duration<double>(elapsed).count() / static_cast<double>(bytes));
   }
 }
@@ -44,7 +44,7 @@ double FusionCost::copy_s_per_byte() const {
 
 uint64_t FusionCost::alone_bytes() const {
   const double alpha = latency_s(), gamma = copy_s_per_byte();
-  if (alpha <= 0 || gamma <= 0) return kAloneBytes;
+  if (alpha <= 0 || gamma <= 0 || copy_.size() < kMinCopySamples) return kAloneBytes;
   const double bytes = alpha / gamma;
   return bytes >= static_cast<double>(kAloneBytes) ? kAloneBytes : std::llround(bytes);
 }

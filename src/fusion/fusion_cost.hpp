@@ -16,9 +16,14 @@
 // α: the median of the last kSamples collectives of at most kLatencyBytes that ran alone, the
 // first ones the latency probe that every engine runs when it connects (Executor::probe_latency).
 // γ: the median of the last kSamples fused collectives' copy time (in and out) per byte, counting
-// only those that carried at least kCopyBytes (below that the per-tensor cost of the copy loop
-// dominates). Until a fused collective has been measured, the alone size is kAloneBytes: kolo
-// starts as it always did and fuses less only once it has measured that it pays.
+// only those that carried at least kCopyBytes in tensors of kCopyTensorBytes or more on average.
+// Below either, the per-tensor cost of the copy loop dominates, and counting it as a cost per byte
+// made γ several times too high: 400 tensors of 4-388 bytes copied at about 1 ns per byte, against
+// 0.1-0.3 ns for tensors of kilobytes, which with α = 0.4 us over the shared-memory rings at N = 2
+// sent tensors of 360 bytes or more alone, one collective each. Until kMinCopySamples fused
+// collectives have been measured (one preempted copy loop is not a machine's speed), the alone size
+// is kAloneBytes: kolo starts as it always did and fuses less only once it has measured that it
+// pays.
 // Engine thread only.
 #pragma once
 
@@ -33,15 +38,18 @@ class FusionCost {
  public:
   static constexpr uint64_t kLatencyBytes = 4096;
   static constexpr uint64_t kCopyBytes = 64 * 1024;
+  static constexpr uint64_t kCopyTensorBytes = 4096;
   static constexpr size_t kSamples = 15;
+  static constexpr size_t kMinCopySamples = 3;
 
   // A collective that carried `bytes` alone, taking `elapsed`.
   void alone(uint64_t bytes, Clock::duration elapsed);
-  // A fused collective's copies of `bytes` into and out of the fusion buffer, taking `elapsed`.
-  void copied(uint64_t bytes, Clock::duration elapsed);
+  // A fused collective's copies of `bytes` in `tensors` tensors into and out of the fusion
+  // buffer, taking `elapsed`.
+  void copied(uint64_t bytes, uint64_t tensors, Clock::duration elapsed);
 
   // Single tensors at least this large run alone: α/γ, at most kAloneBytes, kAloneBytes until
-  // both are measured.
+  // α and kMinCopySamples of γ are measured.
   uint64_t alone_bytes() const;
   // The medians in seconds and seconds per byte; 0 before any sample.
   double latency_s() const;
