@@ -2,9 +2,9 @@
  * tcp_loopback: what TCP over this host's loopback can carry in the pattern of a ring collective,
  * with nothing else to do: N processes in a ring, each sending BYTES to the next and receiving
  * BYTES from the previous at the same time, through non-blocking sockets and poll(), with the
- * socket options kolo's TCP transport sets (TCP_NODELAY, 4 MiB buffers, and within one host the
- * congestion control reno). At N = 2 the two share one connection, both directions at once, as
- * two ranks of kolo do.
+ * socket options kolo's TCP transport sets (TCP_NODELAY, 4 MiB buffers, at most 128 KiB unsent
+ * (TCP_NOTSENT_LOWAT), and within one host the congestion control reno). At N = 2 the two share one
+ * connection, both directions at once, as two ranks of kolo do.
  *
  *   tcp_loopback N BYTES ITERATIONS [PIECE [CONGESTION]]
  *
@@ -52,6 +52,8 @@ static void tune(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+  int unsent = 128 << 10;
+  setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &unsent, sizeof unsent);
   if (strcmp(congestion, "system") != 0 &&
       setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, congestion, strlen(congestion)) != 0) {
     die("setsockopt(TCP_CONGESTION)");

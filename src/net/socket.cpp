@@ -466,6 +466,10 @@ void tune_for_bulk(const Socket& socket, int buffer_bytes) {
   set_int_option(socket, IPPROTO_TCP, TCP_USER_TIMEOUT, 10000, "TCP_USER_TIMEOUT");
 }
 
+void limit_unsent(const Socket& socket, int bytes) {
+  set_int_option(socket, IPPROTO_TCP, TCP_NOTSENT_LOWAT, bytes, "TCP_NOTSENT_LOWAT");
+}
+
 namespace {
 
 std::string congestion_control(const Socket& socket) {

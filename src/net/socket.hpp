@@ -70,6 +70,10 @@ void set_nodelay(const Socket& socket);
 // SO_SNDBUF/SO_RCVBUF (best effort), TCP keepalive probing a silent peer within ~10 s, and
 // TCP_USER_TIMEOUT so unacknowledged data to a vanished host fails within ~10 s.
 void tune_for_bulk(const Socket& socket, int buffer_bytes);
+// TCP_NOTSENT_LOWAT: the socket takes new data only while less than `bytes` of what it holds is
+// still unsent, and reports itself writable only then. The rest of the send buffer holds data in
+// flight. Throws kolo::Error(kSystem) when the kernel refuses.
+void limit_unsent(const Socket& socket, int bytes);
 
 // TCP congestion control for a data connection, by KOLO_TCP_CONGESTION's policy: "system" leaves
 // the kernel's default; "auto" sets reno where both ends are on this machine (the two addresses
