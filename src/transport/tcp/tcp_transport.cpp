@@ -370,8 +370,9 @@ class TcpTransport final : public Transport {
       transfer.done += sent - header_part;
       // Where this connection also carries the bytes coming back (two ranks), reading what has
       // arrived every kReadEveryBytes written keeps both directions moving: writing until EAGAIN
-      // (8 MiB of socket buffer) and only then reading left the peer's data waiting, and ran a
-      // 16 MiB exchange at half of what the loopback carries (README, "Large buffers over TCP").
+      // (megabytes: the peer's window plus kUnsentBytes; 8 MiB before that limit) and only then
+      // reading left the peer's data waiting, and ran a 16 MiB exchange at half of what the
+      // loopback carries (README, "Large buffers over TCP").
       written += sent;
       if (written >= kReadEveryBytes && !connection.recvs.empty() && !connection.closed) {
         written = 0;
