@@ -258,7 +258,10 @@ std::shared_ptr<Request> FusionEngine::submit(UnitSpec spec, std::vector<MemberB
     start_thread();
     for (const Member& member : request->spec().members) in_flight_.insert(member.name);
     queue_.push_back(request);
-    wake = idle_waiting_;
+    // One write wakes the engine; the submissions that follow before it runs need none (a
+    // burst of submissions wrote the eventfd over and over while the woken engine thread waited
+    // for a CPU, often the one the submitting thread held).
+    wake = std::exchange(idle_waiting_, false);
   }
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -282,7 +285,7 @@ int FusionEngine::join() {
     joining_ = true;
     join_result_.reset();
   }
-  const bool wake = idle_waiting_;
+  const bool wake = std::exchange(idle_waiting_, false);
   lock.unlock();
   if (wake) signal();
   lock.lock();

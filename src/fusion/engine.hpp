@@ -185,7 +185,7 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   State state_ = State::kNotStarted;
   bool stop_ = false;
   bool shut_down_ = false;
-  bool idle_waiting_ = false;
+  bool idle_waiting_ = false;          // asleep in idle_wait(), and nothing has signalled it since
   bool joining_ = false;               // join() was called and not every rank has joined
   std::optional<int> join_result_;     // the last rank to join, once every rank has
   std::condition_variable join_done_;  // join_result_ set, or failure_
