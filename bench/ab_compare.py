@@ -29,7 +29,7 @@ def parse(text):
         line = re.sub(r"^\[\d+\]\s?", "", line)
         if line.lstrip().startswith("#"):
             continue
-        if "|" in line:  # fusion_perf: model tensors MB | fused ms busbw colls | unfused ... | ordered
+        if "|" in line:  # fusion_perf: model ... | fused ms ... | unfused ... | ordered [| bound]
             parts = [p.split() for p in line.split("|")]
             if len(parts) >= 5 and parts[0] and len(parts[1]) >= 1 and NUMBER.match(parts[1][0]):
                 model = parts[0][0]
@@ -37,6 +37,8 @@ def parse(text):
                 times[(model, "unfused ms")] = float(parts[2][0])
                 if parts[4] and NUMBER.match(parts[4][0]):
                     times[(model, "ordered ms")] = float(parts[4][0])
+                if len(parts) >= 6 and parts[5] and NUMBER.match(parts[5][0]):  # --bound
+                    times[(model, "bound ms")] = float(parts[5][0])
             continue
         fields = line.split()
         # allreduce_perf: size count type redop root time algbw busbw #wrong time algbw busbw #wrong

@@ -27,6 +27,10 @@
 // the settings. --fused-only leaves out the unfused and ordered columns, for a sweep of fixed
 // settings (bench/autotune_sweep.sh runs both and compares).
 //
+// --bound adds a fourth mode, taking its turn with the others: one in-place kolo_allreduce of a
+// buffer as large as all of the model's gradients together, the bound a fused step is measured
+// against (bench/fusion_bound.sh). Its median goes in a last column, "bound".
+//
 // --list-gradients prints the chosen models' gradients instead (model, name and float32 element
 // count, tab-separated, in forward order) and exits without joining a job, so that other tools
 // (bench/scaling_model.py) read the same shapes rather than defining the layers again.
@@ -173,8 +177,9 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// kTuned: fused, with the threshold left to the autotuner.
-enum class Mode { kFused, kUnfused, kOrdered, kTuned };
+// kTuned: fused, with the threshold left to the autotuner. kBound: one allreduce of every
+// gradient's bytes at once.
+enum class Mode { kFused, kUnfused, kOrdered, kTuned, kBound };
 
 kolo_fusion_stats_t fusion_stats(kolo_comm_t comm) {
   kolo_fusion_stats_t stats{};  // every counter zero
@@ -188,18 +193,25 @@ struct StepResult {
   uint64_t collectives = 0;  // the engine ran on this rank
 };
 
-// One step: every gradient submitted in backward order, then all waited for.
+// One step: every gradient submitted in backward order, then all waited for; for kBound, `whole`
+// reduced in one call instead.
 StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vector<float>>& buffers,
-                    std::vector<kolo_request_t>& requests, Mode mode, uint64_t threshold) {
-  if (mode != Mode::kTuned) {
+                    std::vector<float>& whole, std::vector<kolo_request_t>& requests, Mode mode,
+                    uint64_t threshold) {
+  if (mode != Mode::kTuned && mode != Mode::kBound) {
     check(comm, kolo_comm_set_fusion_threshold(comm, mode == Mode::kFused ? threshold : 0),
           "kolo_comm_set_fusion_threshold");
   }
   const kolo_fusion_stats_t before = fusion_stats(comm);
   check(comm, kolo_barrier(comm), "kolo_barrier");
   auto start = std::chrono::steady_clock::now();
+  if (mode == Mode::kBound) {
+    check(comm,
+          kolo_allreduce(comm, whole.data(), whole.data(), whole.size(), KOLO_FLOAT32, KOLO_AVG),
+          "kolo_allreduce");
+  }
   // Backward order: the last layer's gradients are ready first.
-  for (size_t i = model.gradients.size(); i-- > 0;) {
+  for (size_t i = mode == Mode::kBound ? 0 : model.gradients.size(); i-- > 0;) {
     const Gradient& gradient = model.gradients[i];
     float* data = buffers[i].data();
     if (mode == Mode::kOrdered) {
@@ -212,7 +224,7 @@ StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vecto
             "kolo_allreduce_async");
     }
   }
-  if (mode != Mode::kOrdered) {
+  if (mode != Mode::kOrdered && mode != Mode::kBound) {
     for (kolo_request_t& request : requests) {
       kolo_status_t status = kolo_request_wait(request);
       if (status != KOLO_SUCCESS) {
@@ -249,7 +261,7 @@ int main(int argc, char** argv) {
   bool verify = false;
   bool list_gradients = false;
   std::string max_tensor_text;
-  bool autotune = false, fused_only = false;
+  bool autotune = false, fused_only = false, bound = false;
   int max_tuning_steps = 2000;
   app.add_option("-m,--model", models,
                  "models, comma-separated: resnet50, resnet101, vgg16, "
@@ -273,6 +285,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_flag("--fused-only", fused_only, "fused steps only (for a sweep of fixed settings)");
+  app.add_flag("--bound", bound,
+               "also time one in-place allreduce of all the gradients' bytes, in turn with the "
+               "other modes (last column)");
   app.add_option("--max-tensor-bytes", max_tensor_text,
                  "keep only the gradients smaller than this (K/M/G suffixes): the latency-bound "
                  "part of a model")
@@ -333,11 +348,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (autotune && rank == 0) {
-    fmt::print("# fusion_perf --autotune: {} ranks, {} steps after the tuner settles, float32 "
-               "average\n",
-               size, steps);
-    fmt::print("# time: the slowest rank's step, median; tuning: steps and seconds until every "
-               "rank had the final settings\n#\n");
+    fmt::print(
+        "# fusion_perf --autotune: {} ranks, {} steps after the tuner settles, float32 "
+        "average\n",
+        size, steps);
+    fmt::print(
+        "# time: the slowest rank's step, median; tuning: steps and seconds until every "
+        "rank had the final settings\n#\n");
     fmt::print("# {:<10} {:>7} {:>9} | {:>9} {:>7} {:>6} | {:>6} {:>8} | {:>10} {:>8} {:>9}\n",
                "model", "tensors", "MB", "tuned ms", "busbw", "colls", "steps", "tuning s",
                "threshold", "cycle ms", "segment");
@@ -352,9 +369,9 @@ int main(int argc, char** argv) {
     fmt::print("#\n");
     fmt::print(
         "# {:<10} {:>7} {:>9} | {:>9} {:>7} {:>6} | {:>9} {:>7} {:>6} | {:>7} | {:>9} "
-        "{:>7}\n",
+        "{:>7}{}\n",
         "model", "tensors", "MB", "fused ms", "busbw", "colls", "unfused", "busbw", "colls",
-        "speedup", "ordered", "busbw");
+        "speedup", "ordered", "busbw", bound ? fmt::format(" | {:>9}", "bound ms") : "");
   }
   const double bus_factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
   for (const std::string& name : names) {
@@ -372,6 +389,7 @@ int main(int argc, char** argv) {
       elements += gradient.count;
     }
     const double bytes = elements * 4.0;
+    std::vector<float> whole(bound ? elements : 0, 1.0f + rank);  // allocated and touched once
     auto busbw = [&](double seconds) { return bytes / seconds * bus_factor / 1e9; };
     auto check_values = [&](const char* mode) {
       if (!verify) return;
@@ -386,13 +404,23 @@ int main(int argc, char** argv) {
           }
         }
       }
+      for (size_t i = 0; i < whole.size(); ++i) {
+        if (whole[i] != expected) {
+          std::fprintf(stderr,
+                       "fusion_perf: rank %d: %s bound: element %zu of the one allreduce holds %g "
+                       "instead of %g\n",
+                       rank, model.name.c_str(), i, whole[i], expected);
+          std::exit(1);
+        }
+      }
     };
     // The modes take turns step by step, so that a machine whose load changes treats them alike.
     std::vector<Mode> modes = {Mode::kFused, Mode::kUnfused};
     if (!skip_ordered) modes.push_back(Mode::kOrdered);
     if (fused_only) modes = {Mode::kFused};
-    std::vector<std::vector<double>> times(4);
-    std::vector<double> collectives(4, 0);
+    if (bound) modes.push_back(Mode::kBound);
+    std::vector<std::vector<double>> times(5);
+    std::vector<double> collectives(5, 0);
     std::vector<kolo_request_t> requests(model.gradients.size());
     if (autotune) {
       // Until every rank has the final settings (the tuner on rank 0 sends them to all).
@@ -404,7 +432,7 @@ int main(int argc, char** argv) {
                        max_tuning_steps);
           return 1;
         }
-        run_step(comm, model, buffers, requests, Mode::kTuned, threshold);
+        run_step(comm, model, buffers, whole, requests, Mode::kTuned, threshold);
         int64_t mine = fusion_stats(comm).autotune_settled ? 1 : 0;
         check(comm, kolo_allreduce(comm, &mine, &settled, 1, KOLO_INT64, KOLO_MIN),
               "kolo_allreduce");
@@ -413,7 +441,8 @@ int main(int argc, char** argv) {
       std::vector<double> tuned;
       double tuned_collectives = 0;
       for (int step = 0; step < steps; ++step) {
-        StepResult result = run_step(comm, model, buffers, requests, Mode::kTuned, threshold);
+        StepResult result =
+            run_step(comm, model, buffers, whole, requests, Mode::kTuned, threshold);
         tuned.push_back(result.seconds);
         tuned_collectives += static_cast<double>(result.collectives) / steps;
       }
@@ -433,23 +462,24 @@ int main(int argc, char** argv) {
     }
     for (int step = 0; step < warmup + steps; ++step) {
       for (Mode mode : modes) {
-        StepResult result = run_step(comm, model, buffers, requests, mode, threshold);
+        StepResult result = run_step(comm, model, buffers, whole, requests, mode, threshold);
         if (step < warmup) continue;
         times[static_cast<int>(mode)].push_back(result.seconds);
         collectives[static_cast<int>(mode)] += static_cast<double>(result.collectives) / steps;
       }
     }
-    check_values(skip_ordered ? "fused and unfused" : "fused, unfused and ordered");
+    check_values(skip_ordered ? "fused and unfused" : "fused, unfused and ordered");  // and bound
     const double fused = median(times[0]), unfused = median(times[1]);
     const double ordered = skip_ordered ? 0 : median(times[2]);
     if (rank == 0) {
       fmt::print(
           "  {:<10} {:>7} {:>9.1f} | {:>9.1f} {:>7.2f} {:>6.1f} | {:>9.1f} {:>7.2f} {:>6.1f} "
-          "| {:>6.2f}x | {:>9} {:>7}\n",
+          "| {:>6.2f}x | {:>9} {:>7}{}\n",
           model.name, model.gradients.size(), bytes / 1e6, fused * 1e3, busbw(fused),
           collectives[0], unfused * 1e3, busbw(unfused), collectives[1], unfused / fused,
           skip_ordered ? "-" : fmt::format("{:.1f}", ordered * 1e3),
-          skip_ordered ? "-" : fmt::format("{:.2f}", busbw(ordered)));
+          skip_ordered ? "-" : fmt::format("{:.2f}", busbw(ordered)),
+          bound ? fmt::format(" | {:>9.1f}", median(times[4]) * 1e3) : "");
       std::fflush(stdout);
     }
   }
