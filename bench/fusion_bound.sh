@@ -22,7 +22,7 @@ rounds=3 transports=tcp,ucx sizes=2,4 models=resnet50,bert-base build=build
 while getopts k:t:N:m:b: option; do
   case $option in
     k) rounds=$OPTARG ;; t) transports=$OPTARG ;; N) sizes=$OPTARG ;;
-    m) models=$OPTARG ;; b) build=$OPTARG ;; *) sed -n '5,13p' "$0" >&2; exit 2 ;;
+    m) models=$OPTARG ;; b) build=$OPTARG ;; *) sed -n '6,13p' "$0" >&2; exit 2 ;;
   esac
 done
 log=$(mktemp "${TMPDIR:-/tmp}/kolo-fusion-bound.XXXXXX")
