@@ -517,6 +517,34 @@ TEST_CASE("the alone size is a collective's latency over the cost of copying a b
   CHECK(cost.alone_bytes() == kAloneBytes);
 }
 
+TEST_CASE("the first collective of a response is not a latency sample", "[fusion_units]") {
+  using std::chrono::microseconds;
+  FusionCost cost;
+  for (int i = 0; i < 5; ++i) cost.alone(4, microseconds(2));  // the probe when connecting
+  CHECK(cost.latency_s() == Approx(2e-6));
+  // A training loop whose responses start with a small tensor alone, which waits for the ranks
+  // that read the response later: those waits are no collective's latency.
+  for (size_t i = 0; i < 2 * FusionCost::kSamples; ++i) {
+    cost.start_response();
+    cost.alone(4, microseconds(150));
+    cost.alone(8 << 20, microseconds(2000));  // too large to be a latency anyway
+  }
+  CHECK(cost.latency_s() == Approx(2e-6));
+  // Later in a response an allreduce alone is a sample, after any kind of collective.
+  for (size_t i = 0; i < FusionCost::kSamples; ++i) {
+    cost.start_response();
+    cost.ran();  // a fused batch, a broadcast or an allgather
+    cost.alone(4, microseconds(5));
+  }
+  CHECK(cost.latency_s() == Approx(5e-6));
+  for (size_t i = 0; i < FusionCost::kSamples; ++i) {
+    cost.start_response();
+    cost.alone(4, microseconds(300));
+    cost.alone(4, microseconds(7));
+  }
+  CHECK(cost.latency_s() == Approx(7e-6));
+}
+
 TEST_CASE("recursive-doubling and ring tensors are fused apart, the former in small batches",
           "[fusion_units]") {
   ResponseCache cache(0);

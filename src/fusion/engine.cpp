@@ -799,6 +799,7 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
       }
     }
   }
+  executor_.start_response();
   for (size_t b = 0; b < units.size(); ++b) {
     if (units[b].empty()) continue;
     set_activity(

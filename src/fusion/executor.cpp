@@ -97,6 +97,7 @@ void Executor::run_allgather(const Request& request, const std::vector<uint64_t>
   const Clock::time_point start = Clock::now();
   allgather_blocks(*ring_, descriptor, buffers.send, buffers.recv, blocks);
   const Clock::time_point end = Clock::now();
+  cost_.ran();
   count({.collectives = 1, .payload_bytes = blocks.total * dtype_size(spec.dtype)});
   if (timeline_) {
     uint32_t row = timeline_->row(spec.key());
@@ -133,7 +134,11 @@ void Executor::run_alone(const Request& request, Clock::time_point received) {
     }
     const Clock::time_point end = Clock::now();
     const uint64_t bytes = spec.members[m].count * dtype_size(spec.dtype);
-    if (spec.kind == Kind::kAllreduce) cost_.alone(bytes, end - start);
+    if (spec.kind == Kind::kAllreduce) {
+      cost_.alone(bytes, end - start);
+    } else {
+      cost_.ran();
+    }
     count({.collectives = 1, .payload_bytes = bytes});
     if (timeline_) {
       uint32_t row = timeline_->row(spec.members[m].name);
@@ -193,6 +198,7 @@ void Executor::run_fused(const std::vector<const Request*>& requests, Clock::tim
   const Clock::time_point reduce_start = Clock::now();
   allreduce(descriptor, buffer, buffer);
   const Clock::time_point reduce_end = Clock::now();
+  cost_.ran();
 
   std::vector<Clock::time_point> out_marks(timed ? placed.size() + 1 : 0);
   if (timed) out_marks[0] = reduce_end;

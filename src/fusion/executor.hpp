@@ -52,6 +52,9 @@ class Executor {
   void run(const Batch& batch, const std::vector<const Request*>& requests,
            Clock::time_point received, uint64_t fusion_threshold);
 
+  // Before the batches of each response (FusionCost::start_response).
+  void start_response() { cost_.start_response(); }
+
   ExecutorStats stats() const;
 
   // Runs `rounds` allreduces of one float per rank on every rank, after three to warm up, each

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "fusion/coordinator.hpp"
@@ -25,7 +26,10 @@ double median(const std::deque<double>& samples) {
 }  // namespace
 
 void FusionCost::alone(uint64_t bytes, Clock::duration elapsed) {
-  if (bytes <= kLatencyBytes) keep(latency_, std::chrono::duration<double>(elapsed).count());
+  const bool first = !std::exchange(aligned_, true);
+  if (!first && bytes <= kLatencyBytes) {
+    keep(latency_, std::chrono::duration<double>(elapsed).count());
+  }
 }
 
 void FusionCost::copied(uint64_t bytes, uint64_t tensors, Clock::duration elapsed) {
