@@ -277,9 +277,10 @@ int main(int argc, char** argv) {
                  "fusion threshold in bytes when fused (default: KOLO_FUSION_THRESHOLD or 64M)")
       ->check(kolo::bench::size_error);
   app.add_flag("--no-ordered", skip_ordered, "skip the ordered-calls column");
-  app.add_flag("--autotune", autotune,
-               "with KOLO_AUTOTUNE=1: fused steps until the autotuner settles, then the measured "
-               "steps under its settings");
+  CLI::Option* autotune_flag = app.add_flag(
+      "--autotune", autotune,
+      "with KOLO_AUTOTUNE=1: fused steps until the autotuner settles, then the measured "
+      "steps under its settings");
   app.add_option("--max-tuning-steps", max_tuning_steps,
                  "--autotune: give up when the tuner has not settled after this many steps")
       ->capture_default_str()
@@ -287,7 +288,8 @@ int main(int argc, char** argv) {
   app.add_flag("--fused-only", fused_only, "fused steps only (for a sweep of fixed settings)");
   app.add_flag("--bound", bound,
                "also time one in-place allreduce of all the gradients' bytes, in turn with the "
-               "other modes (last column)");
+               "other modes (last column)")
+      ->excludes(autotune_flag);  // --autotune times only tuned steps
   app.add_option("--max-tensor-bytes", max_tensor_text,
                  "keep only the gradients smaller than this (K/M/G suffixes): the latency-bound "
                  "part of a model")
