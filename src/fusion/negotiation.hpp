@@ -59,7 +59,7 @@ class NegotiationChannel {
   void wake(uint64_t next);
   // Best effort and brief, for a rank that leaves while every rank is idle: a BYE where each
   // peer expects its next message (rank 0: in place of the WAKE, to all but `departed`; the
-  // others: in place of their RequestList, to rank 0).
+  // others: in place of their RequestList, to rank 0), and none to a rank whose BYE has arrived.
   void say_bye(uint64_t cycle, int departed) noexcept;
 
  private:
