@@ -4,9 +4,11 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -160,4 +162,110 @@ TEST_CASE("control frames cut short by a full socket arrive whole and in order",
   }
   CHECK(seen.find(cause) != std::string::npos);
   CHECK(seen.find("malformed") == std::string::npos);
+}
+
+namespace {
+
+// Progresses until the transfer completes; the transport's error, if one comes first.
+std::string finish(kolo::Transport& transport, const kolo::Transfer& transfer) {
+  const Deadline deadline(10);
+  try {
+    while (!transfer.complete && !deadline.expired()) transport.progress(Deadline(0.1));
+  } catch (const kolo::Error& error) {
+    return error.what();
+  }
+  return transfer.complete ? "" : "not complete within 10 s";
+}
+
+}  // namespace
+
+// Two ranks that leave at the same moment each find the other gone: that is their failure alone,
+// and a third rank still finishing a collective must not be aborted by it. A caller that then
+// abandons a collective (abort) still tells every peer.
+TEST_CASE("a transfer to a rank that said goodbye fails this rank only, until it aborts",
+          "[control]") {
+  std::vector<std::string> names;
+  for (const auto& entry : kolo::transport_registry()) {
+    if (entry.connect && std::string(entry.name) != "auto") names.push_back(entry.name);
+  }
+  REQUIRE(std::find(names.begin(), names.end(), "tcp") != names.end());
+  for (const std::string& name : names) {
+    DYNAMIC_SECTION(name) {
+      StoreServer server({"127.0.0.1", 0}, kSecret);
+      kolo::TransportSettings settings;
+      settings.transport = name;
+      settings.addr = server.endpoint().to_string();
+      settings.secret = kSecret;
+      settings.timeout_s = 30;
+      settings.socket_ifname = "=lo";
+      settings.shm = std::string("0");  // the network path; the rings follow the same rule
+      const int size = 3;
+      std::vector<std::unique_ptr<kolo::Transport>> transports(size);
+      {
+        std::vector<std::thread> threads;
+        for (int rank = 0; rank < size; ++rank) {
+          threads.emplace_back([&, rank] {
+            StoreClient client(server.endpoint(), kSecret, rank, settings.timeout_s);
+            transports[rank] = kolo::make_transport(settings, client, rank, size, kContext);
+          });
+        }
+        for (auto& thread : threads) thread.join();
+      }
+      for (const auto& transport : transports) REQUIRE(transport);
+      kolo::OpDescriptor op;
+      op.collective = kolo::Collective::kSendRecv;
+      op.root = 1;
+      op.count = 64;
+
+      // Rank 1 sends rank 2 its last message and leaves (a GOODBYE).
+      std::vector<int> sent(64), received(64, -1);
+      for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<int>(i * 7 + 1);
+      kolo::Transfer to_two, from_one, from_gone, from_zero;
+      to_two.reset(2, op, sent.data(), sent.size() * sizeof(int));
+      transports[1]->post_send(to_two);
+      REQUIRE(finish(*transports[1], to_two).empty());
+      transports[1].reset();
+
+      // Rank 0 still expects a message from rank 1: its own failure, naming rank 1.
+      std::vector<int> lost(64);
+      from_gone.reset(1, op, lost.data(), lost.size() * sizeof(int));
+      std::string zero_error;
+      try {
+        transports[0]->post_recv(from_gone);
+        zero_error = finish(*transports[0], from_gone);
+      } catch (const kolo::Error& error) {
+        zero_error = error.what();
+      }
+      INFO(zero_error);
+      CHECK(zero_error.find("rank 0 lost rank 1") != std::string::npos);
+      REQUIRE(transports[0]->failure() != nullptr);
+
+      // Rank 2 is not told: it reads its control connections for a while (an ABORT from rank 0
+      // went out before rank 0's failure returned) and the message rank 1 sent arrives whole.
+      std::string two_quiet;
+      try {
+        const Deadline quiet(0.3);
+        while (!quiet.expired()) transports[2]->progress(quiet);
+      } catch (const kolo::Error& error) {
+        two_quiet = error.what();
+      }
+      CHECK(two_quiet.empty());
+      from_one.reset(1, op, received.data(), received.size() * sizeof(int));
+      transports[2]->post_recv(from_one);
+      CHECK(finish(*transports[2], from_one).empty());
+      CHECK(received == sent);
+      CHECK(transports[2]->failure() == nullptr);
+
+      // Rank 0 abandons a collective: now rank 2 hears of it, with rank 0's first error.
+      transports[0]->abort(kolo::Error(kolo::Status::kPeerLost, "a later consequence"));
+      std::vector<int> never(64);
+      from_zero.reset(0, op, never.data(), never.size() * sizeof(int));
+      transports[2]->post_recv(from_zero);
+      const std::string two_error = finish(*transports[2], from_zero);
+      INFO(two_error);
+      CHECK(two_error.find("rank 0 lost rank 1") != std::string::npos);
+      CHECK(two_error.find("(reported by rank 0)") != std::string::npos);
+      CHECK(two_error.find("a later consequence") == std::string::npos);
+    }
+  }
 }

@@ -216,7 +216,7 @@ void Communicator::run(OpDescriptor op, Body&& body, bool numbered) {
     if (error.status() == Status::kTimeout) log::warn("at the timeout: {}", report());
     set_activity(op, false, true);
     broken_.emplace(error);
-    if (!transport_->failure()) transport_->abort(error);
+    transport_->abort(error);  // even after a PeerLeft: this collective is abandoned
     tell_fusion_engine(*broken_);
     throw;
   } catch (const std::exception& error) {

@@ -445,12 +445,12 @@ void FusionEngine::run() {
     log::info("fusion engine: {}", departed.error.what());
     fail_everything(departed.error);
   } catch (const Error& error) {
-    if (transport_ && !transport_->failure()) transport_->abort(error);
+    if (transport_) transport_->abort(error);
     fail_everything(error);
   } catch (const std::exception& error) {
     Error internal(Status::kInternal,
                    fmt::format("the fusion engine of rank {} failed: {}", rank_, error.what()));
-    if (transport_ && !transport_->failure()) transport_->abort(internal);
+    if (transport_) transport_->abort(internal);
     fail_everything(internal);
   }
   set_activity("finished");

@@ -132,6 +132,12 @@ Error ControlChannel::lost(int peer, const std::string& why) const {
   return Error(Status::kPeerLost, fmt::format("rank {} lost rank {}: {}", rank_, peer, why));
 }
 
+void ControlChannel::throw_lost(int peer, const std::string& why) const {
+  Error error = lost(peer, why);
+  if (said_goodbye(peer)) throw PeerLeft(error.status(), error.what());
+  throw error;
+}
+
 void ControlChannel::send_frame(int peer, ControlKind kind, Status status, int origin,
                                 const std::string& text) noexcept {
   Link& link = links_[peer];

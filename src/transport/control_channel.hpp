@@ -30,6 +30,16 @@
 
 namespace kolo {
 
+// A transfer to or from a peer that has said GOODBYE failed: the peer destroyed its communicator
+// normally, and the failure is this rank's alone. A transport fails on it without telling the
+// other ranks, who may still be finishing a collective that needs nothing more from this one (two
+// ranks leaving at the same moment each find the other gone). A caller that abandons a collective
+// still tells them, through Transport::abort.
+class PeerLeft : public Error {
+ public:
+  using Error::Error;
+};
+
 class ControlChannel {
  public:
   ControlChannel(int rank, int size);
@@ -59,6 +69,8 @@ class ControlChannel {
 
   // "rank R lost rank P: why".
   Error lost(int peer, const std::string& why) const;
+  // Throws lost(peer, why) as a PeerLeft when the peer has said goodbye, else as an Error.
+  [[noreturn]] void throw_lost(int peer, const std::string& why) const;
 
   // Tells every peer about a failure with an ABORT frame, best effort and briefly (0.2 s a peer at
   // most). A failure that arrived in an ABORT is passed on with its origin, so that every rank

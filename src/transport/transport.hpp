@@ -115,8 +115,10 @@ class Transport {
   // Returns after at least one event or at the deadline; the caller checks its transfers.
   virtual void progress(const Deadline& deadline) = 0;
 
-  // Marks the transport broken with this error, forgets posted transfers and tells every peer
-  // (best effort, never blocks for long), so that no rank waits for this one any more.
+  // Marks the transport broken with this error (a transport that failed already keeps its first
+  // one), forgets posted transfers and tells every peer unless it did already (best effort, never
+  // blocks for long), so that no rank waits for this one any more. A transport that failed on its
+  // own tells the peers too, except for a PeerLeft (control_channel.hpp).
   virtual void abort(const Error& error) noexcept = 0;
   // The error that broke the transport, if any (then every call rethrows it).
   virtual const Error* failure() const = 0;

@@ -484,34 +484,44 @@ class TcpTransport final : public Transport {
 
   // A data connection failed. If a rank failed first and said why, its ABORT is on a control
   // connection, possibly still in flight, and the connection we lost may only be a consequence
-  // (the peer gave up because of that abort): report the abort rather than the loss.
+  // (the peer gave up because of that abort): report the abort rather than the loss. A peer that
+  // said goodbye makes it a PeerLeft.
   [[noreturn]] void data_lost(int peer, const std::string& why) {
     control_.look_for_abort(peer);
-    throw control_.lost(peer, why);
+    control_.throw_lost(peer, why);
   }
 
   template <typename Function>
   void guarded(Function&& function) {
     try {
       function();
+    } catch (const PeerLeft& error) {
+      fail(error, false);
+      throw;
     } catch (const Error& error) {
       fail(error, true);
       throw;
     }
   }
 
+  // Marks the transport failed (the first error stays) and forgets every posted transfer; tells
+  // the peers when asked, once, with the first error.
   void fail(const Error& error, bool tell_peers) noexcept {
-    if (failure_) return;
-    failure_.emplace(error);
-    for (auto& peer : peers_) {
-      for (auto& stream : peer.streams) {
-        if (!stream) continue;
-        stream->sends.clear();
-        stream->recvs.clear();
+    if (!failure_) {
+      failure_.emplace(error);
+      for (auto& peer : peers_) {
+        for (auto& stream : peer.streams) {
+          if (!stream) continue;
+          stream->sends.clear();
+          stream->recvs.clear();
+        }
       }
+      shm_.forget();
     }
-    shm_.forget();
-    if (tell_peers) control_.tell_peers(error);
+    if (tell_peers && !told_peers_) {
+      told_peers_ = true;
+      control_.tell_peers(*failure_);
+    }
   }
 
   void rethrow_failure() const {
@@ -528,6 +538,7 @@ class TcpTransport final : public Transport {
   Clock::duration pure_spin_;
   OpDescriptor current_;  // of the latest posted transfer of a numbered collective (enter)
   std::optional<Error> failure_;
+  bool told_peers_ = false;  // an ABORT went out for failure_
 };
 
 }  // namespace

@@ -874,7 +874,7 @@ class UcxTransport final : public Transport {
       }
       if (!state.goodbye_seen) state.goodbye_seen = now;
       if (now - *state.goodbye_seen > kGoodbyeGrace) {
-        throw control_.lost(peer,
+        control_.throw_lost(peer,
                             "it destroyed its communicator while this rank still expected "
                             "data");
       }
@@ -910,35 +910,44 @@ class UcxTransport final : public Transport {
     if (control_.closed(peer) && !control_.said_goodbye(peer)) {
       throw control_.lost(peer, "its connection closed without a goodbye (did it die?)");
     }
-    throw control_.lost(peer, why);
+    control_.throw_lost(peer, why);  // a PeerLeft when the peer said goodbye
   }
 
   template <typename Function>
   void guarded(Function&& function) {
     try {
       function();
+    } catch (const PeerLeft& error) {
+      fail(error, false);
+      throw;
     } catch (const Error& error) {
       fail(error, true);
       throw;
     }
   }
 
+  // Marks the transport failed (the first error stays) and forgets every posted transfer; tells
+  // the peers when asked, once, with the first error.
   void fail(const Error& error, bool tell_peers) noexcept {
-    if (failure_) return;
-    failure_.emplace(error);
-    // Forget posted transfers. Receives are cancelled (UCX calls back at once); the worker is not
-    // progressed again, so nothing more is written into the caller's buffers.
-    for (auto& operation : operations_) {
-      if (operation->transfer == nullptr) continue;
-      for (auto& part : operation->parts) {
-        if (operation->receive && part.request != nullptr) {
-          ucp_request_cancel(worker_, part.request);
+    if (!failure_) {
+      failure_.emplace(error);
+      // Forget posted transfers. Receives are cancelled (UCX calls back at once); the worker is not
+      // progressed again, so nothing more is written into the caller's buffers.
+      for (auto& operation : operations_) {
+        if (operation->transfer == nullptr) continue;
+        for (auto& part : operation->parts) {
+          if (operation->receive && part.request != nullptr) {
+            ucp_request_cancel(worker_, part.request);
+          }
         }
       }
+      for (auto& operation : operations_) operation->transfer = nullptr;
+      shm_.forget();
     }
-    for (auto& operation : operations_) operation->transfer = nullptr;
-    shm_.forget();
-    if (tell_peers) control_.tell_peers(error);
+    if (tell_peers && !told_peers_) {
+      told_peers_ = true;
+      control_.tell_peers(*failure_);
+    }
   }
 
   void rethrow_failure() const {
@@ -1010,6 +1019,7 @@ class UcxTransport final : public Transport {
   Clock::time_point next_control_check_{};
   OpDescriptor current_;  // of the latest posted transfer of a numbered collective (enter)
   std::optional<Error> failure_;
+  bool told_peers_ = false;  // an ABORT went out for failure_
 };
 
 }  // namespace
