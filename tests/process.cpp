@@ -27,6 +27,8 @@
 #include <system_error>
 #include <thread>
 
+#include "tools/free_port.hpp"
+
 extern char** environ;
 
 namespace kolo::test {
@@ -186,21 +188,9 @@ std::string Process::output_so_far() const {
 }
 
 int free_tcp_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw_errno("free_tcp_port: socket");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  auto* generic = reinterpret_cast<sockaddr*>(&address);
-  if (::bind(fd, generic, length) != 0 || ::getsockname(fd, generic, &length) != 0) {
-    int error = errno;
-    ::close(fd);
-    errno = error;
-    throw_errno("free_tcp_port: bind 127.0.0.1:0");
-  }
-  ::close(fd);
-  return ntohs(address.sin_port);
+  int port = kolo::tools::pick_free_local_port();
+  if (port < 0) throw_errno("free_tcp_port: bind 127.0.0.1");
+  return port;
 }
 
 std::string build_dir() {

@@ -40,7 +40,7 @@ class Process {
   std::string output_path_;
 };
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago, outside the kernel's ephemeral range.
 int free_tcp_port();
 // $TESTS_BUILD_DIR (set by meson test), or "." when unset; paths to built programs.
 std::string build_dir();

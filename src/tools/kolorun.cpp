@@ -53,6 +53,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tools/free_port.hpp"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -138,18 +140,10 @@ std::string describe(int status) {
   return "killed by signal " + signal_name(WTERMSIG(status));
 }
 
-// Port 0 makes the kernel choose; once closed, the port is free again for rank 0 to bind.
 std::optional<std::string> free_local_address() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  auto* generic = reinterpret_cast<sockaddr*>(&address);
-  bool ok = fd >= 0 && ::bind(fd, generic, length) == 0 && ::getsockname(fd, generic, &length) == 0;
-  if (fd >= 0) ::close(fd);
-  if (!ok) return std::nullopt;
-  return fmt::format("127.0.0.1:{}", ntohs(address.sin_port));
+  int port = kolo::tools::pick_free_local_port();  // free now, for rank 0 to bind in a moment
+  if (port < 0) return std::nullopt;
+  return fmt::format("127.0.0.1:{}", port);
 }
 
 std::string make_secret() {
