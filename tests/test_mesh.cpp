@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <fstream>
 #include <future>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "net/socket.hpp"
 #include "transport/control_channel.hpp"
 #include "transport/mesh.hpp"
+#include "tools/free_port.hpp"
 #include "transport/transport.hpp"
 
 using kolo::Deadline;
@@ -268,4 +271,21 @@ TEST_CASE("a transfer to a rank that said goodbye fails this rank only, until it
       CHECK(two_error.find("a later consequence") == std::string::npos);
     }
   }
+}
+
+// The store's port for kolorun and the tests' jobs: free, and below the ephemeral range, where
+// neither an outgoing connection nor a listener bound to port 0 can take it first.
+TEST_CASE("a job's store port is picked below the ephemeral range", "[mesh]") {
+  int ephemeral_low = 0;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  REQUIRE(ephemeral_low > 11000);
+  std::set<int> seen;
+  for (int pick = 0; pick < 20; ++pick) {
+    int port = kolo::tools::pick_free_local_port();
+    CHECK(port >= 10000);
+    CHECK(port < ephemeral_low);
+    CHECK(kolo::tools::bind_local_port(port) == port);  // still free
+    seen.insert(port);
+  }
+  CHECK(seen.size() > 10);  // at random, not the same port for jobs started together
 }

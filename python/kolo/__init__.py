@@ -15,10 +15,10 @@ beside the installed package, else in the build tree of the checkout (build/capi
 import atexit
 import os
 import secrets
-import socket
 import threading
 
 from . import _capi
+from ._port import free_port
 from .communicator import (AVERAGE, AVG, BFLOAT16, DTYPE_NAMES, FLOAT16, FLOAT32, FLOAT64, INT8,
                            INT32, INT64, MAX, MIN, OP_NAMES, PROD, SUM, UINT8, Communicator,
                            Handle, split_rows)
@@ -78,10 +78,7 @@ def _torchrun_rendezvous(timeout):
     prefix = "kolo/{}/{}/".format(os.environ["TORCHELASTIC_RUN_ID"],
                                   os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if os.environ.get("RANK") == "0":
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind(("", 0))
-            free_port = probe.getsockname()[1]
-        store.set(prefix + "addr", f"{host}:{free_port}")
+        store.set(prefix + "addr", f"{host}:{free_port()}")
         store.set(prefix + "secret", secrets.token_hex(16))
     return {"addr": store.get(prefix + "addr").decode(),
             "secret": store.get(prefix + "secret").decode()}

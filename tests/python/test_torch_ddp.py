@@ -5,17 +5,11 @@ a lost peer, shutdown), DistributedDataParallel training equal to one process on
 batch, and the Horovod API and DDP under torchrun."""
 
 import os
-import socket
 
 import pytest
 
 import ranks
-
-
-def _free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from kolo._port import free_port
 
 
 def _init(port):
@@ -281,7 +275,7 @@ def _torchrun(n):
     # longer maps to a member of its Std flag); 1 (stdout) works.
     return [ranks.PYTHON, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1",
             "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
-            "--master_port", str(_free_port())]
+            "--master_port", str(free_port("127.0.0.1"))]
 
 
 @pytest.mark.parametrize("n", [2])

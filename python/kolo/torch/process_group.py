@@ -65,6 +65,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
+from .._port import free_port
 from ..communicator import Communicator, kolo_dtype_of
 from ..errors import InvalidArgumentError, KoloTimeoutError, UnsupportedError
 from ._convert import as_array, check_tensor
@@ -255,12 +256,6 @@ def _tensors(tensors, what):
     return tensors
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
-
-
 class ProcessGroupKolo(dist.ProcessGroup):
     """A torch.distributed process group on a kolo communicator. Made by
     torch.distributed.init_process_group("kolo") or new_group(backend="kolo"). allreduce and
@@ -274,7 +269,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         timeout_s = timeout.total_seconds() if isinstance(timeout, timedelta) else None
         if rank == 0:
             host = os.environ.get("MASTER_ADDR") or socket.gethostname()
-            store.set("kolo/addr", f"{host}:{_free_port()}")
+            store.set("kolo/addr", f"{host}:{free_port()}")
             store.set("kolo/secret", secrets.token_hex(16))
         address = store.get("kolo/addr").decode()
         secret = store.get("kolo/secret").decode()
