@@ -187,88 +187,114 @@ std::string finish(kolo::Transport& transport, const kolo::Transfer& transfer) {
 // abandons a collective (abort) still tells every peer.
 TEST_CASE("a transfer to a rank that said goodbye fails this rank only, until it aborts",
           "[control]") {
-  std::vector<std::string> names;
-  for (const auto& entry : kolo::transport_registry()) {
-    if (entry.connect && std::string(entry.name) != "auto") names.push_back(entry.name);
-  }
-  REQUIRE(std::find(names.begin(), names.end(), "tcp") != names.end());
-  for (const std::string& name : names) {
-    DYNAMIC_SECTION(name) {
-      StoreServer server({"127.0.0.1", 0}, kSecret);
-      kolo::TransportSettings settings;
-      settings.transport = name;
-      settings.addr = server.endpoint().to_string();
-      settings.secret = kSecret;
-      settings.timeout_s = 30;
-      settings.socket_ifname = "=lo";
-      settings.shm = std::string("0");  // the network path; the rings follow the same rule
-      const int size = 3;
-      std::vector<std::unique_ptr<kolo::Transport>> transports(size);
-      {
-        std::vector<std::thread> threads;
-        for (int rank = 0; rank < size; ++rank) {
-          threads.emplace_back([&, rank] {
-            StoreClient client(server.endpoint(), kSecret, rank, settings.timeout_s);
-            transports[rank] = kolo::make_transport(settings, client, rank, size, kContext);
-          });
+  // Which of the two ends each run takes: "leaves" (rank 0 is destroyed) or "aborts".
+  for (const std::string end : {"leaves", "aborts"}) {
+    std::vector<std::string> names;
+    for (const auto& entry : kolo::transport_registry()) {
+      if (entry.connect && std::string(entry.name) != "auto") names.push_back(entry.name);
+    }
+    REQUIRE(std::find(names.begin(), names.end(), "tcp") != names.end());
+    for (const std::string& name : names) {
+      DYNAMIC_SECTION(name << ", then rank 0 " << end) {
+        StoreServer server({"127.0.0.1", 0}, kSecret);
+        kolo::TransportSettings settings;
+        settings.transport = name;
+        settings.addr = server.endpoint().to_string();
+        settings.secret = kSecret;
+        settings.timeout_s = 30;
+        settings.socket_ifname = "=lo";
+        settings.shm = std::string("0");  // the network path; the rings follow the same rule
+        const int size = 3;
+        std::vector<std::unique_ptr<kolo::Transport>> transports(size);
+        {
+          std::vector<std::thread> threads;
+          for (int rank = 0; rank < size; ++rank) {
+            threads.emplace_back([&, rank] {
+              StoreClient client(server.endpoint(), kSecret, rank, settings.timeout_s);
+              transports[rank] = kolo::make_transport(settings, client, rank, size, kContext);
+            });
+          }
+          for (auto& thread : threads) thread.join();
         }
-        for (auto& thread : threads) thread.join();
+        for (const auto& transport : transports) REQUIRE(transport);
+        kolo::OpDescriptor op;
+        op.collective = kolo::Collective::kSendRecv;
+        op.root = 1;
+        op.count = 64;
+
+        // Ranks 0 and 1 send rank 2 a message each; rank 1 leaves (a GOODBYE).
+        std::vector<int> sent(64), received(64, -1), early(64), early_received(64, -1);
+        for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<int>(i * 7 + 1);
+        for (size_t i = 0; i < early.size(); ++i) early[i] = static_cast<int>(i * 5 + 3);
+        kolo::Transfer to_two, early_to_two, from_one, from_gone, from_zero, early_from_zero;
+        early_to_two.reset(2, op, early.data(), early.size() * sizeof(int));
+        transports[0]->post_send(early_to_two);
+        REQUIRE(finish(*transports[0], early_to_two).empty());
+        to_two.reset(2, op, sent.data(), sent.size() * sizeof(int));
+        transports[1]->post_send(to_two);
+        REQUIRE(finish(*transports[1], to_two).empty());
+        transports[1].reset();
+
+        // Rank 0 still expects a message from rank 1: its own failure, naming rank 1.
+        std::vector<int> lost(64);
+        from_gone.reset(1, op, lost.data(), lost.size() * sizeof(int));
+        std::string zero_error;
+        try {
+          transports[0]->post_recv(from_gone);
+          zero_error = finish(*transports[0], from_gone);
+        } catch (const kolo::Error& error) {
+          zero_error = error.what();
+        }
+        INFO(zero_error);
+        CHECK(zero_error.find("rank 0 lost rank 1") != std::string::npos);
+        REQUIRE(transports[0]->failure() != nullptr);
+
+        // Rank 2 is not told: it reads its control connections for a while (an ABORT from rank 0
+        // went out before rank 0's failure returned) and the message rank 1 sent arrives whole.
+        std::string two_quiet;
+        try {
+          const Deadline quiet(0.3);
+          while (!quiet.expired()) transports[2]->progress(quiet);
+        } catch (const kolo::Error& error) {
+          two_quiet = error.what();
+        }
+        CHECK(two_quiet.empty());
+        from_one.reset(1, op, received.data(), received.size() * sizeof(int));
+        transports[2]->post_recv(from_one);
+        CHECK(finish(*transports[2], from_one).empty());
+        CHECK(received == sent);
+        CHECK(transports[2]->failure() == nullptr);
+
+        if (end == "leaves") {
+          // Nobody was told, so what rank 0 sent must reach rank 2 (flushed), and rank 0 leaves
+          // at once: it does not wait for every peer to close (2 s at most), as a rank whose
+          // peers were told does.
+          const auto start = std::chrono::steady_clock::now();
+          transports[0].reset();
+          CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(1500));
+          early_from_zero.reset(0, op, early_received.data(), early_received.size() * sizeof(int));
+          transports[2]->post_recv(early_from_zero);
+          CHECK(finish(*transports[2], early_from_zero).empty());
+          CHECK(early_received == early);
+          continue;
+        }
+
+        // Rank 0 abandons a collective: now rank 2 hears of it, with rank 0's first error (after
+        // the message rank 0 sent before it failed).
+        transports[0]->abort(kolo::Error(kolo::Status::kPeerLost, "a later consequence"));
+        early_from_zero.reset(0, op, early_received.data(), early_received.size() * sizeof(int));
+        transports[2]->post_recv(early_from_zero);
+        CHECK(finish(*transports[2], early_from_zero).empty());
+        CHECK(early_received == early);
+        std::vector<int> never(64);
+        from_zero.reset(0, op, never.data(), never.size() * sizeof(int));
+        transports[2]->post_recv(from_zero);
+        const std::string two_error = finish(*transports[2], from_zero);
+        INFO(two_error);
+        CHECK(two_error.find("rank 0 lost rank 1") != std::string::npos);
+        CHECK(two_error.find("(reported by rank 0)") != std::string::npos);
+        CHECK(two_error.find("a later consequence") == std::string::npos);
       }
-      for (const auto& transport : transports) REQUIRE(transport);
-      kolo::OpDescriptor op;
-      op.collective = kolo::Collective::kSendRecv;
-      op.root = 1;
-      op.count = 64;
-
-      // Rank 1 sends rank 2 its last message and leaves (a GOODBYE).
-      std::vector<int> sent(64), received(64, -1);
-      for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<int>(i * 7 + 1);
-      kolo::Transfer to_two, from_one, from_gone, from_zero;
-      to_two.reset(2, op, sent.data(), sent.size() * sizeof(int));
-      transports[1]->post_send(to_two);
-      REQUIRE(finish(*transports[1], to_two).empty());
-      transports[1].reset();
-
-      // Rank 0 still expects a message from rank 1: its own failure, naming rank 1.
-      std::vector<int> lost(64);
-      from_gone.reset(1, op, lost.data(), lost.size() * sizeof(int));
-      std::string zero_error;
-      try {
-        transports[0]->post_recv(from_gone);
-        zero_error = finish(*transports[0], from_gone);
-      } catch (const kolo::Error& error) {
-        zero_error = error.what();
-      }
-      INFO(zero_error);
-      CHECK(zero_error.find("rank 0 lost rank 1") != std::string::npos);
-      REQUIRE(transports[0]->failure() != nullptr);
-
-      // Rank 2 is not told: it reads its control connections for a while (an ABORT from rank 0
-      // went out before rank 0's failure returned) and the message rank 1 sent arrives whole.
-      std::string two_quiet;
-      try {
-        const Deadline quiet(0.3);
-        while (!quiet.expired()) transports[2]->progress(quiet);
-      } catch (const kolo::Error& error) {
-        two_quiet = error.what();
-      }
-      CHECK(two_quiet.empty());
-      from_one.reset(1, op, received.data(), received.size() * sizeof(int));
-      transports[2]->post_recv(from_one);
-      CHECK(finish(*transports[2], from_one).empty());
-      CHECK(received == sent);
-      CHECK(transports[2]->failure() == nullptr);
-
-      // Rank 0 abandons a collective: now rank 2 hears of it, with rank 0's first error.
-      transports[0]->abort(kolo::Error(kolo::Status::kPeerLost, "a later consequence"));
-      std::vector<int> never(64);
-      from_zero.reset(0, op, never.data(), never.size() * sizeof(int));
-      transports[2]->post_recv(from_zero);
-      const std::string two_error = finish(*transports[2], from_zero);
-      INFO(two_error);
-      CHECK(two_error.find("rank 0 lost rank 1") != std::string::npos);
-      CHECK(two_error.find("(reported by rank 0)") != std::string::npos);
-      CHECK(two_error.find("a later consequence") == std::string::npos);
     }
   }
 }

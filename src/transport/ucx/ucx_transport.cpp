@@ -211,9 +211,11 @@ class UcxTransport final : public Transport {
   }
 
   ~UcxTransport() override {
-    if (!failure_) flush_worker();
+    // After a failure the peers were not told of (a PeerLeft), they go on: what this rank sent
+    // them must still leave the worker.
+    if (!told_peers_) flush_worker();
     control_.say_goodbye();
-    if (failure_) {
+    if (told_peers_) {
       // Peers still inside the failed collective may yet send here before they read the ABORT;
       // this worker's shared memory must outlive those sends, or UCX reports errors on their
       // side. Each peer leaves (closes its control socket) once it has failed too.
