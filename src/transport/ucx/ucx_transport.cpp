@@ -211,9 +211,10 @@ class UcxTransport final : public Transport {
   }
 
   ~UcxTransport() override {
-    // After a failure the peers were not told of (a PeerLeft), they go on: what this rank sent
-    // them must still leave the worker.
-    if (!told_peers_) flush_worker();
+    // After a failure the peers were not told of (a PeerLeft) they go on, and what this rank sent
+    // them must still leave the worker; unless a send of the caller's is unfinished: progress
+    // would read its buffer, which the caller may have freed since the failure.
+    if (!failure_ || (!told_peers_ && !caller_send_in_flight())) flush_worker();
     control_.say_goodbye();
     if (told_peers_) {
       // Peers still inside the failed collective may yet send here before they read the ABORT;
@@ -954,6 +955,13 @@ class UcxTransport final : public Transport {
 
   void rethrow_failure() const {
     if (failure_) throw *failure_;
+  }
+
+  bool caller_send_in_flight() const {
+    for (const auto& operation : operations_) {
+      if (!operation->receive && operation->parts[1].request != nullptr) return true;
+    }
+    return false;
   }
 
   // Waits (bounded) until every operation this worker started has left it, including UCX's own
