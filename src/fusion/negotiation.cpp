@@ -317,10 +317,10 @@ void NegotiationChannel::wake(uint64_t next) {
 
 void NegotiationChannel::say_bye(uint64_t cycle, int departed) noexcept {
   // No BYE to a rank whose own BYE has arrived: it is leaving or gone, and a message to a peer
-  // that has gone fails, which the transport treats as a lost rank and tells every other rank
-  // (an ABORT that could cut short a collective they are still finishing). Ranks leaving at
-  // about the same time met it with ucx over TCP: the [threads] test at N = 3, four copies at
-  // once, failed its last rank, still in its final collective, in about one run of 25 to 50.
+  // that has gone only fails (a PeerLeft, this rank's alone: transport/control_channel.hpp).
+  // When the transports still told every rank of such a failure, ranks leaving at about the same
+  // time cut short a collective others were finishing (ucx over TCP: the [threads] test at N = 3,
+  // four copies at once, failed its last rank in about one run of 25 to 50).
   auto bye_from = [&](int peer) {
     if (rank_ == 0) {
       return in_header_transfers_[peer].complete &&
