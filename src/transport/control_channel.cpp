@@ -181,6 +181,8 @@ void ControlChannel::flush(Link& link, const Deadline& deadline) noexcept {
 }
 
 void ControlChannel::tell_peers(const Error& error) noexcept {
+  if (told_peers_) return;
+  told_peers_ = true;
   // A rank that learnt of the failure from another passes it on before it closes anything: a peer
   // that sees this rank's connections close then finds the first cause waiting.
   int origin = remote_failure_ ? remote_origin_ : rank_;

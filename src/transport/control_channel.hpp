@@ -73,9 +73,10 @@ class ControlChannel {
   [[noreturn]] void throw_lost(int peer, const std::string& why) const;
 
   // Tells every peer about a failure with an ABORT frame, best effort and briefly (0.2 s a peer at
-  // most). A failure that arrived in an ABORT is passed on with its origin, so that every rank
-  // reports the first cause; the origin itself is not told.
+  // most), once: later calls do nothing. A failure that arrived in an ABORT is passed on with its
+  // origin, so that every rank reports the first cause; the origin itself is not told.
   void tell_peers(const Error& error) noexcept;
+  bool told_peers() const { return told_peers_; }
 
   // Sends WAKE to `peer`, best effort (a peer that is gone needs no waking).
   void ring_doorbell(int peer) noexcept;
@@ -115,6 +116,7 @@ class ControlChannel {
   int size_;
   net::Socket epoll_;
   std::vector<Link> links_;
+  bool told_peers_ = false;
   bool remote_failure_ = false;  // an ABORT arrived from remote_origin_
   int remote_origin_ = -1;
   std::string remote_text_;

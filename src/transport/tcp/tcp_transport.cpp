@@ -518,10 +518,7 @@ class TcpTransport final : public Transport {
       }
       shm_.forget();
     }
-    if (tell_peers && !told_peers_) {
-      told_peers_ = true;
-      control_.tell_peers(*failure_);
-    }
+    if (tell_peers) control_.tell_peers(*failure_);
   }
 
   void rethrow_failure() const {
@@ -538,7 +535,6 @@ class TcpTransport final : public Transport {
   Clock::duration pure_spin_;
   OpDescriptor current_;  // of the latest posted transfer of a numbered collective (enter)
   std::optional<Error> failure_;
-  bool told_peers_ = false;  // an ABORT went out for failure_
 };
 
 }  // namespace

@@ -214,9 +214,9 @@ class UcxTransport final : public Transport {
     // After a failure the peers were not told of (a PeerLeft) they go on, and what this rank sent
     // them must still leave the worker; unless a send of the caller's is unfinished: progress
     // would read its buffer, which the caller may have freed since the failure.
-    if (!failure_ || (!told_peers_ && !caller_send_in_flight())) flush_worker();
+    if (!failure_ || (!control_.told_peers() && !caller_send_in_flight())) flush_worker();
     control_.say_goodbye();
-    if (told_peers_) {
+    if (control_.told_peers()) {
       // Peers still inside the failed collective may yet send here before they read the ABORT;
       // this worker's shared memory must outlive those sends, or UCX reports errors on their
       // side. Each peer leaves (closes its control socket) once it has failed too.
@@ -947,10 +947,7 @@ class UcxTransport final : public Transport {
       for (auto& operation : operations_) operation->transfer = nullptr;
       shm_.forget();
     }
-    if (tell_peers && !told_peers_) {
-      told_peers_ = true;
-      control_.tell_peers(*failure_);
-    }
+    if (tell_peers) control_.tell_peers(*failure_);
   }
 
   void rethrow_failure() const {
@@ -1029,7 +1026,6 @@ class UcxTransport final : public Transport {
   Clock::time_point next_control_check_{};
   OpDescriptor current_;  // of the latest posted transfer of a numbered collective (enter)
   std::optional<Error> failure_;
-  bool told_peers_ = false;  // an ABORT went out for failure_
 };
 
 }  // namespace
