@@ -96,6 +96,11 @@ TEST_CASE("tensors larger than the fusion threshold run alone", "[fusion][large]
                                "large checks passed");
 }
 
+TEST_CASE("one rank measures what fusing costs too, and runs a 512 KiB tensor alone",
+          "[fusion][measured]") {
+  expect_all_pass_on_transport(run(1, {"measured"}), "measured checks passed");
+}
+
 TEST_CASE("mixed dtypes, ops and factors are never fused together; the timeline shows it",
           "[fusion][mixed][timeline]") {
   const int n = 3;

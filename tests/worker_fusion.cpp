@@ -364,6 +364,42 @@ int run_mixed(kolo_comm_t comm) {
   return 0;
 }
 
+// One rank measures what fusing costs too: with nobody to talk to, a collective's latency is a
+// fraction of a microsecond, so once three fused collectives have measured the copy cost a 512 KiB
+// tensor runs alone. (A single rank used to skip the latency probe and, with no latency measured,
+// fused every tensor below a megabyte.)
+int run_measured(kolo_comm_t comm) {
+  std::vector<Tensor> tensors;
+  tensors.push_back(make_tensor("measured.large", KOLO_FLOAT32, KOLO_SUM, 128 * 1024, 0));
+  for (uint64_t i = 1; i <= 8; ++i) {
+    tensors.push_back(
+        make_tensor(fmt::format("measured.small.{}", i), KOLO_FLOAT32, KOLO_SUM, 4096, i));
+  }
+  constexpr uint64_t kSteps = 12;
+  kolo_fusion_stats_t before{};
+  for (uint64_t step = 0; step < kSteps; ++step) {
+    if (step == kSteps - 1) before = stats_of(comm);
+    for (Tensor& tensor : tensors) tensor.prepare(step);
+    submit_shuffled(comm, tensors, step);
+    wait_all(tensors);
+    for (const Tensor& tensor : tensors) check_against_reference(tensor, step);
+  }
+  const kolo_fusion_stats_t after = stats_of(comm);
+  if (after.fused_collectives < 3) {
+    fail(
+        fmt::format("{} fused collectives in {} steps; the first steps fuse until the copy cost "
+                    "is measured",
+                    after.fused_collectives, kSteps));
+  }
+  const uint64_t fused = after.tensors_fused - before.tensors_fused;
+  if (fused == tensors.size()) {
+    fail(fmt::format("the last step still fused all {} tensors, the 512 KiB one included", fused));
+  }
+  fmt::print("rank {}: measured checks passed ({} of {} tensors fused in the last step)\n", g_rank,
+             fused, tensors.size());
+  return 0;
+}
+
 int run_large(kolo_comm_t comm) {
   // KOLO_FUSION_THRESHOLD=64K (set by the test): 100000 floats never fit.
   std::vector<Tensor> tensors;
@@ -1707,6 +1743,8 @@ int main(int argc, char** argv) {
     result = run_mixed(comm);
   } else if (scenario == "large") {
     result = run_large(comm);
+  } else if (scenario == "measured") {
+    result = run_measured(comm);
   } else if (scenario == "bitwise") {
     result = run_bitwise(comm);
   } else if (scenario == "cache") {

@@ -499,7 +499,7 @@ void FusionEngine::connect() {
     }
   }
   executor_.attach(ring_.get(), timeline_.get());
-  if (size_ > 1) executor_.probe_latency(kLatencyProbes);
+  executor_.probe_latency(kLatencyProbes);
   log::info(
       "fusion engine: rank {} connected ({} ranks, cycle {} ms, fusion threshold {} bytes, "
       "cache {} entries)",
