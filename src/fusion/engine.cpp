@@ -342,6 +342,12 @@ FusionStats FusionEngine::stats() const {
 void FusionEngine::set_activity(std::string activity) {
   std::lock_guard<std::mutex> lock(activity_mutex_);
   activity_ = std::move(activity);
+  running_.reset();
+}
+
+void FusionEngine::set_running(std::shared_ptr<const Request> first, size_t more) {
+  std::lock_guard<std::mutex> lock(activity_mutex_);
+  running_ = Running{cycle_, std::move(first), more};
 }
 
 std::string FusionEngine::report() const {
@@ -361,10 +367,15 @@ std::string FusionEngine::report() const {
   if (names.size() > kNamesShown)
     listed += fmt::format(" (and {} more)", names.size() - kNamesShown);
   std::lock_guard<std::mutex> lock(activity_mutex_);
+  const std::string activity =
+      running_ ? fmt::format("cycle {}: running {}{}", running_->cycle,
+                             describe(running_->first->spec()),
+                             running_->more > 0 ? fmt::format(" and {} more", running_->more) : "")
+               : activity_;
   return fmt::format(
       "fusion engine: {} named operation(s) in flight on this rank{}; its thread: "
       "{}{}",
-      in_flight, listed, activity_,
+      in_flight, listed, activity,
       waiting_ranks_.empty() ? "" : "; not yet submitted by every rank: " + waiting_ranks_);
 }
 
@@ -702,7 +713,7 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
     if (pending_.count(error.key)) finish(error.key, error.status, error.message);
   }
   std::vector<std::vector<LocalUnit*>> units(response.batches.size());
-  std::unordered_set<const LocalUnit*> scheduled_units;
+  std::vector<const LocalUnit*> scheduled_units;  // checked for repeats once all are found
   uint64_t hits = 0, negotiated = 0;
   // Join: a rank that has joined takes part in what the others submitted, sending zeros (nothing
   // for an allgather) and receiving into a buffer of its own.
@@ -760,14 +771,17 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
                             ? std::string("not submitted it")
                             : "submitted " + describe_submitted(it->second.request->spec())));
       }
-      if (!scheduled_units.insert(&it->second).second) {
-        throw Error(Status::kInternal,
-                    fmt::format("fusion engine: rank 0 scheduled {} twice in one response",
-                                describe(*spec)));
-      }
+      scheduled_units.push_back(&it->second);
       units[b].push_back(&it->second);
       ++(scheduled.hit ? hits : negotiated);
     }
+  }
+  std::sort(scheduled_units.begin(), scheduled_units.end());
+  if (auto twice = std::adjacent_find(scheduled_units.begin(), scheduled_units.end());
+      twice != scheduled_units.end()) {
+    throw Error(Status::kInternal,
+                fmt::format("fusion engine: rank 0 scheduled {} twice in one response",
+                            describe((*twice)->request->spec())));
   }
   for (const Batch& batch : response.batches) {
     for (const ResponseUnit& scheduled : batch.units) {
@@ -802,9 +816,7 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
   executor_.start_response();
   for (size_t b = 0; b < units.size(); ++b) {
     if (units[b].empty()) continue;
-    set_activity(
-        fmt::format("cycle {}: running {}{}", cycle_, describe(units[b][0]->request->spec()),
-                    units[b].size() > 1 ? fmt::format(" and {} more", units[b].size() - 1) : ""));
+    set_running(units[b][0]->request, units[b].size() - 1);
     std::vector<const Request*> requests;
     for (const LocalUnit* unit : units[b]) requests.push_back(unit->request.get());
     executor_.run(response.batches[b], requests, received, fusion_threshold_.load());

@@ -192,10 +192,18 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   std::thread thread_;
   mutable std::mutex stats_mutex_;
   FusionStats stats_;
-  mutable std::mutex activity_mutex_;  // guards the two below, written by the engine's thread
+  mutable std::mutex activity_mutex_;  // guards the three below, written by the engine's thread
   std::string activity_ = "not started";
+  // Running a batch: formatted only when a report asks (a batch is often a single tensor).
+  struct Running {
+    uint64_t cycle;
+    std::shared_ptr<const Request> first;
+    size_t more;  // the batch's other units
+  };
+  std::optional<Running> running_;  // set instead of activity_ while a batch runs
   std::string waiting_ranks_;  // rank 0: names submitted by some ranks only (the coordinator's)
   void set_activity(std::string activity);
+  void set_running(std::shared_ptr<const Request> first, size_t more);
 
   // The engine thread's own.
   std::unique_ptr<Transport> transport_;
