@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -335,11 +334,10 @@ namespace {
 constexpr size_t kAsyncOptionsV1Size = offsetof(kolo_async_options_t, user_data) + sizeof(void*);
 constexpr size_t kFusionStatsMinimumSize = offsetof(kolo_fusion_stats_t, idle_sleeps);
 
-// The engine's narrow submit API, called with the chosen options.
-using Submit = std::function<std::shared_ptr<kolo::fusion::Request>(
-    kolo::fusion::FusionEngine& engine, kolo::fusion::SubmitOptions options)>;
-
 // Checks the C arguments common to every named call, submits, and hands out a request handle.
+// `submit` calls the engine's narrow submit API with the chosen options: a template rather than
+// a std::function, which would allocate on every submission (once per gradient in a step).
+template <typename Submit>
 kolo_status_t submit_named(kolo_comm_t comm, const char* call, bool named,
                            const kolo_async_options_t* options, kolo_request_t* request,
                            const Submit& submit) {
