@@ -402,6 +402,32 @@ TEST_CASE("the coordinator: readiness, agreement, cache slots and batches", "[fu
     CHECK(found_f);
   }
 
+  SECTION("eviction follows use, not slot numbers") {
+    for (const char* name : {"a", "b", "c", "d"}) {  // slots 0-3, a used first
+      process({announcing({allreduce(name, 1)}), announcing({allreduce(name, 1)}),
+               announcing({allreduce(name, 1)})});
+    }
+    auto use = [&](std::vector<uint32_t> slots) {
+      process({with_bits(slots), with_bits(slots), with_bits(slots)});
+    };
+    auto newcomer = [&](const char* name) {
+      const std::vector<UnitSpec> spec = {allreduce(name, 1)};
+      ResponseList response = process({announcing(spec), announcing(spec), announcing(spec)});
+      REQUIRE(response.batches.size() == 1);
+      return response.batches[0].units[0].slot;
+    };
+    use({0});                   // a, the oldest, becomes the newest: b, c, d, a
+    use({2});                   // c from the middle: b, d, a, c
+    use({2});                   // c again, already the newest
+    CHECK(newcomer("e") == 1);  // b goes; e in slot 1: d, a, c, e
+    CHECK(cache.slot_of("b") == -1);
+    use({1, 3});                // e and d: a, c, then e and d (used in the same cycle)
+    CHECK(newcomer("f") == 0);  // a goes
+    CHECK(newcomer("g") == 2);  // then c
+    CHECK(cache.slot_of("d") == 3);
+    CHECK(cache.slot_of("e") == 1);
+  }
+
   SECTION("a bit for an empty slot is an error") {
     CHECK_THROWS_AS(process({with_bits({3}), {}, {}}), Error);
   }

@@ -46,6 +46,8 @@ Coordinator::Coordinator(const CoordinatorSettings& settings, const ResponseCach
     : settings_(settings),
       cache_(cache),
       last_used_(cache.capacity(), kNeverUsed),
+      newer_(cache.capacity(), kNoSlot),
+      older_(cache.capacity(), kNoSlot),
       joined_(static_cast<size_t>(settings.ranks), false) {}
 
 bool Coordinator::complete(const Entry& entry) const {
@@ -145,9 +147,16 @@ std::string Coordinator::capacity_problem(const std::string& key, const Entry& e
 }
 
 void Coordinator::touch(uint32_t slot, uint64_t cycle) {
-  if (last_used_[slot] != kNeverUsed) lru_.erase({last_used_[slot], slot});
   last_used_[slot] = cycle;
-  lru_.insert({cycle, slot});
+  if (slot == newest_) return;
+  if (older_[slot] != kNoSlot || slot == oldest_) {  // in the list: take it out
+    (older_[slot] == kNoSlot ? oldest_ : newer_[older_[slot]]) = newer_[slot];
+    older_[newer_[slot]] = older_[slot];  // not the newest, so it has a newer one
+  }
+  older_[slot] = newest_;
+  newer_[slot] = kNoSlot;
+  (newest_ == kNoSlot ? oldest_ : newer_[newest_]) = slot;
+  newest_ = slot;
 }
 
 int32_t Coordinator::choose_slot(const UnitSpec& spec, uint64_t cycle,
@@ -159,9 +168,9 @@ int32_t Coordinator::choose_slot(const UnitSpec& spec, uint64_t cycle,
   if (slot >= 0 && last_used_[slot] == cycle) slot = -1;
   if (slot < 0 && never_used_ < cache_.capacity()) slot = static_cast<int32_t>(never_used_++);
   if (slot < 0) {
-    for (auto it = lru_.begin(); it != lru_.end() && it->first < cycle; ++it) {
-      if (it->second < busy.size() && busy[it->second] > 0) continue;
-      slot = static_cast<int32_t>(it->second);
+    for (uint32_t s = oldest_; s != kNoSlot && last_used_[s] < cycle; s = newer_[s]) {
+      if (s < busy.size() && busy[s] > 0) continue;
+      slot = static_cast<int32_t>(s);
       break;
     }
   }

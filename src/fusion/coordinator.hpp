@@ -56,7 +56,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -153,9 +152,14 @@ class Coordinator {
   const ResponseCache& cache_;
   uint64_t alone_bytes_ = kAloneBytes;
   std::unordered_map<std::string, Entry> ledger_;
-  // Least recently used order of the occupied slots: (cycle last used, slot).
-  std::vector<uint64_t> last_used_;
-  std::set<std::pair<uint64_t, uint32_t>> lru_;
+  static constexpr uint32_t kNoSlot = ~uint32_t{0};
+  // The slots ever used, least recently used first: a list threaded through two vectors, so that
+  // a touch moves a slot to the end without allocating (it happens for every unit every cycle).
+  std::vector<uint64_t> last_used_;  // [slot]: the cycle that last used it
+  std::vector<uint32_t> newer_;      // [slot]: the next slot in the list, or kNoSlot
+  std::vector<uint32_t> older_;      // [slot]: the previous slot in the list, or kNoSlot
+  uint32_t oldest_ = kNoSlot;
+  uint32_t newest_ = kNoSlot;
   uint32_t never_used_ = 0;  // slots [never_used_, capacity) have never been assigned
   uint64_t next_order_ = 0;
   Clock::time_point last_warning_{};
