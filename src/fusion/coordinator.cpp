@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <deque>
+#include <list>
 #include <optional>
 
 #include "core/log.hpp"
@@ -314,7 +314,7 @@ ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>
   const int ranks = settings_.ranks;
   ResponseList response;
   std::vector<Ready> ready;
-  std::deque<UnitSpec> ready_specs;  // specs of ready ledger entries (stable addresses)
+  std::list<UnitSpec> ready_specs;  // specs of ready ledger entries (stable addresses)
 
   for (int rank = 0; rank < ranks; ++rank) {
     if (lists[rank].joined && !joined_[rank]) {
@@ -334,6 +334,7 @@ ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>
   size_t words = 0;
   for (const RequestList& list : lists) words = std::max(words, list.ready_words.size());
   std::vector<uint32_t> busy(words * 64, 0);
+  size_t marked = 0;  // slots with a bit from some rank
   for (int rank = 0; rank < ranks; ++rank) {
     for (size_t w = 0; w < lists[rank].ready_words.size(); ++w) {
       for (uint64_t bits = lists[rank].ready_words[w]; bits != 0; bits &= bits - 1) {
@@ -344,10 +345,11 @@ ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>
                                   "empty (the response caches disagree)",
                                   rank, slot));
         }
-        ++busy[slot];
+        if (busy[slot]++ == 0) ++marked;
       }
     }
   }
+  ready.reserve(marked + ledger_.size());  // at most every marked slot and every ledger entry
   for (uint32_t slot = 0; slot < busy.size(); ++slot) {
     if (busy[slot] == 0) continue;
     const UnitSpec& spec = *cache_.at(slot);

@@ -110,7 +110,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <deque>
+#include <list>
 #include <utility>
 
 #include "core/arguments.hpp"
@@ -407,7 +407,7 @@ void FusionEngine::shutdown() {
       fmt::format("the communicator was destroyed on rank {} before the request completed", rank_);
   if (!connecting) {
     std::vector<std::string> keys;
-    for (const auto& [key, unit] : pending_) keys.push_back(key);
+    for (const auto& [key, unit] : pending_) keys.emplace_back(key);
     for (const std::string& key : keys) {
       finish(key, Status::kCancelled,
              fmt::format("{}: {}", describe(pending_.at(key).request->spec()), why));
@@ -645,18 +645,21 @@ void FusionEngine::update_alone_bytes() {
 }
 
 RequestList FusionEngine::build_requests() {
-  std::vector<std::shared_ptr<Request>> fresh;
   RequestList list;
   {
+    // Swapped, not moved: both vectors keep their capacity, so a step's submissions do not grow
+    // a fresh vector again every cycle.
     std::lock_guard<std::mutex> lock(mutex_);
-    fresh.swap(queue_);
+    taken_.swap(queue_);
     list.joined = joining_;
   }
   joined_announced_ = list.joined;
-  for (auto& request : fresh) {
-    std::string key = request->spec().key();
-    pending_.emplace(std::move(key), LocalUnit{std::move(request), false});
+  for (auto& request : taken_) {
+    // submit() refused a name already in flight, so the key is new here.
+    const std::string_view key = request->spec().key();
+    pending_.emplace(key, LocalUnit{std::move(request), false});
   }
+  taken_.clear();
   if (cache_.capacity() > 0) list.ready_words.assign((cache_.capacity() + 63) / 64, 0);
   std::vector<LocalUnit*> uncached;
   for (auto& [key, unit] : pending_) {
@@ -714,6 +717,12 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
   }
   std::vector<std::vector<LocalUnit*>> units(response.batches.size());
   std::vector<const LocalUnit*> scheduled_units;  // checked for repeats once all are found
+  size_t scheduled_count = 0;
+  for (size_t b = 0; b < response.batches.size(); ++b) {
+    units[b].reserve(response.batches[b].units.size());
+    scheduled_count += response.batches[b].units.size();
+  }
+  scheduled_units.reserve(scheduled_count);
   uint64_t hits = 0, negotiated = 0;
   // Join: a rank that has joined takes part in what the others submitted, sending zeros (nothing
   // for an allgather) and receiving into a buffer of its own.
@@ -721,7 +730,7 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
     std::vector<std::byte> zeros, scratch;
     LocalUnit unit;
   };
-  std::deque<Phantom> phantoms;
+  std::list<Phantom> phantoms;  // stable addresses; unlike a deque, allocates nothing unused
   auto phantom_for = [&](const UnitSpec& spec) -> LocalUnit& {
     Phantom& phantom = phantoms.emplace_back();
     const size_t element = dtype_size(spec.dtype);
@@ -900,7 +909,7 @@ void FusionEngine::fail_everything(const Error& error) {
               error.what());
   }
   std::vector<std::string> keys;
-  for (const auto& [key, unit] : pending_) keys.push_back(key);
+  for (const auto& [key, unit] : pending_) keys.emplace_back(key);
   for (const std::string& key : keys) {
     finish(key, error.status(),
            fmt::format("{}: {}", describe(pending_.at(key).request->spec()), error.what()));

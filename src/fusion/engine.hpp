@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -179,7 +180,9 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   // Shared with the application's threads.
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<Request>> queue_;  // submitted, not yet seen by the engine
-  std::unordered_set<std::string> in_flight_;    // member names of every pending request
+  // The member names of every pending request, viewing the names in the requests (queued or
+  // pending, so alive until finish() or a failure takes them out of here).
+  std::unordered_set<std::string_view> in_flight_;
   std::optional<Error> failure_;                 // broken: every submission fails with it
   std::optional<Error> outside_failure_;         // the communicator broke
   State state_ = State::kNotStarted;
@@ -218,7 +221,9 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   std::unique_ptr<Timeline> timeline_;
   Executor executor_;
   uint32_t cycles_row_ = 0;
-  std::unordered_map<std::string, LocalUnit> pending_;
+  // By key, viewing the key in the unit's request (which the unit holds).
+  std::unordered_map<std::string_view, LocalUnit> pending_;
+  std::vector<std::shared_ptr<Request>> taken_;  // build_requests: queue_'s last contents
   uint64_t cycle_ = 0;
   bool joined_announced_ = false;     // rank 0 has been told that this rank joined
   Clock::time_point last_summary_{};  // rank 0: when waiting_ranks_ was last refreshed
