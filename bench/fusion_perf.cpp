@@ -31,6 +31,13 @@
 // buffer as large as all of the model's gradients together, the bound a fused step is measured
 // against (bench/fusion_bound.sh). Its median goes in a last column, "bound".
 //
+// --breakdown adds, for each model, where each mode's step went on the ranks' own clocks: inside
+// collectives, copying into and out of the fusion buffer, in negotiation cycles (the engine's
+// counters, kolo_fusion_stats_t), and the rest (submitting, the engine's own work between
+// collectives, threads waking and waiting for a CPU, the requests' waits); for ordered calls the
+// time inside kolo_allreduce and the rest. Each rank's step time and parts are averaged over the
+// ranks, then the median over the steps is shown for each column.
+//
 // --list-gradients prints the chosen models' gradients instead (model, name and float32 element
 // count, tab-separated, in forward order) and exits without joining a job, so that other tools
 // (bench/scaling_model.py) read the same shapes rather than defining the layers again.
@@ -191,19 +198,27 @@ kolo_fusion_stats_t fusion_stats(kolo_comm_t comm) {
 struct StepResult {
   double seconds = 0;        // the slowest rank's
   uint64_t collectives = 0;  // the engine ran on this rank
+  // --breakdown: this rank's own step and its parts (fusion_stats' times, or for ordered calls
+  // the time inside kolo_allreduce), then averaged over the ranks.
+  double own = 0, in_collectives = 0, copying = 0, negotiating = 0;
 };
+
+double seconds_of(uint64_t nanoseconds) {
+  return static_cast<double>(nanoseconds) / 1e9;
+}
 
 // One step: every gradient submitted in backward order, then all waited for; for kBound, `whole`
 // reduced in one call instead.
 StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vector<float>>& buffers,
                     std::vector<float>& whole, std::vector<kolo_request_t>& requests, Mode mode,
-                    uint64_t threshold) {
+                    uint64_t threshold, bool breakdown) {
   if (mode != Mode::kTuned && mode != Mode::kBound) {
     check(comm, kolo_comm_set_fusion_threshold(comm, mode == Mode::kFused ? threshold : 0),
           "kolo_comm_set_fusion_threshold");
   }
   const kolo_fusion_stats_t before = fusion_stats(comm);
   check(comm, kolo_barrier(comm), "kolo_barrier");
+  StepResult result;
   auto start = std::chrono::steady_clock::now();
   if (mode == Mode::kBound) {
     check(comm,
@@ -215,8 +230,10 @@ StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vecto
     const Gradient& gradient = model.gradients[i];
     float* data = buffers[i].data();
     if (mode == Mode::kOrdered) {
+      const auto call = breakdown ? std::chrono::steady_clock::now() : start;
       check(comm, kolo_allreduce(comm, data, data, gradient.count, KOLO_FLOAT32, KOLO_AVG),
             "kolo_allreduce");
+      if (breakdown) result.in_collectives += seconds_since(call);
     } else {
       check(comm,
             kolo_allreduce_async(comm, gradient.name.c_str(), data, data, gradient.count,
@@ -235,11 +252,25 @@ StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vecto
       kolo_request_free(request);
     }
   }
-  StepResult result;
   result.seconds = seconds_since(start);
+  result.own = result.seconds;
   check(comm, kolo_allreduce(comm, &result.seconds, &result.seconds, 1, KOLO_FLOAT64, KOLO_MAX),
         "kolo_allreduce");
-  result.collectives = fusion_stats(comm).collectives - before.collectives;
+  const kolo_fusion_stats_t after = fusion_stats(comm);
+  result.collectives = after.collectives - before.collectives;
+  if (breakdown) {
+    if (mode != Mode::kOrdered && mode != Mode::kBound) {
+      result.in_collectives = seconds_of(after.collective_ns - before.collective_ns);
+      result.copying = seconds_of(after.copy_ns - before.copy_ns);
+      result.negotiating = seconds_of(after.negotiation_ns - before.negotiation_ns);
+    }
+    double parts[4] = {result.own, result.in_collectives, result.copying, result.negotiating};
+    check(comm, kolo_allreduce(comm, parts, parts, 4, KOLO_FLOAT64, KOLO_AVG), "kolo_allreduce");
+    result.own = parts[0];
+    result.in_collectives = parts[1];
+    result.copying = parts[2];
+    result.negotiating = parts[3];
+  }
   return result;
 }
 
@@ -248,6 +279,37 @@ double median(std::vector<double> values) {
   if (values.empty()) return std::nan("");
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
+}
+
+// --breakdown's rows: per mode the medians over the steps of each rank-averaged part, in ms, and
+// of what the parts leave of the step.
+void print_breakdown(const std::string& model, const std::vector<std::vector<StepResult>>& parts) {
+  fmt::print(
+      "# {:<10} where a step went, ms: each rank's own clock, mean over the ranks, median "
+      "over the steps\n",
+      model);
+  fmt::print("# {:<10} {:>9} {:>11} {:>9} {:>11} {:>9}\n", "mode", "step", "collectives", "copying",
+             "negotiating", "other");
+  const char* names[] = {"fused", "unfused", "ordered"};
+  for (int mode = 0; mode < 3; ++mode) {
+    const std::vector<StepResult>& steps = parts[mode];
+    if (steps.empty()) continue;
+    auto column = [&](auto part) {
+      std::vector<double> values;
+      for (const StepResult& step : steps) values.push_back(part(step) * 1e3);
+      return median(values);
+    };
+    const bool engine = mode != 2;
+    auto shown = [&](double ms) { return engine ? fmt::format("{:.2f}", ms) : std::string("-"); };
+    fmt::print("# {:<10} {:>9.2f} {:>11.2f} {:>9} {:>11} {:>9.2f}\n", names[mode],
+               column([](const StepResult& step) { return step.own; }),
+               column([](const StepResult& step) { return step.in_collectives; }),
+               shown(column([](const StepResult& step) { return step.copying; })),
+               shown(column([](const StepResult& step) { return step.negotiating; })),
+               column([](const StepResult& step) {
+                 return step.own - step.in_collectives - step.copying - step.negotiating;
+               }));
+  }
 }
 
 }  // namespace
@@ -261,7 +323,7 @@ int main(int argc, char** argv) {
   bool verify = false;
   bool list_gradients = false;
   std::string max_tensor_text;
-  bool autotune = false, fused_only = false, bound = false;
+  bool autotune = false, fused_only = false, bound = false, breakdown = false;
   int max_tuning_steps = 2000;
   app.add_option("-m,--model", models,
                  "models, comma-separated: resnet50, resnet101, vgg16, "
@@ -290,6 +352,10 @@ int main(int argc, char** argv) {
                "also time one in-place allreduce of all the gradients' bytes, in turn with the "
                "other modes (last column)")
       ->excludes(autotune_flag);  // --autotune times only tuned steps
+  app.add_flag("--breakdown", breakdown,
+               "also print where each mode's step went: inside collectives, copying, "
+               "negotiating, the rest (each rank's own clock, mean over the ranks)")
+      ->excludes(autotune_flag);
   app.add_option("--max-tensor-bytes", max_tensor_text,
                  "keep only the gradients smaller than this (K/M/G suffixes): the latency-bound "
                  "part of a model")
@@ -422,6 +488,7 @@ int main(int argc, char** argv) {
     if (fused_only) modes = {Mode::kFused};
     if (bound) modes.push_back(Mode::kBound);
     std::vector<std::vector<double>> times(5);
+    std::vector<std::vector<StepResult>> parts(5);
     std::vector<double> collectives(5, 0);
     std::vector<kolo_request_t> requests(model.gradients.size());
     if (autotune) {
@@ -434,7 +501,7 @@ int main(int argc, char** argv) {
                        max_tuning_steps);
           return 1;
         }
-        run_step(comm, model, buffers, whole, requests, Mode::kTuned, threshold);
+        run_step(comm, model, buffers, whole, requests, Mode::kTuned, threshold, false);
         int64_t mine = fusion_stats(comm).autotune_settled ? 1 : 0;
         check(comm, kolo_allreduce(comm, &mine, &settled, 1, KOLO_INT64, KOLO_MIN),
               "kolo_allreduce");
@@ -444,7 +511,7 @@ int main(int argc, char** argv) {
       double tuned_collectives = 0;
       for (int step = 0; step < steps; ++step) {
         StepResult result =
-            run_step(comm, model, buffers, whole, requests, Mode::kTuned, threshold);
+            run_step(comm, model, buffers, whole, requests, Mode::kTuned, threshold, false);
         tuned.push_back(result.seconds);
         tuned_collectives += static_cast<double>(result.collectives) / steps;
       }
@@ -464,13 +531,32 @@ int main(int argc, char** argv) {
     }
     for (int step = 0; step < warmup + steps; ++step) {
       for (Mode mode : modes) {
-        StepResult result = run_step(comm, model, buffers, whole, requests, mode, threshold);
+        StepResult result =
+            run_step(comm, model, buffers, whole, requests, mode, threshold, breakdown);
         if (step < warmup) continue;
         times[static_cast<int>(mode)].push_back(result.seconds);
+        parts[static_cast<int>(mode)].push_back(result);
         collectives[static_cast<int>(mode)] += static_cast<double>(result.collectives) / steps;
       }
     }
     check_values(skip_ordered ? "fused and unfused" : "fused, unfused and ordered");  // and bound
+    if (verify && breakdown) {
+      // Collectives and copies lie inside the step on every rank; fused steps copy, unfused never.
+      for (int mode = 0; mode < 3; ++mode) {
+        for (const StepResult& step : parts[mode]) {
+          const bool fused = mode == 0 && step.collectives < model.gradients.size();
+          if (step.in_collectives + step.copying > step.own || (fused && step.copying <= 0) ||
+              (mode != 0 && step.copying != 0)) {
+            std::fprintf(stderr,
+                         "fusion_perf: rank %d: %s: a step's breakdown does not add up (mode %d, "
+                         "step %g s, collectives %g s, copying %g s, %llu collectives)\n",
+                         rank, model.name.c_str(), mode, step.own, step.in_collectives,
+                         step.copying, static_cast<unsigned long long>(step.collectives));
+            std::exit(1);
+          }
+        }
+      }
+    }
     const double fused = median(times[0]), unfused = median(times[1]);
     const double ordered = skip_ordered ? 0 : median(times[2]);
     if (rank == 0) {
@@ -482,6 +568,7 @@ int main(int argc, char** argv) {
           skip_ordered ? "-" : fmt::format("{:.1f}", ordered * 1e3),
           skip_ordered ? "-" : fmt::format("{:.2f}", busbw(ordered)),
           bound ? fmt::format(" | {:>9.1f}", median(times[4]) * 1e3) : "");
+      if (breakdown) print_breakdown(model.name, parts);
       std::fflush(stdout);
     }
   }

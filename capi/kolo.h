@@ -688,6 +688,14 @@ typedef struct kolo_fusion_stats {
   uint64_t fusion_threshold;    /* the fusion threshold in force on this rank (rank 0 plans) */
   double cycle_time_ms;         /* the cycle time in force on this rank */
   uint64_t segment_bytes;       /* the ring pipeline segment of the engine's collectives */
+  /* Added with the time breakdown: where the engine's thread spent its time, wall clock in
+   * nanoseconds since the engine started. A step's time outside the three is the engine's own
+   * work between them and the submitting and waiting threads' (README, "Where a fused step's
+   * time goes"). */
+  uint64_t collective_ns;  /* inside collectives, waiting there for other ranks included */
+  uint64_t copy_ns;        /* copying into and out of the fusion buffer */
+  uint64_t negotiation_ns; /* in negotiation cycles: this rank's list, the exchange with
+                              rank 0 (waiting for the slowest rank), rank 0's planning */
 } kolo_fusion_stats_t;
 
 /*

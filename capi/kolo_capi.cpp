@@ -517,6 +517,9 @@ kolo_status_t kolo_comm_fusion_stats(kolo_comm_t comm, kolo_fusion_stats_t* stat
     filled.fusion_threshold = counters.fusion_threshold;
     filled.cycle_time_ms = counters.cycle_time_ms;
     filled.segment_bytes = counters.segment_bytes;
+    filled.collective_ns = counters.collective_ns;
+    filled.copy_ns = counters.copy_ns;
+    filled.negotiation_ns = counters.negotiation_ns;
     const size_t known = std::min(stats->struct_size, sizeof(filled));
     std::memcpy(stats, &filled, known);
     if (stats->struct_size > known) {

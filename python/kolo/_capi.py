@@ -84,7 +84,10 @@ class FusionStats(ctypes.Structure):
             "requests_failed", "negotiated", "cache_hits", "collectives", "fused_collectives",
             "tensors_fused", "bytes_copied", "fusion_buffer_bytes", "autotune_updates",
             "autotune_settled", "fusion_threshold")
-    ] + [("cycle_time_ms", ctypes.c_double), ("segment_bytes", ctypes.c_uint64)]
+    ] + [("cycle_time_ms", ctypes.c_double)] + [
+        (name, ctypes.c_uint64) for name in (
+            "segment_bytes", "collective_ns", "copy_ns", "negotiation_ns")
+    ]
 
 
 _u64 = ctypes.c_uint64

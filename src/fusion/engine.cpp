@@ -335,6 +335,8 @@ FusionStats FusionEngine::stats() const {
   stats.tensors_fused = ran.tensors_fused;
   stats.bytes_copied = ran.bytes_copied;
   stats.fusion_buffer_bytes = ran.fusion_buffer_bytes;
+  stats.collective_ns = ran.collective_ns;
+  stats.copy_ns = ran.copy_ns;
   stats.fusion_threshold = fusion_threshold_.load();
   return stats;
 }
@@ -617,6 +619,8 @@ void FusionEngine::run_cycle() {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++stats_.cycles;
     if (idle_) ++stats_.idle_sleeps;
+    stats_.negotiation_ns += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(received - started).count());
   }
   if (timeline_) {
     if (announced > 0 || !response.batches.empty() || !response.errors.empty()) {

@@ -60,6 +60,12 @@ struct FusionStats {
   uint64_t fusion_threshold = 0;
   double cycle_time_ms = 0;
   uint64_t segment_bytes = 0;
+  // Where the engine's thread spent its time (wall clock): inside collectives, copying into and
+  // out of the fusion buffer, and in negotiation cycles (building this rank's list, the exchange
+  // with rank 0 and the wait for the slowest rank in it, rank 0's planning).
+  uint64_t collective_ns = 0;
+  uint64_t copy_ns = 0;
+  uint64_t negotiation_ns = 0;
 };
 
 // One tensor of a named call, in the caller's memory (which must stay valid until the request

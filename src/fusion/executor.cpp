@@ -14,6 +14,15 @@
 
 namespace kolo::fusion {
 
+namespace {
+
+uint64_t nanoseconds(Clock::duration duration) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(duration).count());
+}
+
+}  // namespace
+
 Executor::Executor(int size, Finished finished) : size_(size), finished_(std::move(finished)) {}
 
 void Executor::attach(Ring* ring, Timeline* timeline) {
@@ -33,6 +42,8 @@ void Executor::count(const ExecutorStats& more) {
   stats_.tensors_fused += more.tensors_fused;
   stats_.bytes_copied += more.bytes_copied;
   stats_.payload_bytes += more.payload_bytes;
+  stats_.collective_ns += more.collective_ns;
+  stats_.copy_ns += more.copy_ns;
 }
 
 void Executor::run(const Batch& batch, const std::vector<const Request*>& requests,
@@ -98,7 +109,9 @@ void Executor::run_allgather(const Request& request, const std::vector<uint64_t>
   allgather_blocks(*ring_, descriptor, buffers.send, buffers.recv, blocks);
   const Clock::time_point end = Clock::now();
   cost_.ran();
-  count({.collectives = 1, .payload_bytes = blocks.total * dtype_size(spec.dtype)});
+  count({.collectives = 1,
+         .payload_bytes = blocks.total * dtype_size(spec.dtype),
+         .collective_ns = nanoseconds(end - start)});
   if (timeline_) {
     uint32_t row = timeline_->row(spec.key());
     timeline_->span(row, "QUEUE", received, start);
@@ -139,7 +152,7 @@ void Executor::run_alone(const Request& request, Clock::time_point received) {
     } else {
       cost_.ran();
     }
-    count({.collectives = 1, .payload_bytes = bytes});
+    count({.collectives = 1, .payload_bytes = bytes, .collective_ns = nanoseconds(end - start)});
     if (timeline_) {
       uint32_t row = timeline_->row(spec.members[m].name);
       timeline_->span(row, "QUEUE", received, start);
@@ -206,12 +219,15 @@ void Executor::run_fused(const std::vector<const Request*>& requests, Clock::tim
     layout.copy_out(i, buffer, placed[i].buffers->recv, element);
     if (timed) out_marks[i + 1] = Clock::now();
   }
-  cost_.copied(payload, placed.size(), (reduce_start - start) + (Clock::now() - reduce_end));
+  const Clock::duration copying = (reduce_start - start) + (Clock::now() - reduce_end);
+  cost_.copied(payload, placed.size(), copying);
   count({.collectives = 1,
          .fused_collectives = 1,
          .tensors_fused = placed.size(),
          .bytes_copied = 2 * payload,
-         .payload_bytes = payload});
+         .payload_bytes = payload,
+         .collective_ns = nanoseconds(reduce_end - reduce_start),
+         .copy_ns = nanoseconds(copying)});
   if (timed) {
     const std::string args =
         Timeline::collective_args(descriptor.sequence, placed.size(), payload, first, true);

@@ -33,6 +33,8 @@ struct ExecutorStats {
   uint64_t bytes_copied = 0;         // into and out of the fusion buffer
   uint64_t fusion_buffer_bytes = 0;  // its size now
   uint64_t payload_bytes = 0;        // the tensors' bytes the collectives carried (autotune.hpp)
+  uint64_t collective_ns = 0;        // wall time inside those collectives (the probes left out)
+  uint64_t copy_ns = 0;              // wall time copying into and out of the fusion buffer
 };
 
 class Executor {

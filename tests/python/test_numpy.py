@@ -147,6 +147,10 @@ def rank_named():
                 assert got is buffers[names[i]]
     stats = kolo.fusion_stats()
     assert stats["tensors_submitted"] == 60 and stats["requests_completed"] == 60, stats
+    # the time breakdown, read through the same struct (a layout off by a field reads zeros or
+    # the neighbours' counts): the engine ran collectives and negotiated, and copied iff it fused
+    assert stats["collective_ns"] > 0 and stats["negotiation_ns"] > 0, stats
+    assert (stats["copy_ns"] > 0) == (stats["fused_collectives"] > 0), stats
     # grouped
     group = [rank_input(me, 10 * (i + 1), "int32", seed=i) for i in range(4)]
     handle = kolo.grouped_allreduce_async(group, names=[f"g{i}" for i in range(4)],
