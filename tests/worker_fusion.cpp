@@ -316,6 +316,22 @@ int run_orders(kolo_comm_t comm) {
                     stats.collective_ns, stats.copy_ns, stats.negotiation_ns, stats.collectives,
                     stats.fused_collectives, elapsed_ns));
   }
+  // A caller built before the breakdown passes the struct's older size: those bytes are filled
+  // and nothing after them is written.
+  kolo_fusion_stats_t older;
+  std::memset(&older, 0xab, sizeof(older));
+  older.struct_size = offsetof(kolo_fusion_stats_t, collective_ns);
+  check(comm, kolo_comm_fusion_stats(comm, &older), "kolo_comm_fusion_stats (older size)");
+  const auto* tail = reinterpret_cast<const unsigned char*>(&older) + older.struct_size;
+  const bool untouched = std::all_of(tail, reinterpret_cast<const unsigned char*>(&older + 1),
+                                     [](unsigned char byte) { return byte == 0xab; });
+  if (!untouched || older.collectives != stats.collectives) {
+    fail(
+        fmt::format("kolo_comm_fusion_stats with the older struct_size {}: {} collectives "
+                    "(expected {}), the bytes past it {}",
+                    older.struct_size, older.collectives, stats.collectives,
+                    untouched ? "untouched" : "overwritten"));
+  }
   fmt::print("rank {}: orders checks passed\n", g_rank);
   return 0;
 }
