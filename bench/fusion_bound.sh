@@ -14,8 +14,10 @@
 #
 # Prints per transport, N and model the medians over the rounds of the fused step, the ordered
 # calls and the one allreduce (ms), the medians of each round's fused / one allreduce (the
-# issue's bound: at most 1.1) and fused / ordered (at most 1), and in how many rounds the fused
-# step took no longer than the ordered calls.
+# issue's bound: at most 1.1) and fused / ordered (at most 1), in how many rounds the fused
+# step took no longer than the ordered calls, and (fusion_perf --breakdown) the medians of what
+# the fused step spent outside its collectives and how much longer its collectives took than the
+# ordered calls' (ms): the engine's own cost, and what fusing changed.
 set -eu
 cd "$(dirname "$0")/.."
 rounds=3 transports=tcp,ucx sizes=2,4 models=resnet50,bert-base build=build
@@ -31,18 +33,24 @@ echo "# fusion_bound: $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' '
 for round in $(seq 1 "$rounds"); do
   for transport in $(echo "$transports" | tr , ' '); do
     for n in $(echo "$sizes" | tr , ' '); do
-      # Rank 0's rows: model ... | fused ms ... | unfused ... | speedup | ordered ... | bound ms
+      # Rank 0's rows: model ... | fused ms ... | unfused ... | speedup | ordered ... | bound ms,
+      # then the model's breakdown: "# fused <step> <in collectives> ...", "# ordered ...".
       KOLO_TRANSPORT=$transport "$build/src/kolorun" -np "$n" "$build/bench/fusion_perf" \
-        --bound --steps 9 --warmup 2 --model "$models" 2>&1 |
-        awk -v t="$transport" -v n="$n" -F'|' '/^\[0\] +[a-z]/ {
-          split($1, a, " "); split($2, f, " "); split($5, o, " "); split($6, b, " ")
-          print t, n, a[2], f[1], o[1], b[1] }' >>"$log"
+        --bound --breakdown --steps 9 --warmup 2 --model "$models" 2>&1 |
+        awk -v t="$transport" -v n="$n" -F'|' '
+          /^\[0\] +[a-z]/ {
+            split($1, a, " "); split($2, f, " "); split($5, o, " "); split($6, b, " ")
+            row = t " " n " " a[2] " " f[1] " " o[1] " " b[1] }
+          /^\[0\] # fused / { split($0, x, " "); fused_step = x[4]; fused_in = x[5] }
+          /^\[0\] # ordered / {
+            split($0, x, " ")
+            print row, fused_step - fused_in, fused_in - x[5] }' >>"$log"
     done
   done
   echo "# round $round of $rounds done" >&2
 done
-echo "| transport | N | model | fused ms | ordered ms | one allreduce ms | fused / allreduce | fused / ordered | fused <= ordered |"
-echo "|---|--:|---|--:|--:|--:|--:|--:|--:|"
+echo "| transport | N | model | fused ms | ordered ms | one allreduce ms | fused / allreduce | fused / ordered | fused <= ordered | fused outside collectives ms | fused - ordered inside collectives ms |"
+echo "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|"
 awk '
   function median(list,   n, v, i, j, t) {
     n = split(list, v, " ")
@@ -53,13 +61,15 @@ awk '
     key = $1 " " $2 " " $3; keys[key] = 1; count[key]++
     fused[key] = fused[key] " " $4; ordered[key] = ordered[key] " " $5; bound[key] = bound[key] " " $6
     to_bound[key] = to_bound[key] " " $4 / $6; to_ordered[key] = to_ordered[key] " " $4 / $5
+    outside[key] = outside[key] " " $7; inside[key] = inside[key] " " $8
     if ($4 <= $5) faster[key]++
   }
   END {
     for (key in keys) {
       split(key, k, " ")
-      printf "| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %d of %d |\n", k[1], k[2], k[3],
-        median(fused[key]), median(ordered[key]), median(bound[key]), median(to_bound[key]),
-        median(to_ordered[key]), faster[key], count[key]
+      printf "| %s | %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %d of %d | %.2f | %.2f |\n",
+        k[1], k[2], k[3], median(fused[key]), median(ordered[key]), median(bound[key]),
+        median(to_bound[key]), median(to_ordered[key]), faster[key], count[key],
+        median(outside[key]), median(inside[key])
     }
   }' "$log" | sort
