@@ -33,6 +33,14 @@
 //
 // Every chunk has at least one segment, possibly empty, so every rank receives from its left
 // neighbour at every step: ranks that disagree about the call always find out, even for count 0.
+//
+// Several buffers at once (ring_allreduce_pieces(), which the fusion engine runs for a response's
+// large tensors). Chunk c of the collective is chunk c of each piece, cut as that piece alone
+// would be, one after the other; segments never cross from one piece into the next. Every element
+// is thus reduced at the same ranks in the same order as when its buffer is reduced alone (bitwise
+// the same result), while the pieces share one pipeline: the ring synchronises 2(N-1) times for
+// all of them, not for each, and a piece's first segments are on the wire while the previous
+// piece's last ones are reduced.
 #include <algorithm>
 
 #include "ring/reducing_call.hpp"
@@ -41,8 +49,9 @@
 namespace kolo {
 namespace {
 
-// Elements [begin, begin + length) of the buffer, one message of the pipeline.
+// Elements [begin, begin + length) of one piece, one message of the pipeline.
 struct Segment {
+  size_t piece = 0;
   uint64_t begin = 0;
   uint64_t length = 0;
 };
@@ -64,52 +73,75 @@ struct Step {
 constexpr size_t kNone = ~size_t{0};
 constexpr size_t kReceiveSlots = 4;
 
-class ChunkLayout {
- public:
-  ChunkLayout(uint64_t count, int ranks, uint64_t segment_elements)
-      : count_(count), ranks_(ranks), segment_(segment_elements) {}
-
-  uint64_t begin(int chunk) const {
-    return chunk * (count_ / ranks_) + std::min<uint64_t>(chunk, count_ % ranks_);
+// Chunk c of the collective is chunk c of every piece, in piece order, each piece cut as the ring
+// cuts it alone (the first count % N chunks one element longer), and then into segments of at
+// most `segment_elements`. A chunk without elements still has one segment, empty.
+std::vector<std::vector<Segment>> cut_chunks(const std::vector<AllreducePiece>& pieces, int ranks,
+                                             uint64_t segment_elements) {
+  std::vector<std::vector<Segment>> chunks(static_cast<size_t>(ranks));
+  for (int c = 0; c < ranks; ++c) {
+    std::vector<Segment>& segments = chunks[static_cast<size_t>(c)];
+    const uint64_t n = static_cast<uint64_t>(ranks), chunk = static_cast<uint64_t>(c);
+    for (size_t p = 0; p < pieces.size(); ++p) {
+      const uint64_t count = pieces[p].count;
+      const uint64_t begin = chunk * (count / n) + std::min(chunk, count % n);
+      const uint64_t size = count / n + (chunk < count % n ? 1 : 0);
+      for (uint64_t offset = 0; offset < size; offset += segment_elements) {
+        segments.push_back({p, begin + offset, std::min(segment_elements, size - offset)});
+      }
+    }
+    if (segments.empty()) segments.push_back({0, 0, 0});
   }
-  uint64_t size(int chunk) const {
-    return count_ / ranks_ + (static_cast<uint64_t>(chunk) < count_ % ranks_ ? 1 : 0);
-  }
-  uint64_t segments(int chunk) const {
-    return std::max<uint64_t>(1, (size(chunk) + segment_ - 1) / segment_);
-  }
-  Segment segment(int chunk, uint64_t k) const {
-    uint64_t offset = std::min(k * segment_, size(chunk));
-    return {begin(chunk) + offset, std::min(segment_, size(chunk) - offset)};
-  }
-
- private:
-  uint64_t count_;
-  int ranks_;
-  uint64_t segment_;
-};
+  return chunks;
+}
 
 }  // namespace
 
 void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf) {
+  ring_allreduce_pieces(ring, op, {{sendbuf, recvbuf, op.count}});
+}
+
+void ring_allreduce_pieces(Ring& ring, const OpDescriptor& op,
+                           const std::vector<AllreducePiece>& pieces) {
   const int n = ring.size();
   const int r = ring.rank();
-  const ReducingCall call(ring, op, sendbuf, recvbuf, op.count);
-  if (call.finished) return;
+  if (n == 1) {
+    for (const AllreducePiece& piece : pieces) {
+      (void)ReducingCall(ring, op, piece.send, piece.recv, piece.count);
+    }
+    return;
+  }
+  const ReduceSpec spec{op.dtype, op.op, op.prescale, op.postscale, n};
 
   const size_t element = dtype_size(op.dtype);
   const size_t accumulator = accumulator_size(op.dtype);
   const uint64_t segment_elements =
       std::max<size_t>(1, ring.segment_for(op.count / n * accumulator) / accumulator);
-  const ChunkLayout chunks(op.count, n, segment_elements);
+  const std::vector<std::vector<Segment>> chunks = cut_chunks(pieces, n, segment_elements);
   const bool partials_in_output = accumulator == element;
   const bool send_input_directly = partials_in_output && op.prescale == 1.0;
-  std::byte* partials =
+  // Partials in the accumulator type live in a shadow of every piece, one after the other.
+  std::vector<uint64_t> shadow_offset(pieces.size(), 0);
+  for (size_t p = 1; p < pieces.size(); ++p) {
+    shadow_offset[p] = shadow_offset[p - 1] + pieces[p - 1].count;
+  }
+  std::byte* shadow =
       partials_in_output
-          ? call.output
+          ? nullptr
           : ring.buffer(Ring::kPartials, std::max<uint64_t>(1, op.count) * accumulator);
   std::byte* slots =
       ring.buffer(Ring::kReceiveSlots, kReceiveSlots * segment_elements * accumulator);
+  auto input = [&](const Segment& segment) {
+    return static_cast<const std::byte*>(pieces[segment.piece].send) + segment.begin * element;
+  };
+  auto output = [&](const Segment& segment) {
+    return static_cast<std::byte*>(pieces[segment.piece].recv) + segment.begin * element;
+  };
+  auto partial = [&](const Segment& segment) {
+    return partials_in_output
+               ? output(segment)
+               : shadow + (shadow_offset[segment.piece] + segment.begin) * accumulator;
+  };
   auto mod = [n](int value) { return ((value % n) + n) % n; };
 
   // The schedule, in the global order every rank follows.
@@ -119,26 +151,27 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
     int send_chunk = mod(r - s);
     int receive_chunk = mod(r - s - 1);
     // The partial sent at step s > 0 was received at step s-1: same chunk, same segments.
-    size_t first = receives.size() - (s == 0 ? 0 : chunks.segments(send_chunk));
-    for (uint64_t k = 0; k < chunks.segments(send_chunk); ++k) {
-      sends.push_back({s == 0 ? Action::kSendInput : Action::kSendPartial,
-                       chunks.segment(send_chunk, k), s == 0 ? kNone : first + k});
+    const std::vector<Segment>& to_send = chunks[static_cast<size_t>(send_chunk)];
+    size_t first = receives.size() - (s == 0 ? 0 : to_send.size());
+    for (size_t k = 0; k < to_send.size(); ++k) {
+      sends.push_back({s == 0 ? Action::kSendInput : Action::kSendPartial, to_send[k],
+                       s == 0 ? kNone : first + k});
     }
-    for (uint64_t k = 0; k < chunks.segments(receive_chunk); ++k) {
-      receives.push_back({s == n - 2 ? Action::kFinish : Action::kCombine,
-                          chunks.segment(receive_chunk, k), kNone});
+    for (const Segment& segment : chunks[static_cast<size_t>(receive_chunk)]) {
+      receives.push_back({s == n - 2 ? Action::kFinish : Action::kCombine, segment, kNone});
     }
   }
   for (int s = 0; s < n - 1; ++s) {
     int send_chunk = mod(r + 1 - s);
     int receive_chunk = mod(r - s);
     // Sent at step s: finished by the last reduce-scatter receive, or gathered at step s-1.
-    size_t first = receives.size() - chunks.segments(send_chunk);
-    for (uint64_t k = 0; k < chunks.segments(send_chunk); ++k) {
-      sends.push_back({Action::kSendOutput, chunks.segment(send_chunk, k), first + k});
+    const std::vector<Segment>& to_send = chunks[static_cast<size_t>(send_chunk)];
+    size_t first = receives.size() - to_send.size();
+    for (size_t k = 0; k < to_send.size(); ++k) {
+      sends.push_back({Action::kSendOutput, to_send[k], first + k});
     }
-    for (uint64_t k = 0; k < chunks.segments(receive_chunk); ++k) {
-      receives.push_back({Action::kGather, chunks.segment(receive_chunk, k), kNone});
+    for (const Segment& segment : chunks[static_cast<size_t>(receive_chunk)]) {
+      receives.push_back({Action::kGather, segment, kNone});
     }
   }
 
@@ -163,8 +196,7 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
       const Step& step = receives[posted_receives];
       Transfer& transfer = receive_transfers[posted_receives];
       if (step.action == Action::kGather) {
-        transfer.reset(ring.left(), op, call.output + step.segment.begin * element,
-                       step.segment.length * element);
+        transfer.reset(ring.left(), op, output(step.segment), step.segment.length * element);
       } else {
         if (free_slots.empty()) break;
         size_t slot = free_slots.back();
@@ -172,12 +204,10 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
         slot_of[posted_receives] = slot;
         transfer.reset(ring.left(), op, slots + slot * segment_elements * accumulator,
                        step.segment.length * accumulator);
-        const uint64_t begin = step.segment.begin;
         const bool finish = step.action == Action::kFinish;
-        reductions[posted_receives] = {
-            &call.spec, finish,
-            finish ? call.output + begin * element : partials + begin * accumulator,
-            call.input + begin * element};
+        reductions[posted_receives] = {&spec, finish,
+                                       finish ? output(step.segment) : partial(step.segment),
+                                       input(step.segment)};
         reductions[posted_receives].attach(transfer);
       }
       ring.transport().post_recv(transfer);
@@ -197,20 +227,18 @@ void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, voi
     while (posted_sends < sends.size() && (sends[posted_sends].depends_on == kNone ||
                                            sends[posted_sends].depends_on < processed_receives)) {
       const Step& step = sends[posted_sends];
-      const uint64_t begin = step.segment.begin;
       const uint64_t length = step.segment.length;
       Transfer& transfer = send_transfers[posted_sends];
       if (step.action == Action::kSendOutput) {
-        transfer.reset(ring.right(), op, call.output + begin * element, length * element);
+        transfer.reset(ring.right(), op, output(step.segment), length * element);
       } else if (step.action == Action::kSendInput && send_input_directly) {
-        transfer.reset(ring.right(), op, const_cast<std::byte*>(call.input + begin * element),
+        transfer.reset(ring.right(), op, const_cast<std::byte*>(input(step.segment)),
                        length * element);
       } else {
         if (step.action == Action::kSendInput) {
-          reduce_load(partials + begin * accumulator, call.input + begin * element, length,
-                      call.spec);
+          reduce_load(partial(step.segment), input(step.segment), length, spec);
         }
-        transfer.reset(ring.right(), op, partials + begin * accumulator, length * accumulator);
+        transfer.reset(ring.right(), op, partial(step.segment), length * accumulator);
       }
       ring.transport().post_send(transfer);
       ++posted_sends;

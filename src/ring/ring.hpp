@@ -184,6 +184,18 @@ void run_allreduce(Ring& ring, OpDescriptor op, const void* sendbuf, void* recvb
 
 // The collectives, each in its own file with its schedule described at the top.
 void ring_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf, void* recvbuf);
+// One buffer of an allreduce over several at once.
+struct AllreducePiece {
+  const void* send;
+  void* recv;
+  uint64_t count;
+};
+// The ring allreduce of several buffers in one schedule (op.count: their total): every element is
+// reduced in the same chunk, in the same order, as ring_allreduce reduces its buffer alone, so the
+// results are bitwise the same, but the pieces share the ring's 2(N-1) steps and its pipeline
+// instead of paying them each. Nothing is copied.
+void ring_allreduce_pieces(Ring& ring, const OpDescriptor& op,
+                           const std::vector<AllreducePiece>& pieces);
 void ring_broadcast(Ring& ring, const OpDescriptor& op, void* buffer);
 void ring_barrier(Ring& ring, const OpDescriptor& op);
 // Returns once every rank has entered a call with the same descriptor; KOLO_ERR_MISMATCH on every
