@@ -28,6 +28,7 @@ class SubsetTransport final : public Transport {
   void abort(const Error& error) noexcept override { whole_.abort(error); }
   const Error* failure() const override { return whole_.failure(); }
   int readiness_fd() const override { return whole_.readiness_fd(); }
+  bool through_memory(int peer) const override { return whole_.through_memory(ranks_[peer]); }
 
  private:
   Transport& whole_;

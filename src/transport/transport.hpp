@@ -128,6 +128,12 @@ class Transport {
   // descriptors and call progress() when woken; -1 when the transport has none, and the caller
   // must then call progress() every few milliseconds instead.
   virtual int readiness_fd() const { return -1; }
+
+  // Whether messages to and from `peer` are copies through memory this host shares (kolo's
+  // shared-memory rings) rather than the network. Where they are, a collective's fixed cost is a
+  // few microseconds and memory traffic is what counts (the fusion engine runs large tensors one
+  // by one there, coordinator.hpp).
+  virtual bool through_memory(int /*peer*/) const { return false; }
 };
 
 // One transport as the registry (transport/registry.cpp) lists it.

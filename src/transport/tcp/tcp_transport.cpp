@@ -212,6 +212,7 @@ class TcpTransport final : public Transport {
   // The epoll set: readable while some socket (data or control) has an event to collect, or, with
   // rings, while the readiness flag is set (progress() returned without asking for doorbells).
   int readiness_fd() const override { return epoll_.fd(); }
+  bool through_memory(int peer) const override { return shm_.connected(peer); }
 
  private:
   // ---- waiting --------------------------------------------------------------------------------

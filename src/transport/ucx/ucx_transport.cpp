@@ -370,6 +370,7 @@ class UcxTransport final : public Transport {
   // progress() sets whenever it returns with the worker not armed: every return from progress()
   // leaves the worker armed or awake_ set.
   int readiness_fd() const override { return readiness_.fd(); }
+  bool through_memory(int peer) const override { return shm_.connected(peer); }
 
   void abort(const Error& error) noexcept override { fail(error, true); }
 
