@@ -96,6 +96,15 @@ TEST_CASE("tensors larger than the fusion threshold run alone", "[fusion][large]
                                "large checks passed");
 }
 
+TEST_CASE("tensors too large to fuse share one ring allreduce over the network, bitwise as alone",
+          "[fusion][one_ring]") {
+  for (int n : {2, 3}) {
+    DYNAMIC_SECTION("N = " << n) {
+      expect_all_pass_on_transport(run(n, {"one_ring"}), "one_ring checks passed");
+    }
+  }
+}
+
 TEST_CASE("one rank measures what fusing costs too, and runs a 512 KiB tensor alone",
           "[fusion][measured]") {
   expect_all_pass_on_transport(run(1, {"measured"}), "measured checks passed");

@@ -497,6 +497,38 @@ TEST_CASE("batches: same dtype, op and factors, within the threshold, looking pa
     coordinator.set_alone_bytes(kAloneBytes * 4);  // never above a megabyte
     CHECK(coordinator.alone_bytes() == kAloneBytes);
   }
+  SECTION("tensors too large to fuse share one ring, by kind, within the threshold") {
+    const uint64_t floats = kAloneBytes / 4;
+    response = coordinator.process(
+        2,
+        {announcing({allreduce("h1", floats), allreduce("small", 10),
+                     allreduce("h64", floats / 2, DataType::kFloat64), allreduce("h2", floats),
+                     allreduce("h3", floats), allreduce("h64b", floats / 2, DataType::kFloat64)})},
+        2 * kAloneBytes + 1, at(0));
+    batches.clear();
+    for (const Batch& batch : response.batches) {
+      std::vector<std::string> keys;
+      for (const ResponseUnit& unit : batch.units) keys.push_back(unit.spec.key());
+      batches.push_back(keys);
+      CHECK_FALSE(batch.fused);
+      CHECK(batch.one_ring == (keys.size() > 1));
+    }
+    // h3 would take h1's batch past the threshold; the float64 tensors are of another kind.
+    const std::vector<std::vector<std::string>> shared = {
+        {"h1", "h2"}, {"small"}, {"h64", "h64b"}, {"h3"}};
+    CHECK(batches == shared);
+    response = coordinator.process(
+        3, {announcing({allreduce("z1", floats), allreduce("z2", floats)})}, 0, at(0));
+    REQUIRE(response.batches.size() == 2);
+    for (const Batch& batch : response.batches) CHECK_FALSE(batch.one_ring);
+    // Nor where rank 0's ring neighbours are reached through shared memory.
+    ResponseCache no_cache(0);
+    Coordinator through_memory({1, 0.0, 0.0, false}, no_cache);
+    response = through_memory.process(
+        1, {announcing({allreduce("m1", floats), allreduce("m2", floats)})}, 64 << 20, at(0));
+    REQUIRE(response.batches.size() == 2);
+    for (const Batch& batch : response.batches) CHECK_FALSE(batch.one_ring);
+  }
   SECTION("a group larger than the threshold still runs as one fused collective") {
     response = coordinator.process(2, {announcing({group})}, 100, at(0));
     REQUIRE(response.batches.size() == 1);
@@ -815,9 +847,10 @@ TEST_CASE("a response that fuses what cannot be fused is refused before anything
   broadcast.kind = Kind::kBroadcast;
   broadcast.root = 1;
   broadcast.members.push_back({"w", 99});
-  auto outcome = [&](bool fused, std::vector<ResponseUnit> units) -> std::string {
+  auto outcome = [&](bool fused, std::vector<ResponseUnit> units,
+                     bool one_ring = false) -> std::string {
     ResponseList response;
-    response.batches.push_back({fused, std::move(units)});
+    response.batches.push_back({fused, std::move(units), one_ring});
     std::vector<uint8_t> bytes;
     encode(response, bytes);
     try {
@@ -850,6 +883,26 @@ TEST_CASE("a response that fuses what cannot be fused is refused before anything
   // What the coordinator fuses decodes.
   CHECK_THAT(outcome(true, {unit(a32), unit(allreduce("c", 3))}), Catch::Contains("accepted"));
   CHECK_THAT(outcome(true, {hit(0), unit(b64)}), Catch::Contains("accepted"));
+  // A batch on one ring: allreduces that fusable() accepts together, each reduced by the ring.
+  const UnitSpec ring_a = allreduce("ra", 100000), ring_b = allreduce("rb", 200000);
+  CHECK_THAT(outcome(false, {unit(ring_a), unit(ring_b)}, true), Catch::Contains("accepted"));
+  CHECK_THAT(
+      outcome(false, {unit(ring_a), unit(allreduce("r64", 100000, DataType::kFloat64))}, true),
+      Catch::Contains("one ring's batch of"));
+  CHECK_THAT(outcome(false, {unit(a32), unit(allreduce("c", 3))}, true),
+             Catch::Contains("one ring's batch of"));
+  CHECK_THAT(outcome(false, {unit(broadcast)}, true), Catch::Contains("one ring's batch of"));
+  // Its kind survives the wire, and no other kind does.
+  ResponseList response;
+  response.batches.push_back({false, {unit(ring_a), unit(ring_b)}, true});
+  std::vector<uint8_t> bytes;
+  encode(response, bytes);
+  ResponseList decoded = decode_responses(bytes.data(), bytes.size(), 3, cache);
+  REQUIRE(decoded.batches.size() == 1);
+  CHECK(decoded.batches[0].one_ring);
+  CHECK_FALSE(decoded.batches[0].fused);
+  bytes[13] = 3;  // the batch's kind, after idle (1), the last joined rank (4) and two counts (8)
+  CHECK(refused_responses(bytes, 3));
 }
 
 // The largest single allocation since the test reset it: every operator new of this program

@@ -10,6 +10,7 @@
 //   kolo_fusion_worker mixed       dtypes, ops and factors submitted together (none fused together)
 //   kolo_fusion_worker large       tensors larger than KOLO_FUSION_THRESHOLD beside small ones
 //   kolo_fusion_worker bitwise     every dtype and op, fused vs unfused, bit for bit
+//   kolo_fusion_worker one_ring    tensors too large to fuse share one ring allreduce
 //   kolo_fusion_worker cache [N]   N steps of a changing set of tensors; reports the cache counters
 //   kolo_fusion_worker group       grouped submissions run as one collective
 //   kolo_fusion_worker broadcast   named broadcasts from every root
@@ -455,6 +456,77 @@ int run_large(kolo_comm_t comm) {
                      stats.fusion_buffer_bytes));
   }
   fmt::print("rank {}: large checks passed\n", g_rank);
+  return 0;
+}
+
+// Tensors of a megabyte or more (never fused, whatever the engine measures) run on one ring per
+// response and kind (ring_allreduce_pieces) where the ranks talk over the network: nothing copied,
+// fewer collectives than tensors, the results correct and bitwise those of kolo_allreduce; with
+// fusion off, and over kolo's shared-memory rings, one collective each.
+int run_one_ring(kolo_comm_t comm) {
+  // Where the job runs over the shared-memory rings (registry.cpp: KOLO_SHM=auto means on for
+  // UCX, off for TCP; every rank of a test is on one host).
+  auto variable = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value ? value : "");
+  };
+  const std::string transport = variable("KOLO_TRANSPORT"), shm = variable("KOLO_SHM");
+  const bool through_memory = transport == "tcp" ? shm == "1" : shm != "0";
+  std::vector<Tensor> tensors;
+  for (uint64_t i = 0; i < 11; ++i) {
+    const bool sum = i < 7, single = i < 9;
+    Tensor tensor =
+        make_tensor(fmt::format("big.{}", i), single ? KOLO_FLOAT32 : KOLO_FLOAT64,
+                    sum ? KOLO_SUM : KOLO_AVG, (single ? 262144 : 131072) + 1001 * i, i);
+    if (!sum && single) tensor.postscale = 0.5;
+    tensors.push_back(std::move(tensor));
+  }
+  const uint64_t steps = 4;
+  for (int round = 0; round < 2; ++round) {
+    const bool fusing = round == 0;
+    check(comm, kolo_barrier(comm), "barrier");
+    check(comm, kolo_comm_set_fusion_threshold(comm, fusing ? (64u << 20) : 0),
+          "kolo_comm_set_fusion_threshold");
+    kolo_fusion_stats_t before = stats_of(comm);
+    for (uint64_t step = 0; step < steps; ++step) {
+      for (Tensor& tensor : tensors) tensor.prepare(step);
+      submit_shuffled(comm, tensors, step + 10 * round);
+      wait_all(tensors);
+      for (const Tensor& tensor : tensors) check_against_reference(tensor, step);
+      // The same inputs by ordered calls: bit for bit what the engine gave.
+      for (Tensor& tensor : tensors) {
+        std::vector<unsigned char> ordered(tensor.recv.size(), 0xCD);
+        check(comm,
+              kolo_allreduce_scaled(comm, tensor.send.data(), ordered.data(), tensor.count,
+                                    tensor.dtype, tensor.op, tensor.prescale, tensor.postscale),
+              "kolo_allreduce_scaled " + tensor.name);
+        if (ordered != tensor.recv) {
+          fail(fmt::format("{} step {}: the engine's result differs from kolo_allreduce's",
+                           tensor.name, step));
+        }
+      }
+    }
+    kolo_fusion_stats_t after = stats_of(comm);
+    const uint64_t collectives = after.collectives - before.collectives;
+    const uint64_t submitted = steps * tensors.size();
+    if (after.tensors_fused != before.tensors_fused || after.bytes_copied != before.bytes_copied) {
+      fail("a tensor of a megabyte or more went through the fusion buffer");
+    }
+    // Three kinds (float32 sums, float32 averages, float64 averages): at least three collectives
+    // a step; fewer than one per tensor unless every submission came in a cycle of its own.
+    if (fusing && g_size > 1 && !through_memory &&
+        (collectives < 3 * steps || collectives >= submitted)) {
+      fail(fmt::format("{} tensors in {} steps took {} collectives", tensors.size(), steps,
+                       collectives));
+    }
+    if ((!fusing || through_memory) && collectives != submitted) {
+      fail(fmt::format("{} {} tensors took {} collectives, not one each",
+                       fusing ? "over shared memory" : "with fusion off", submitted, collectives));
+    }
+    fmt::print("rank {}: {} tensors, {} collectives ({}{})\n", g_rank, submitted, collectives,
+               fusing ? "fusing" : "fusion off", through_memory ? ", shared memory" : "");
+  }
+  fmt::print("rank {}: one_ring checks passed\n", g_rank);
   return 0;
 }
 
@@ -1778,6 +1850,8 @@ int main(int argc, char** argv) {
     result = run_large(comm);
   } else if (scenario == "measured") {
     result = run_measured(comm);
+  } else if (scenario == "one_ring") {
+    result = run_one_ring(comm);
   } else if (scenario == "bitwise") {
     result = run_bitwise(comm);
   } else if (scenario == "cache") {

@@ -302,6 +302,23 @@ std::vector<Batch> Coordinator::plan(const std::vector<Ready>& ready,
         batch.units.push_back(unit_of(ready[j]));
       }
       batch.fused = members > 1;
+    } else if (settings_.one_ring && fusion_threshold > 0 && first.kind == Kind::kAllreduce &&
+               alone(first) && engine_algorithm(first, settings_.ranks) == Algorithm::kRing) {
+      // Tensors too large to fuse share one ring allreduce over their own buffers, up to the
+      // threshold.
+      uint64_t bytes = first.total_bytes();
+      for (size_t j = i + 1; j < ready.size() && bytes < fusion_threshold; ++j) {
+        if (taken[j] || !alone(*ready[j].spec) ||
+            !fusable(first, *ready[j].spec, settings_.ranks)) {
+          continue;
+        }
+        uint64_t more = ready[j].spec->total_bytes();
+        if (bytes + more > fusion_threshold) continue;
+        taken[j] = true;
+        bytes += more;
+        batch.units.push_back(unit_of(ready[j]));
+      }
+      batch.one_ring = batch.units.size() > 1;
     }
     batches.push_back(std::move(batch));
   }

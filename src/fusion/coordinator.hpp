@@ -52,6 +52,13 @@
 // (bench/fusion_perf measured ResNet-50 1.4 to 1.7 times slower with its 1-9 MiB gradients fused
 // than with nothing fused, on TCP loopback). Results do not depend on it: a tensor reduced alone
 // and one reduced in a fused buffer are bitwise the same.
+//
+// Such tensors, when the ring reduces them, still share a collective: the first starts a batch on
+// one ring (Batch::one_ring), and later ready ones of its kind (fusable(), alone too) join while
+// their bytes stay within the fusion threshold. The executor runs the batch as one ring allreduce
+// over the callers' buffers (ring_allreduce_pieces, ring/allreduce.cpp): no copy, each tensor
+// bitwise as alone, and the ring's 2(N-1) steps and pipeline paid once instead of per tensor. With
+// the threshold at 0 they run one collective each, as everything does.
 #pragma once
 
 #include <algorithm>
@@ -88,6 +95,9 @@ struct CoordinatorSettings {
   int ranks = 1;
   double stall_warning_s = 60.0;  // 0: never warn
   double stall_abort_s = 0.0;     // 0: never abort
+  // Whether tensors too large to fuse share one ring (see above): rank 0 reaches its ring
+  // neighbours over the network, not through shared memory.
+  bool one_ring = true;
 };
 
 class Coordinator {

@@ -46,7 +46,9 @@
 // element is reduced in exactly the order it would be alone: fused results are bitwise identical
 // to unfused ones for every dtype and op. A batch of one tensor (a broadcast, a tensor too large
 // for fusing to pay, which rank 0 measures (fusion_cost.hpp) and which is never more than a
-// megabyte, or anything when fusion is off) runs in place in the caller's buffers. A unit's
+// megabyte, or anything when fusion is off) runs in place in the caller's buffers; tensors too
+// large to fuse that the ring reduces share one ring allreduce over their buffers, up to the
+// threshold (a batch on one ring, coordinator.hpp), bitwise as alone and never copied. A unit's
 // schedule follows from its own size (engine_algorithm() in spec.hpp): recursive doubling up to
 // kolo_allreduce's limit for it, the ring above, and only units of the same schedule are fused
 // together, so that a tensor's result never depends on what it was batched with, and equals
@@ -97,8 +99,8 @@
 // completion) and the engine thread's life (connect, the cycle, the idle sleep, stop); request.*
 // a submission and its checks; negotiation.* the channel that carries a cycle's messages, the
 // wake-up and the goodbye; coordinator.* rank 0's answers; executor.* the batches, run fused
-// through the fusion buffer or alone; autotune.* rank 0's search for settings; timeline.* the
-// trace and all of its JSON.
+// through the fusion buffer, on one ring or alone; autotune.* rank 0's search for settings;
+// timeline.* the trace and all of its JSON.
 #include "fusion/engine.hpp"
 
 #include <fmt/format.h>
@@ -486,8 +488,11 @@ void FusionEngine::connect() {
           [this] { check_stop(); },
           [this](std::string activity) { set_activity(std::move(activity)); }});
   if (rank_ == 0) {
+    const bool through_memory =
+        transport_->through_memory(ring_->left()) && transport_->through_memory(ring_->right());
     coordinator_ = std::make_unique<Coordinator>(
-        CoordinatorSettings{size_, config_.stall_warning_s, config_.stall_abort_s}, cache_);
+        CoordinatorSettings{size_, config_.stall_warning_s, config_.stall_abort_s, !through_memory},
+        cache_);
   }
   cycle_time_ = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double, std::milli>(config_.cycle_time_ms));

@@ -52,6 +52,10 @@ void Executor::run(const Batch& batch, const std::vector<const Request*>& reques
     run_fused(requests, received, fusion_threshold);
     return;
   }
+  if (batch.one_ring) {
+    run_on_one_ring(requests, received);
+    return;
+  }
   for (size_t i = 0; i < requests.size(); ++i) {
     // An allgather is never a cache hit (coordinator.hpp): its scheduled spec, with every rank's
     // count, is in the response.
@@ -163,6 +167,47 @@ void Executor::run_alone(const Request& request, Clock::time_point received) {
     }
   }
   finished_(request, {});
+}
+
+// Every member of every request in one ring allreduce over their buffers, without copying.
+void Executor::run_on_one_ring(const std::vector<const Request*>& requests,
+                               Clock::time_point received) {
+  const UnitSpec& first = requests.front()->spec();
+  const size_t element = dtype_size(first.dtype);
+  std::vector<AllreducePiece> pieces;
+  for (const Request* request : requests) {
+    const std::vector<MemberBuffers>& buffers = request->buffers();
+    for (size_t m = 0; m < buffers.size(); ++m) {
+      pieces.push_back({buffers[m].send, buffers[m].recv, request->spec().members[m].count});
+    }
+  }
+  OpDescriptor descriptor;
+  descriptor.collective = Collective::kAllreduce;
+  descriptor.dtype = first.dtype;
+  descriptor.op = first.op;
+  descriptor.prescale = first.prescale;
+  descriptor.postscale = first.postscale;
+  for (const AllreducePiece& piece : pieces) descriptor.count += piece.count;
+  descriptor.algorithm = Algorithm::kRing;
+  descriptor.sequence = ++sequence_;
+  const Clock::time_point start = Clock::now();
+  ring_allreduce_pieces(*ring_, descriptor, pieces);
+  const Clock::time_point end = Clock::now();
+  const uint64_t bytes = descriptor.count * element;
+  cost_.alone(bytes, end - start);
+  count({.collectives = 1, .payload_bytes = bytes, .collective_ns = nanoseconds(end - start)});
+  if (timeline_) {
+    const std::string args =
+        Timeline::collective_args(descriptor.sequence, pieces.size(), bytes, first, false);
+    for (const Request* request : requests) {
+      for (const Member& member : request->spec().members) {
+        uint32_t row = timeline_->row(member.name);
+        timeline_->span(row, "QUEUE", received, start);
+        timeline_->span(row, "ALLREDUCE", start, end, args);
+      }
+    }
+  }
+  for (const Request* request : requests) finished_(*request, {});
 }
 
 // Every member of every request through the fusion buffer, in one allreduce.

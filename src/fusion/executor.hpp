@@ -1,8 +1,8 @@
 // The fusion engine's executor: runs the batches of a response, every rank the same collectives
-// in the same order, fused through the fusion buffer (fused_layout.hpp) or alone in the caller's
-// buffers. It owns the fusion buffer and the sequence numbers of the engine's collectives; the
-// engine (engine.hpp) matches a response to this rank's submissions and hands it the requests.
-// Engine thread only, except stats().
+// in the same order, fused through the fusion buffer (fused_layout.hpp), or in the callers'
+// buffers: several on one ring (Batch::one_ring) or each alone. It owns the fusion buffer and the
+// sequence numbers of the engine's collectives; the engine (engine.hpp) matches a response to this
+// rank's submissions and hands it the requests. Engine thread only, except stats().
 #pragma once
 
 #include <cstddef>
@@ -69,6 +69,7 @@ class Executor {
   void run_fused(const std::vector<const Request*>& requests, Clock::time_point received,
                  uint64_t fusion_threshold);
   void run_alone(const Request& request, Clock::time_point received);
+  void run_on_one_ring(const std::vector<const Request*>& requests, Clock::time_point received);
   void run_allgather(const Request& request, const std::vector<uint64_t>& counts,
                      Clock::time_point received);
   std::byte* fusion_buffer(size_t bytes, uint64_t fusion_threshold);

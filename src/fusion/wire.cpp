@@ -11,7 +11,11 @@ namespace {
 
 constexpr uint8_t kUnitHit = 1;
 constexpr uint8_t kUnitNew = 2;
-constexpr uint8_t kSettingsTag = 1;  // the only section that may follow a response's batches
+constexpr uint8_t kSettingsTag = 1;
+// What a batch's first byte says: its units run one after the other, fused, or on one ring.
+constexpr uint8_t kBatchApart = 0;
+constexpr uint8_t kBatchFused = 1;
+constexpr uint8_t kBatchOneRing = 2;  // the only section that may follow a response's batches
 
 class Writer {
  public:
@@ -208,7 +212,7 @@ void encode(const ResponseList& list, std::vector<uint8_t>& out) {
   }
   writer.put<uint32_t>(static_cast<uint32_t>(list.batches.size()));
   for (const Batch& batch : list.batches) {
-    writer.put<uint8_t>(batch.fused ? 1 : 0);
+    writer.put<uint8_t>(batch.fused ? kBatchFused : batch.one_ring ? kBatchOneRing : kBatchApart);
     writer.put<uint32_t>(static_cast<uint32_t>(batch.units.size()));
     for (const ResponseUnit& unit : batch.units) {
       writer.put<uint8_t>(unit.hit ? kUnitHit : kUnitNew);
@@ -251,9 +255,10 @@ ResponseList decode_responses(const uint8_t* data, size_t size, int ranks,
   uint32_t batches = reader.get_count("batch count", 5, ~uint32_t{0});
   for (uint32_t b = 0; b < batches; ++b) {
     Batch& batch = list.batches.emplace_back();
-    uint8_t fused = reader.get<uint8_t>("fused flag");
-    if (fused > 1) reader.malformed("fused flag");
-    batch.fused = fused == 1;
+    uint8_t kind = reader.get<uint8_t>("batch kind");
+    if (kind > kBatchOneRing) reader.malformed(fmt::format("batch kind {}", kind));
+    batch.fused = kind == kBatchFused;
+    batch.one_ring = kind == kBatchOneRing;
     uint32_t units = reader.get_count("unit count", 5, ~uint32_t{0});
     if (units == 0) reader.malformed("an empty batch");
     for (uint32_t u = 0; u < units; ++u) {
@@ -280,6 +285,11 @@ ResponseList decode_responses(const uint8_t* data, size_t size, int ranks,
       if (batch.fused && !fusable(*first, *spec, ranks)) {
         reader.malformed(
             fmt::format("a fused batch of {} and {}", describe(*first), describe(*spec)));
+      }
+      if (batch.one_ring &&
+          (!fusable(*first, *spec, ranks) || engine_algorithm(*spec, ranks) != Algorithm::kRing)) {
+        reader.malformed(
+            fmt::format("one ring's batch of {} and {}", describe(*first), describe(*spec)));
       }
     }
   }

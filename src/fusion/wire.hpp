@@ -14,7 +14,8 @@
 // (u32) and per member its name (u32 length, bytes) and count (u64); an allgather adds its
 // recv_capacity (u64) and its gathered counts (u32 n, then n u64): none in an announcement, one
 // per rank in a response. Allgathers are never cached nor fused, so a response that says
-// otherwise is malformed.
+// otherwise is malformed. A batch is its kind (u8: 0 apart, 1 fused, 2 on one ring), its unit
+// count (u32) and its units.
 //
 // A response may end with the engine's settings (only the autotuner sends them, only in the
 // cycle after it changed them): a tag byte (1), the fusion threshold (u64), the cycle time in
@@ -27,9 +28,10 @@
 // that this rank's cache holds, no slot appears twice, and the units of a fused batch are
 // allreduces that fusable() accepts together (the executor copies every member of a fused batch
 // with the first unit's element size, so a float64 member beside a float32 one, or a broadcast,
-// would be copied past its buffer). Decoders allocate as elements arrive, never by a count read
-// from the wire: a count is only bounded by the bytes left, and those bytes cost far more in
-// memory than on the wire (a 5-byte cache hit is an 88-byte ResponseUnit).
+// would be copied past its buffer); those of a batch on one ring are too, and run the ring.
+// Decoders allocate as elements arrive, never by a count read from the wire: a count is only
+// bounded by the bytes left, and those bytes cost far more in memory than on the wire (a 5-byte
+// cache hit is an 88-byte ResponseUnit).
 #pragma once
 
 #include <cstddef>
@@ -94,11 +96,13 @@ inline const UnitSpec* spec_of(const ResponseUnit& unit, const ResponseCache& ca
   return unit.hit ? cache.at(static_cast<uint32_t>(unit.slot)) : &unit.spec;
 }
 
-// Units run as one collective (fused) or one after the other (not fused: a single unit, a
-// broadcast, an allgather, or a group when fusion is off).
+// Units run as one collective through the fusion buffer (fused), as one ring allreduce over
+// their own buffers (one_ring: single tensors too large to fuse), or one after the other (neither:
+// a single unit, a broadcast, an allgather, or a group when fusion is off).
 struct Batch {
   bool fused = false;
   std::vector<ResponseUnit> units;
+  bool one_ring = false;
 };
 
 // A unit that fails on every rank that submitted it (ranks disagree, or it stalled too long).

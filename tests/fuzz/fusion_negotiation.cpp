@@ -104,6 +104,15 @@ void as_member(FuzzInput& input) {
                  settings.segment_bytes <= kLargestSegmentBytes);
   }
   for (const Batch& batch : response.batches) {
+    FUZZ_REQUIRE(!(batch.fused && batch.one_ring));
+    if (batch.one_ring) {  // one ring allreduce over the units' buffers: one dtype, the ring's
+      const UnitSpec* first = spec_of(batch.units.front(), cache);
+      for (const ResponseUnit& unit : batch.units) {
+        const UnitSpec* unit_spec = spec_of(unit, cache);
+        FUZZ_REQUIRE(unit_spec->kind == Kind::kAllreduce && unit_spec->dtype == first->dtype);
+        FUZZ_REQUIRE(engine_algorithm(*unit_spec, kRanks) == Algorithm::kRing);
+      }
+    }
     if (!batch.fused) continue;
     std::vector<std::pair<uint64_t, size_t>> members;  // count, element size
     uint64_t elements = 0;
