@@ -21,6 +21,19 @@ uint64_t nanoseconds(Clock::duration duration) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(duration).count());
 }
 
+// The descriptor of an allreduce of `count` elements with spec's dtype, op and factors.
+OpDescriptor allreduce_of(const UnitSpec& spec, uint64_t count, Algorithm algorithm) {
+  OpDescriptor descriptor;
+  descriptor.collective = Collective::kAllreduce;
+  descriptor.dtype = spec.dtype;
+  descriptor.op = spec.op;
+  descriptor.prescale = spec.prescale;
+  descriptor.postscale = spec.postscale;
+  descriptor.count = count;
+  descriptor.algorithm = algorithm;
+  return descriptor;
+}
+
 }  // namespace
 
 Executor::Executor(int size, Finished finished) : size_(size), finished_(std::move(finished)) {}
@@ -181,14 +194,9 @@ void Executor::run_on_one_ring(const std::vector<const Request*>& requests,
       pieces.push_back({buffers[m].send, buffers[m].recv, request->spec().members[m].count});
     }
   }
-  OpDescriptor descriptor;
-  descriptor.collective = Collective::kAllreduce;
-  descriptor.dtype = first.dtype;
-  descriptor.op = first.op;
-  descriptor.prescale = first.prescale;
-  descriptor.postscale = first.postscale;
-  for (const AllreducePiece& piece : pieces) descriptor.count += piece.count;
-  descriptor.algorithm = Algorithm::kRing;
+  uint64_t elements = 0;
+  for (const AllreducePiece& piece : pieces) elements += piece.count;
+  OpDescriptor descriptor = allreduce_of(first, elements, Algorithm::kRing);
   descriptor.sequence = ++sequence_;
   const Clock::time_point start = Clock::now();
   ring_allreduce_pieces(*ring_, descriptor, pieces);
@@ -244,14 +252,9 @@ void Executor::run_fused(const std::vector<const Request*>& requests, Clock::tim
   }
   layout.zero_padding(buffer, element);
 
-  OpDescriptor descriptor;
-  descriptor.collective = Collective::kAllreduce;
-  descriptor.dtype = first.dtype;
-  descriptor.op = first.op;
-  descriptor.prescale = first.prescale;
-  descriptor.postscale = first.postscale;
-  descriptor.count = layout.total_elements();
-  descriptor.algorithm = engine_algorithm(first, size_);  // the same for every unit (fusable())
+  // The schedule is the same for every unit (fusable()).
+  OpDescriptor descriptor =
+      allreduce_of(first, layout.total_elements(), engine_algorithm(first, size_));
   descriptor.sequence = ++sequence_;
   const Clock::time_point reduce_start = Clock::now();
   allreduce(descriptor, buffer, buffer);
