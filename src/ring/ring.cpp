@@ -29,6 +29,7 @@ class SubsetTransport final : public Transport {
   const Error* failure() const override { return whole_.failure(); }
   int readiness_fd() const override { return whole_.readiness_fd(); }
   bool through_memory(int peer) const override { return whole_.through_memory(ranks_[peer]); }
+  bool through_memory_everywhere() const override { return whole_.through_memory_everywhere(); }
 
  private:
   Transport& whole_;

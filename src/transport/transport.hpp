@@ -134,6 +134,10 @@ class Transport {
   // few microseconds and memory traffic is what counts (the fusion engine runs large tensors one
   // by one there, coordinator.hpp).
   virtual bool through_memory(int /*peer*/) const { return false; }
+  // Whether through_memory() holds for every pair of ranks, the same answer on every rank (which
+  // through_memory() alone does not promise when one pair's segment failed), so that a schedule
+  // may follow from it (recursive doubling's one-shot form, ring/allreduce_recursive_doubling.cpp).
+  virtual bool through_memory_everywhere() const { return false; }
 };
 
 // One transport as the registry (transport/registry.cpp) lists it.

@@ -332,10 +332,26 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, const std::str
     throw;
   }
 
+  // 3. Whether rings link every pair: each rank tells every peer whether it has a ring to each of
+  // its own peers. One byte each way, sent to all before any is awaited, as in step 1.
+  connected_count_ = 0;
+  for (int peer = 0; peer < size_; ++peer) connected_count_ += links_[peer] ? 1 : 0;
+  const uint8_t all_mine = connected_count_ == size_ - 1 ? 1 : 0;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) net::send_all(sockets[peer].control, &all_mine, 1, deadline);
+  }
+  everywhere_ = all_mine == 1;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    uint8_t all_theirs = 0;
+    net::recv_all(sockets[peer].control, &all_theirs, 1, deadline);
+    if (all_theirs > 1) throw control_.lost(peer, "it sent a malformed start-up message");
+    everywhere_ = everywhere_ && all_theirs == 1;
+  }
+
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     if (links_[peer]) {
-      ++connected_count_;
       log::info(
           "{}: rank {} reaches rank {} through kolo's shared-memory ring ({} slots of {} "
           "KiB each way, {} copies)",

@@ -108,6 +108,10 @@ class ShmChannel {
 
   bool connected(int peer) const { return links_[peer] != nullptr; }
   bool any() const { return connected_count_ > 0; }
+  // Whether a ring links every pair of ranks of the communicator, as every rank found it after
+  // connect() (each tells the others whether it reached all of its peers so): the same answer on
+  // every rank even where a single pair's segment could not be made.
+  bool everywhere() const { return everywhere_; }
   // Whether some peer is on another host (host identities differ), known after connect().
   bool any_other_host() const { return other_hosts_ > 0; }
   // Transfers posted to `peer` and not complete yet.
@@ -151,6 +155,7 @@ class ShmChannel {
   ControlChannel& control_;
   std::vector<std::unique_ptr<Link>> links_;
   int connected_count_ = 0;
+  bool everywhere_ = false;
   int other_hosts_ = 0;
   bool sleeping_ = false;
   Copy copy_ = Copy::kAuto;

@@ -213,6 +213,7 @@ class TcpTransport final : public Transport {
   // rings, while the readiness flag is set (progress() returned without asking for doorbells).
   int readiness_fd() const override { return epoll_.fd(); }
   bool through_memory(int peer) const override { return shm_.connected(peer); }
+  bool through_memory_everywhere() const override { return shm_.everywhere(); }
 
  private:
   // ---- waiting --------------------------------------------------------------------------------

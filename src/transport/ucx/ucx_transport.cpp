@@ -371,6 +371,7 @@ class UcxTransport final : public Transport {
   // leaves the worker armed or awake_ set.
   int readiness_fd() const override { return readiness_.fd(); }
   bool through_memory(int peer) const override { return shm_.connected(peer); }
+  bool through_memory_everywhere() const override { return shm_.everywhere(); }
 
   void abort(const Error& error) noexcept override { fail(error, true); }
 
