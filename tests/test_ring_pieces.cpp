@@ -7,42 +7,19 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "bootstrap/store.hpp"
 #include "core/op_descriptor.hpp"
 #include "ring/ring.hpp"
+#include "ring_threads.hpp"
 #include "transport/transport.hpp"
 
 namespace {
 
-const char* kSecret = "ring-pieces-secret";
-constexpr int kRanks = 3;
-constexpr uint64_t kContext = 0x91ece5;
+using ring_threads::random_elements;
 
-// Random elements that are finite in every dtype used here (no NaN, whose bits may vary).
-std::vector<std::byte> random_elements(kolo::DataType dtype, uint64_t count, uint64_t seed) {
-  std::mt19937_64 random(seed);
-  std::vector<std::byte> bytes(count * kolo::dtype_size(dtype));
-  for (uint64_t i = 0; i < count; ++i) {
-    const double value = static_cast<double>(random() % 2001) / 250.0 - 4.0;
-    if (dtype == kolo::DataType::kFloat32) {
-      const float f = static_cast<float>(value);
-      std::memcpy(bytes.data() + i * 4, &f, 4);
-    } else if (dtype == kolo::DataType::kFloat64) {
-      std::memcpy(bytes.data() + i * 8, &value, 8);
-    } else {  // float16: sign, an exponent of 2^-6..2^4, any mantissa
-      const uint16_t half = static_cast<uint16_t>(((random() & 1) << 15) |
-                                                  ((9 + random() % 11) << 10) | (random() & 0x3ff));
-      std::memcpy(bytes.data() + i * 2, &half, 2);
-    }
-  }
-  return bytes;
-}
+constexpr int kRanks = 3;
 
 struct Case {
   std::string name;
@@ -54,38 +31,6 @@ struct Case {
   bool in_place;
   std::vector<uint64_t> counts;
 };
-
-// Runs `body(rank, ring)` on every rank, each on its own thread with its own transport and ring.
-template <typename Body>
-void on_every_rank(const std::string& transport, size_t segment_bytes, Body body) {
-  kolo::StoreServer server({"127.0.0.1", 0}, kSecret);
-  kolo::TransportSettings settings;
-  settings.transport = transport;
-  settings.addr = server.endpoint().to_string();
-  settings.secret = kSecret;
-  settings.timeout_s = 30;
-  settings.socket_ifname = "=lo";
-  std::vector<std::string> errors(kRanks);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kRanks; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        kolo::StoreClient client(server.endpoint(), kSecret, rank, settings.timeout_s);
-        std::unique_ptr<kolo::Transport> links =
-            kolo::make_transport(settings, client, rank, kRanks, kContext);
-        kolo::Ring ring(*links, rank, kRanks, segment_bytes, settings.timeout_s);
-        body(rank, ring);
-      } catch (const std::exception& error) {
-        errors[rank] = error.what();
-      }
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  for (int rank = 0; rank < kRanks; ++rank) {
-    INFO("rank " << rank);
-    CHECK(errors[rank] == "");
-  }
-}
 
 }  // namespace
 
@@ -137,9 +82,7 @@ TEST_CASE("one ring over several buffers reduces each bitwise as alone", "[ring_
       {"one piece", DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0, 1024, false, {33333}},
   };
   for (const std::string transport : {"tcp", "ucx"}) {
-    bool known = false;
-    for (const auto& entry : kolo::transport_registry()) known |= transport == entry.name;
-    if (!known) continue;
+    if (!ring_threads::built_with(transport)) continue;
     for (const Case& c : cases) {
       DYNAMIC_SECTION(transport << ": " << c.name) {
         const size_t element = kolo::dtype_size(c.dtype);
@@ -153,31 +96,34 @@ TEST_CASE("one ring over several buffers reduces each bitwise as alone", "[ring_
             alone[rank].emplace_back(c.counts[p] * element, std::byte{0xa5});
           }
         }
-        on_every_rank(transport, c.segment_bytes, [&](int rank, kolo::Ring& ring) {
-          kolo::OpDescriptor op;
-          op.collective = kolo::Collective::kAllreduce;
-          op.dtype = c.dtype;
-          op.op = c.op;
-          op.prescale = c.prescale;
-          op.postscale = c.postscale;
-          op.algorithm = kolo::Algorithm::kRing;
-          std::vector<kolo::AllreducePiece> pieces;
-          op.count = 0;
-          for (size_t p = 0; p < c.counts.size(); ++p) {
-            std::vector<std::byte>& out = together[rank][p];
-            if (c.in_place) out = inputs[rank][p];
-            pieces.push_back(
-                {c.in_place ? out.data() : inputs[rank][p].data(), out.data(), c.counts[p]});
-            op.count += c.counts[p];
-          }
-          op.sequence = 1;
-          kolo::ring_allreduce_pieces(ring, op, pieces);
-          for (size_t p = 0; p < c.counts.size(); ++p) {
-            op.count = c.counts[p];
-            op.sequence = 2 + p;
-            kolo::ring_allreduce(ring, op, inputs[rank][p].data(), alone[rank][p].data());
-          }
-        });
+        kolo::TransportSettings settings;
+        settings.transport = transport;
+        ring_threads::on_every_rank(
+            kRanks, settings, c.segment_bytes, [&](int rank, kolo::Ring& ring) {
+              kolo::OpDescriptor op;
+              op.collective = kolo::Collective::kAllreduce;
+              op.dtype = c.dtype;
+              op.op = c.op;
+              op.prescale = c.prescale;
+              op.postscale = c.postscale;
+              op.algorithm = kolo::Algorithm::kRing;
+              std::vector<kolo::AllreducePiece> pieces;
+              op.count = 0;
+              for (size_t p = 0; p < c.counts.size(); ++p) {
+                std::vector<std::byte>& out = together[rank][p];
+                if (c.in_place) out = inputs[rank][p];
+                pieces.push_back(
+                    {c.in_place ? out.data() : inputs[rank][p].data(), out.data(), c.counts[p]});
+                op.count += c.counts[p];
+              }
+              op.sequence = 1;
+              kolo::ring_allreduce_pieces(ring, op, pieces);
+              for (size_t p = 0; p < c.counts.size(); ++p) {
+                op.count = c.counts[p];
+                op.sequence = 2 + p;
+                kolo::ring_allreduce(ring, op, inputs[rank][p].data(), alone[rank][p].data());
+              }
+            });
         for (int rank = 0; rank < kRanks; ++rank) {
           for (size_t p = 0; p < c.counts.size(); ++p) {
             INFO("rank " << rank << ", piece " << p << " of " << c.counts[p] << " elements");
