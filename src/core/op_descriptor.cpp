@@ -34,6 +34,8 @@ const char* algorithm_name(Algorithm algorithm) {
     case Algorithm::kHierarchical: return "hierarchical";
     case Algorithm::kHierarchicalShards:
       return "hierarchical by shards";
+    case Algorithm::kOneShot:
+      return "recursive doubling in one shot";
   }
   return "unknown algorithm";
 }

@@ -39,6 +39,7 @@ enum class Algorithm : uint8_t {
   kBruck = 2,               // small allgather
   kHierarchical = 3,        // allreduce through host leaders (ring/allreduce_hierarchical.cpp)
   kHierarchicalShards = 4,  // large allreduce by shards across hosts (the same file)
+  kOneShot = 5,             // small allreduce, recursive doubling's one-shot form (its file)
 };
 
 const char* algorithm_name(Algorithm algorithm);

@@ -33,6 +33,14 @@ namespace kolo {
 // Recursive doubling runs for buffers of at most this many bytes times N: the ring's latency
 // grows with N (2(N-1) steps against log2 N), so the size where its bandwidth wins does too.
 inline constexpr uint64_t kRecursiveDoublingMaxBytesPerRank = KOLO_RECURSIVE_DOUBLING_MAX_BYTES;
+// Recursive doubling's one-shot form (ring/allreduce_recursive_doubling.cpp) runs where shared
+// memory links every pair, for at most this many ranks and while a rank sends at most this many
+// bytes ((N - 1) x its partial). Measured on 2 cores (kolorun -np N allreduce_perf -b 8 -e 128K
+// -f 4, one shot / exchanges, median time of three alternating runs): N = 3 0.60-0.71 up to 8 KiB,
+// 1.00 at 32 KiB; N = 4 0.68-0.84 up to 8 KiB, 1.35 at 128 KiB; N = 8 0.66-0.78 up to 2 KiB,
+// 0.96 at 8 KiB, 1.32 at 32 KiB. Over TCP on loopback it was slower (N = 4: 1.04-1.51).
+inline constexpr int kOneShotMaxRanks = 8;
+inline constexpr uint64_t kOneShotMaxBytes = 32u << 10;
 // Total bytes of the gathered buffer at and below which Bruck's allgather runs.
 inline constexpr uint64_t kBruckMaxBytes = KOLO_BRUCK_MAX_BYTES;
 

@@ -27,11 +27,24 @@
 // rank's contribution reaches the others only through ranks that checked the message it came in;
 // a rank that disagrees is found out by the first rank it sends to, and nobody can finish without
 // its contribution, so no rank returns success while another reports KOLO_ERR_MISMATCH.
+//
+// One shot. Where kolo's shared-memory rings link every pair (Transport::
+// through_memory_everywhere(), agreed by every rank), N <= kOneShotMaxRanks and a rank would send
+// at most kOneShotMaxBytes, every rank sends its partial to every other rank at once and computes
+// the tree above by itself: the same combines of the same partials in the same order, so the same
+// bits as the exchanges give, after one round of messages instead of log2 P (+ 2 with a fold).
+// With more ranks than cores the exchanges wait for each partner in turn to be scheduled, which is
+// most of a small allreduce's time; one round waits once. Over sockets N - 1 messages cost more
+// than the rounds they save, and larger buffers multiply the bytes (see algorithms.hpp for the
+// measurements). Agreement holds as before: every rank checks the message of every other rank,
+// and the messages say Algorithm::kOneShot, so that a rank built with other limits, which
+// exchanges instead, reports KOLO_ERR_MISMATCH rather than taking a partial for a sum of two.
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <utility>
 
+#include "ring/algorithms.hpp"
 #include "ring/reducing_call.hpp"
 #include "ring/ring.hpp"
 
@@ -100,6 +113,54 @@ void fill_identity(std::byte* buffer, uint64_t count, DataType dtype, ReduceOp o
   }
 }
 
+namespace {
+
+// The one-shot form (see the top of the file): `all` holds room for every rank's partial, this
+// rank's already in its place.
+void one_shot(Ring& ring, const OpDescriptor& call_op, const ReducingCall& call, std::byte* all,
+              size_t partial_bytes, int powers) {
+  OpDescriptor op = call_op;
+  op.algorithm = Algorithm::kOneShot;
+  const int n = ring.size();
+  const int r = ring.rank();
+  const ReduceSpec partial_spec{accumulator_type(op.dtype), op.op, 1.0, 1.0, n};
+  Transfer* transfers = ring.transfers(2 * static_cast<size_t>(n));  // [peer]: in, [n + peer]: out
+  auto slot = [&](int rank) { return all + partial_bytes * static_cast<size_t>(rank); };
+  // Sends first, each to the next rank up, so that no peer is every rank's first.
+  for (int step = 1; step < n; ++step) {
+    const int peer = (r + step) % n;
+    transfers[n + peer].reset(peer, op, slot(r), partial_bytes);
+    ring.transport().post_send(transfers[n + peer]);
+  }
+  for (int step = 1; step < n; ++step) {
+    const int peer = (r - step + n) % n;
+    transfers[peer].reset(peer, op, slot(peer), partial_bytes);
+    ring.transport().post_recv(transfers[peer]);
+  }
+  for (int step = 1; step < n; ++step) {
+    for (int peer : {(r - step + n) % n, (r + step) % n + n}) {
+      while (!transfers[peer].complete) ring.wait(op, peer % n);
+      ring.made_progress();
+    }
+  }
+  // The tree of the exchanges: the fold, then each distance, the lower rank's partial first.
+  for (int low = 0; low < n - powers; ++low) {
+    reduce_combine(slot(low), slot(low), slot(low + powers), op.count, partial_spec);
+  }
+  for (int distance = 1; distance < powers; distance *= 2) {
+    for (int low = 0; low < powers; low += 2 * distance) {
+      reduce_combine(slot(low), slot(low), slot(low + distance), op.count, partial_spec);
+    }
+  }
+  const size_t element = dtype_size(op.dtype);
+  std::byte* identity = ring.buffer(Ring::kScratch, std::max<size_t>(1, op.count * element));
+  fill_identity(identity, op.count, op.dtype, op.op);
+  const ReduceSpec finish_spec{op.dtype, op.op, 1.0, op.postscale, n};
+  reduce_finish(call.output, slot(0), identity, op.count, finish_spec);
+}
+
+}  // namespace
+
 void recursive_doubling_allreduce(Ring& ring, const OpDescriptor& op, const void* sendbuf,
                                   void* recvbuf) {
   const int n = ring.size();
@@ -140,6 +201,22 @@ void recursive_doubling_allreduce(Ring& ring, const OpDescriptor& op, const void
     }
   };
   ring.begin();
+
+  if (n > 2 && n <= kOneShotMaxRanks &&
+      partial_bytes * static_cast<uint64_t>(n - 1) <= kOneShotMaxBytes &&
+      ring.transport().through_memory_everywhere()) {
+    std::byte* all = ring.buffer(Ring::kReceiveSlots, std::max<size_t>(1, partial_bytes * n));
+    std::byte* own = all + partial_bytes * static_cast<size_t>(r);
+    // As the exchanges start: a rank r >= P hands over its input as it is when that already is a
+    // partial.
+    if (r >= powers && accumulator == element && op.prescale == 1.0) {
+      if (partial_bytes > 0) std::memcpy(own, call.input, partial_bytes);
+    } else {
+      reduce_load(own, call.input, op.count, call.spec);
+    }
+    one_shot(ring, op, call, all, partial_bytes, powers);
+    return;
+  }
 
   if (r >= powers) {
     // Hand our contribution to r - P and wait for the result. The input goes as it is when it

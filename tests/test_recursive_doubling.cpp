@@ -1,0 +1,168 @@
+// Recursive doubling's one-shot form (ring/allreduce_recursive_doubling.cpp): where kolo's
+// shared-memory rings link every pair, a small allreduce sends every partial to every rank at
+// once and each rank combines them itself. It must give bitwise what the exchanges give. N ranks
+// run as threads of this process, once over TCP with the rings (one shot where small enough) and
+// once without them (the exchanges), on the same inputs; every result must match bitwise across
+// the two runs and across ranks, and equal the exact sum where the inputs make it exact.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/op_descriptor.hpp"
+#include "ring/algorithms.hpp"
+#include "ring/ring.hpp"
+#include "ring_threads.hpp"
+#include "transport/transport.hpp"
+
+namespace {
+
+using kolo::DataType;
+using kolo::ReduceOp;
+
+struct Case {
+  std::string name;
+  DataType dtype;
+  ReduceOp op;
+  double prescale;
+  double postscale;
+  uint64_t count;
+  bool in_place;
+};
+
+// Integers in -1000..1000: float and int sums of a few of them are exact in any order.
+std::vector<std::byte> small_integers(DataType dtype, uint64_t count, uint64_t seed) {
+  std::mt19937_64 random(seed);
+  std::vector<std::byte> bytes(count * kolo::dtype_size(dtype));
+  for (uint64_t i = 0; i < count; ++i) {
+    const int32_t value = static_cast<int32_t>(random() % 2001) - 1000;
+    if (dtype == DataType::kInt32) {
+      std::memcpy(bytes.data() + i * 4, &value, 4);
+    } else {
+      const float f = static_cast<float>(value);
+      std::memcpy(bytes.data() + i * 4, &f, 4);
+    }
+  }
+  return bytes;
+}
+
+// The largest count whose partials a rank may send to all others in one shot.
+uint64_t one_shot_limit(DataType dtype, int ranks) {
+  return kolo::kOneShotMaxBytes /
+         (static_cast<uint64_t>(ranks - 1) * kolo::accumulator_size(dtype));
+}
+
+}  // namespace
+
+TEST_CASE("recursive doubling in one shot gives the exchanges' bits", "[one_shot]") {
+  if (!ring_threads::built_with("tcp")) return;
+  for (int ranks : {3, 4, 5, 8}) {
+    DYNAMIC_SECTION(ranks << " ranks") {
+      const uint64_t limit32 = one_shot_limit(DataType::kFloat32, ranks);
+      const uint64_t limit16 = one_shot_limit(DataType::kFloat16, ranks);
+      const std::vector<Case> cases = {
+          {"float32 sum", DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0, 1000, false},
+          {"float32 sum, one element, in place", DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0, 1,
+           true},
+          {"float32 sum at the one-shot limit", DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0,
+           limit32, false},
+          {"float32 sum just above it", DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0, limit32 + 1,
+           false},
+          {"float32 avg, prescaled and postscaled", DataType::kFloat32, ReduceOp::kAvg, 0.75, 1.5,
+           777, true},
+          {"float64 prod", DataType::kFloat64, ReduceOp::kProd, 1.0, 1.0, 300, false},
+          {"float64 min", DataType::kFloat64, ReduceOp::kMin, 1.0, 1.0, 5, false},
+          {"float16 sum (float32 partials) at the limit", DataType::kFloat16, ReduceOp::kSum, 1.0,
+           1.0, limit16, false},
+          {"float16 avg, prescaled", DataType::kFloat16, ReduceOp::kAvg, 0.5, 1.0, 999, true},
+          {"int32 sum", DataType::kInt32, ReduceOp::kSum, 1.0, 1.0, 2048, false},
+          {"float32 sum of integers", DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0, 4000, false},
+      };
+      // Each rank's input of case k, the same in both runs.
+      auto input_of = [&](size_t k, int rank) {
+        const Case& c = cases[k];
+        const uint64_t seed = 1000 * static_cast<uint64_t>(ranks) + 10 * k + rank;
+        return c.dtype == DataType::kInt32 || c.name == "float32 sum of integers"
+                   ? small_integers(c.dtype, c.count, seed)
+                   : ring_threads::random_elements(c.dtype, c.count, seed);
+      };
+      std::vector<std::vector<std::vector<std::byte>>> results[2];  // [run][rank][case]
+      std::vector<int> everywhere[2];
+      for (int run = 0; run < 2; ++run) {
+        results[run].assign(ranks, std::vector<std::vector<std::byte>>(cases.size()));
+        everywhere[run].assign(ranks, -1);
+        kolo::TransportSettings settings;
+        settings.transport = "tcp";
+        settings.shm.assign(1, run == 0 ? '1' : '0');  // KOLO_SHM
+        ring_threads::on_every_rank(ranks, settings, 1 << 20, [&](int rank, kolo::Ring& ring) {
+          everywhere[run][rank] = ring.transport().through_memory_everywhere() ? 1 : 0;
+          for (size_t k = 0; k < cases.size(); ++k) {
+            const Case& c = cases[k];
+            kolo::OpDescriptor op;
+            op.collective = kolo::Collective::kAllreduce;
+            op.algorithm = kolo::Algorithm::kRecursiveDoubling;
+            op.dtype = c.dtype;
+            op.op = c.op;
+            op.prescale = c.prescale;
+            op.postscale = c.postscale;
+            op.count = c.count;
+            op.sequence = 1 + k;
+            std::vector<std::byte> input = input_of(k, rank);
+            std::vector<std::byte>& output = results[run][rank][k];
+            output.assign(input.size(), std::byte{0x5a});
+            if (c.in_place) output = input;
+            kolo::recursive_doubling_allreduce(ring, op, c.in_place ? output.data() : input.data(),
+                                               output.data());
+          }
+        });
+      }
+      for (int rank = 0; rank < ranks; ++rank) {
+        INFO("rank " << rank);
+        CHECK(everywhere[0][rank] == 1);  // so the small cases ran in one shot
+        CHECK(everywhere[1][rank] == 0);  // and here as exchanges
+      }
+      for (size_t k = 0; k < cases.size(); ++k) {
+        const Case& c = cases[k];
+        INFO(c.name << ", " << c.count << " elements");
+        for (int rank = 0; rank < ranks; ++rank) {
+          INFO("rank " << rank);
+          CHECK(results[0][rank][k] == results[1][rank][k]);
+          CHECK(results[0][rank][k] == results[0][0][k]);
+        }
+        if (c.dtype != DataType::kInt32 && c.name != "float32 sum of integers") continue;
+        // Exact: the sum of the inputs, however it was combined.
+        std::vector<std::vector<std::byte>> inputs;
+        for (int rank = 0; rank < ranks; ++rank) inputs.push_back(input_of(k, rank));
+        uint64_t wrong = 0;
+        for (uint64_t i = 0; i < c.count; ++i) {
+          int64_t expected = 0;
+          for (const std::vector<std::byte>& input : inputs) {
+            if (c.dtype == DataType::kInt32) {
+              int32_t value;
+              std::memcpy(&value, input.data() + i * 4, 4);
+              expected += value;
+            } else {
+              float value;
+              std::memcpy(&value, input.data() + i * 4, 4);
+              expected += static_cast<int64_t>(value);
+            }
+          }
+          double got;
+          if (c.dtype == DataType::kInt32) {
+            int32_t value;
+            std::memcpy(&value, results[0][0][k].data() + i * 4, 4);
+            got = value;
+          } else {
+            float value;
+            std::memcpy(&value, results[0][0][k].data() + i * 4, 4);
+            got = value;
+          }
+          wrong += got != static_cast<double>(expected) ? 1 : 0;
+        }
+        CHECK(wrong == 0);
+      }
+    }
+  }
+}
