@@ -35,10 +35,12 @@ namespace kolo {
 inline constexpr uint64_t kRecursiveDoublingMaxBytesPerRank = KOLO_RECURSIVE_DOUBLING_MAX_BYTES;
 // Recursive doubling's one-shot form (ring/allreduce_recursive_doubling.cpp) runs where shared
 // memory links every pair, for at most this many ranks and while a rank sends at most this many
-// bytes ((N - 1) x its partial). Measured on 2 cores (kolorun -np N allreduce_perf -b 8 -e 128K
-// -f 4, one shot / exchanges, median time of three alternating runs): N = 3 0.60-0.71 up to 8 KiB,
-// 1.00 at 32 KiB; N = 4 0.68-0.84 up to 8 KiB, 1.35 at 128 KiB; N = 8 0.66-0.78 up to 2 KiB,
-// 0.96 at 8 KiB, 1.32 at 32 KiB. Over TCP on loopback it was slower (N = 4: 1.04-1.51).
+// bytes ((N - 1) x its partial). The limits come from a first sweep on 2 cores (kolorun -np N
+// allreduce_perf -b 8 -e 128K -f 4, one shot / exchanges, medians of three alternating runs of a
+// build that could switch): one shot lost at N = 4 with 128 KiB (1.35) and at N = 8 with 32 KiB
+// (1.32), and broke even at N = 3 with 32 KiB (1.00) and N = 8 with 8 KiB (0.96); below, it won
+// but for one size at N = 4 (32 B: 1.35, where single runs flip between two speeds). Over TCP on
+// loopback it lost (N = 4: 1.04-1.51, 0.98 at 2 KiB). The README has the measured result.
 inline constexpr int kOneShotMaxRanks = 8;
 inline constexpr uint64_t kOneShotMaxBytes = 32u << 10;
 // Total bytes of the gathered buffer at and below which Bruck's allgather runs.
