@@ -33,6 +33,7 @@ struct Case {
   double postscale;
   uint64_t count;
   bool in_place;
+  bool integers = false;  // small_integers() as input: the sum is exact
 };
 
 // Integers in -1000..1000: float and int sums of a few of them are exact in any order.
@@ -49,6 +50,18 @@ std::vector<std::byte> small_integers(DataType dtype, uint64_t count, uint64_t s
     }
   }
   return bytes;
+}
+
+// Element i of an int32 or float32 buffer, as a double (exactly).
+double element_at(DataType dtype, const std::vector<std::byte>& bytes, uint64_t i) {
+  if (dtype == DataType::kInt32) {
+    int32_t value;
+    std::memcpy(&value, bytes.data() + i * 4, 4);
+    return value;
+  }
+  float value;
+  std::memcpy(&value, bytes.data() + i * 4, 4);
+  return value;
 }
 
 // The largest count whose partials a rank may send to all others in one shot.
@@ -94,16 +107,16 @@ TEST_CASE("recursive doubling in one shot gives the exchanges' bits", "[one_shot
           {"float16 sum (float32 partials) at the limit", DataType::kFloat16, ReduceOp::kSum, 1.0,
            1.0, limit16, false},
           {"float16 avg, prescaled", DataType::kFloat16, ReduceOp::kAvg, 0.5, 1.0, 999, true},
-          {"int32 sum", DataType::kInt32, ReduceOp::kSum, 1.0, 1.0, 2048, false},
-          {"float32 sum of integers", DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0, 4000, false},
+          {"int32 sum", DataType::kInt32, ReduceOp::kSum, 1.0, 1.0, 2048, false, true},
+          {"float32 sum of integers", DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0, 4000, false,
+           true},
       };
       // Each rank's input of case k, the same in both runs.
       auto input_of = [&](size_t k, int rank) {
         const Case& c = cases[k];
         const uint64_t seed = 1000 * static_cast<uint64_t>(ranks) + 10 * k + rank;
-        return c.dtype == DataType::kInt32 || c.name == "float32 sum of integers"
-                   ? small_integers(c.dtype, c.count, seed)
-                   : ring_threads::random_elements(c.dtype, c.count, seed);
+        return c.integers ? small_integers(c.dtype, c.count, seed)
+                          : ring_threads::random_elements(c.dtype, c.count, seed);
       };
       std::vector<std::vector<std::vector<std::byte>>> results[2];  // [run][rank][case]
       std::vector<int> everywhere[2];
@@ -148,35 +161,17 @@ TEST_CASE("recursive doubling in one shot gives the exchanges' bits", "[one_shot
           CHECK(results[0][rank][k] == results[1][rank][k]);
           CHECK(results[0][rank][k] == results[0][0][k]);
         }
-        if (c.dtype != DataType::kInt32 && c.name != "float32 sum of integers") continue;
+        if (!c.integers) continue;
         // Exact: the sum of the inputs, however it was combined.
         std::vector<std::vector<std::byte>> inputs;
         for (int rank = 0; rank < ranks; ++rank) inputs.push_back(input_of(k, rank));
         uint64_t wrong = 0;
         for (uint64_t i = 0; i < c.count; ++i) {
-          int64_t expected = 0;
+          double expected = 0;  // sums of a few integers below 2^53: exact
           for (const std::vector<std::byte>& input : inputs) {
-            if (c.dtype == DataType::kInt32) {
-              int32_t value;
-              std::memcpy(&value, input.data() + i * 4, 4);
-              expected += value;
-            } else {
-              float value;
-              std::memcpy(&value, input.data() + i * 4, 4);
-              expected += static_cast<int64_t>(value);
-            }
+            expected += element_at(c.dtype, input, i);
           }
-          double got;
-          if (c.dtype == DataType::kInt32) {
-            int32_t value;
-            std::memcpy(&value, results[0][0][k].data() + i * 4, 4);
-            got = value;
-          } else {
-            float value;
-            std::memcpy(&value, results[0][0][k].data() + i * 4, 4);
-            got = value;
-          }
-          wrong += got != static_cast<double>(expected) ? 1 : 0;
+          wrong += element_at(c.dtype, results[0][0][k], i) != expected ? 1 : 0;
         }
         CHECK(wrong == 0);
       }
