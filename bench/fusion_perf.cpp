@@ -38,6 +38,10 @@
 // time inside kolo_allreduce and the rest. Each rank's step time and parts are averaged over the
 // ranks, then the median over the steps is shown for each column.
 //
+// --skew-ms D makes the last rank start every step D ms after the others (in every mode: its
+// backward pass ends later, as one rank's often does), so that the step shows what waiting for a
+// late rank costs beyond the wait itself.
+//
 // --list-gradients prints the chosen models' gradients instead (model, name and float32 element
 // count, tab-separated, in forward order) and exits without joining a job, so that other tools
 // (bench/scaling_model.py) read the same shapes rather than defining the layers again.
@@ -52,6 +56,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "perf_common.hpp"
@@ -208,10 +213,10 @@ double seconds_of(uint64_t nanoseconds) {
 }
 
 // One step: every gradient submitted in backward order, then all waited for; for kBound, `whole`
-// reduced in one call instead.
+// reduced in one call instead. This rank starts `late_s` after the others (--skew-ms).
 StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vector<float>>& buffers,
                     std::vector<float>& whole, std::vector<kolo_request_t>& requests, Mode mode,
-                    uint64_t threshold, bool breakdown) {
+                    uint64_t threshold, bool breakdown, double late_s) {
   if (mode != Mode::kTuned && mode != Mode::kBound) {
     check(comm, kolo_comm_set_fusion_threshold(comm, mode == Mode::kFused ? threshold : 0),
           "kolo_comm_set_fusion_threshold");
@@ -220,6 +225,7 @@ StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vecto
   check(comm, kolo_barrier(comm), "kolo_barrier");
   StepResult result;
   auto start = std::chrono::steady_clock::now();
+  if (late_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(late_s));
   if (mode == Mode::kBound) {
     check(comm,
           kolo_allreduce(comm, whole.data(), whole.data(), whole.size(), KOLO_FLOAT32, KOLO_AVG),
@@ -325,6 +331,7 @@ int main(int argc, char** argv) {
   std::string max_tensor_text;
   bool autotune = false, fused_only = false, bound = false, breakdown = false;
   int max_tuning_steps = 2000;
+  double skew_ms = 0;
   app.add_option("-m,--model", models,
                  "models, comma-separated: resnet50, resnet101, vgg16, "
                  "bert-base")
@@ -360,6 +367,9 @@ int main(int argc, char** argv) {
                  "keep only the gradients smaller than this (K/M/G suffixes): the latency-bound "
                  "part of a model")
       ->check(kolo::bench::size_error);
+  app.add_option("--skew-ms", skew_ms,
+                 "the last rank starts every step this many ms after the others, in every mode")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("-c,--check", verify,
                "check every element after each mode (every rank starts with rank + 1, so the "
                "average is (N + 1) / 2 whatever the number of steps)");
@@ -407,6 +417,7 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   kolo_comm_rank(comm, &rank);
   kolo_comm_size(comm, &size);
+  const double late_s = rank == size - 1 ? skew_ms / 1e3 : 0.0;
 
   const char* cycle = std::getenv("KOLO_CYCLE_TIME_MS");
   const char* timeline = std::getenv("KOLO_TIMELINE");
@@ -429,9 +440,10 @@ int main(int argc, char** argv) {
   } else if (rank == 0) {
     fmt::print(
         "# fusion_perf: {} ranks, fusion threshold {} MiB, cycle {} ms, {} steps after {} "
-        "warm-up, float32 average{}\n",
+        "warm-up, float32 average{}{}\n",
         size, threshold / double(1 << 20), cycle ? cycle : "5", steps, warmup,
-        timeline ? ", timeline on" : "");
+        timeline ? ", timeline on" : "",
+        skew_ms > 0 ? fmt::format(", rank {} {} ms late each step", size - 1, skew_ms) : "");
     fmt::print(
         "# time: the slowest rank's step, median; busbw: gradient bytes / time * 2(N-1)/N\n");
     fmt::print("#\n");
@@ -501,7 +513,7 @@ int main(int argc, char** argv) {
                        max_tuning_steps);
           return 1;
         }
-        run_step(comm, model, buffers, whole, requests, Mode::kTuned, threshold, false);
+        run_step(comm, model, buffers, whole, requests, Mode::kTuned, threshold, false, late_s);
         int64_t mine = fusion_stats(comm).autotune_settled ? 1 : 0;
         check(comm, kolo_allreduce(comm, &mine, &settled, 1, KOLO_INT64, KOLO_MIN),
               "kolo_allreduce");
@@ -511,7 +523,7 @@ int main(int argc, char** argv) {
       double tuned_collectives = 0;
       for (int step = 0; step < steps; ++step) {
         StepResult result =
-            run_step(comm, model, buffers, whole, requests, Mode::kTuned, threshold, false);
+            run_step(comm, model, buffers, whole, requests, Mode::kTuned, threshold, false, late_s);
         tuned.push_back(result.seconds);
         tuned_collectives += static_cast<double>(result.collectives) / steps;
       }
@@ -532,7 +544,7 @@ int main(int argc, char** argv) {
     for (int step = 0; step < warmup + steps; ++step) {
       for (Mode mode : modes) {
         StepResult result =
-            run_step(comm, model, buffers, whole, requests, mode, threshold, breakdown);
+            run_step(comm, model, buffers, whole, requests, mode, threshold, breakdown, late_s);
         if (step < warmup) continue;
         times[static_cast<int>(mode)].push_back(result.seconds);
         parts[static_cast<int>(mode)].push_back(result);
