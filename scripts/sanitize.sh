@@ -79,8 +79,8 @@ if [ "$which" != asan ]; then
   tsan_tests="test_store test_config test_fusion_units split fault_sigkill_split shrink_fused"
   tsan_tests="$tsan_tests shrink_during tcp_shm_fusion_threads tcp_shm_fusion_peerlost"
   for tag in orders many bitwise large mixed cache group broadcast duplicate mismatch badargs \
-    peerlost destroy leave stall threads idle allgather allgather_errors join autotune measured \
-    one_ring; do
+    peerlost destroy leave stall threads idle late allgather allgather_errors join autotune \
+    measured one_ring; do
     tsan_tests="$tsan_tests fusion_$tag"
   done
   if build build-tsan -Dbuildtype=debugoptimized -Db_sanitize=thread -- \

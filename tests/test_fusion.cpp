@@ -363,6 +363,12 @@ TEST_CASE("stalled tensors: a warning names them and the missing ranks; optional
   }
 }
 
+TEST_CASE("a late rank's submission starts the next cycle at once", "[fusion][late]") {
+  // A cycle time of a second: the others' asks come far apart, and one of them would be late.
+  auto results = run(3, {"late"}, {{"KOLO_CYCLE_TIME_MS", "1000"}});
+  expect_all_pass_on_transport(results, "late checks passed");
+}
+
 TEST_CASE("ordered and named calls from two threads of one program do not race",
           "[fusion][threads]") {
   for (int n : {2, 3}) {

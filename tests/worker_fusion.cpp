@@ -20,6 +20,7 @@
 //   kolo_fusion_worker destroy     destroy with requests pending; callbacks and statuses after it
 //   kolo_fusion_worker leave       rank 0 destroys its communicator first once all work is done
 //   kolo_fusion_worker stall       the last rank submits one tensor late (or, "stall abort", never)
+//   kolo_fusion_worker late        the last rank submits a tensor 1.5 s after the others
 //   kolo_fusion_worker threads     ordered calls on one thread, named ones on another
 //   kolo_fusion_worker idle        no cycles and no CPU while idle; woken by a submission
 //   kolo_fusion_worker badargs     invalid arguments of every named call
@@ -1143,6 +1144,43 @@ int run_stall(kolo_comm_t comm, bool abort) {
   return 0;
 }
 
+// The last rank submits a tensor 1.5 s after the others, the test having set KOLO_CYCLE_TIME_MS to
+// 1000: the others ask for it again after 0.25 ms, 0.5, 1, ... up to a second (the last ask before
+// it comes at about 1.02 s, the next at about 2.02 s). Its submission must start the next cycle
+// itself (engine.cpp, loop()), not wait half a second for the others' next ask.
+int run_late(kolo_comm_t comm) {
+  const bool late = g_rank == g_size - 1;
+  std::vector<Tensor> before;  // every engine connected, then idle
+  before.push_back(make_tensor("before.late", KOLO_FLOAT32, KOLO_SUM, 100, 1));
+  before[0].prepare(0);
+  submit(comm, before[0]);
+  wait_all(before);
+  check_against_reference(before[0], 0);
+  check(comm, kolo_barrier(comm), "barrier");
+  std::vector<Tensor> tensors;
+  tensors.push_back(make_tensor("late.tensor", KOLO_FLOAT32, KOLO_SUM, 100, 2));
+  tensors[0].prepare(0);
+  if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const auto submitted = std::chrono::steady_clock::now();
+  submit(comm, tensors[0]);
+  wait_all(tensors);
+  const double waited_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - submitted)
+          .count();
+  check_against_reference(tensors[0], 0);
+  fmt::print("rank {}: late.tensor completed {:.1f} ms after this rank submitted it\n", g_rank,
+             waited_ms);
+  if (!late && waited_ms < 1400) fail("expected to wait for the late rank's 1.5 s");
+  if (late && waited_ms > 250) {
+    fail(
+        fmt::format("expected the late rank's submission to start the next cycle at once; it "
+                    "waited {:.1f} ms, as if for the others' next ask",
+                    waited_ms));
+  }
+  fmt::print("rank {}: late checks passed\n", g_rank);
+  return 0;
+}
+
 // Ordered collectives on the main thread while another thread runs named ones.
 int run_threads(kolo_comm_t comm) {
   std::atomic<bool> failed{false};
@@ -1874,6 +1912,8 @@ int main(int argc, char** argv) {
     result = run_leave(comm);
   } else if (scenario == "stall") {
     result = run_stall(comm, argument == "abort");
+  } else if (scenario == "late") {
+    result = run_late(comm);
   } else if (scenario == "threads") {
     result = run_threads(comm);
   } else if (scenario == "idle") {

@@ -79,6 +79,14 @@
 // under a posted receive would be a failure, and the ABORT it sends could cut short the last
 // collective of a rank that has not finished it yet.
 //
+// A late rank. A response that schedules nothing while some rank has work pending means that a
+// rank has not submitted yet (often by microseconds: ranks end a step at different times). Every
+// rank then waits the same way as when idle, bounded by a retry that starts at kLateRankRetry and
+// doubles up to the cycle time: the retry keeps stall reports coming and ends waits on ranks whose
+// work differs. A rank that had nothing pending is the late one, and its first submission starts
+// the next cycle for everyone at once; without that it waited, like the rest, for the next retry,
+// which, once the retries had grown, came up to a cycle time after it.
+//
 // Failures. Transport errors (a lost peer, a timeout) break the engine: every pending and queued
 // request fails with the error, which names the rank, and so does every later submission. The
 // transport tells the peers' engines (an ABORT frame), so they fail with the same message. When
@@ -528,9 +536,11 @@ void FusionEngine::loop() {
   Clock::time_point next = Clock::now();
   for (;;) {
     if (idle_) {
-      idle_wait();
+      idle_wait(std::nullopt);
       idle_ = false;
       if (autotuner_) autotuner_->resume(Clock::now());
+    } else if (late_rank_retry_ > Clock::duration::zero()) {
+      idle_wait(next);  // every rank read the same response: every rank waits this way
     } else {
       sleep_until(next);
     }
@@ -540,7 +550,9 @@ void FusionEngine::loop() {
     // usually microseconds to a few milliseconds behind (ranks leave a step at different
     // times): asking again after a whole cycle would add up to KOLO_CYCLE_TIME_MS to the step.
     // So the next cycle comes after kLateRankRetry, then twice that, ..., up to the cycle time:
-    // a rank that is seconds late costs a handful of extra cycles, not a busy loop.
+    // a rank that is seconds late costs a handful of extra cycles, not a busy loop. A late rank
+    // that had nothing at all ends the wait with its first submission, as after an idle cycle
+    // (idle_wait), rather than leaving every rank asleep until the retry.
     if (late_rank_retry_ > Clock::duration::zero()) {
       next = std::min(next, Clock::now() + late_rank_retry_);
     }
@@ -581,6 +593,7 @@ void FusionEngine::run_cycle() {
   const Clock::time_point started = Clock::now();
   RequestList mine = build_requests();
   const size_t announced = mine.announcements.size();
+  had_nothing_ = pending_.empty();
   std::vector<Arrival> arrivals;
   ResponseList response;
   if (rank_ == 0) {
@@ -684,9 +697,13 @@ RequestList FusionEngine::build_requests() {
     return a->request->submitted() < b->request->submitted();
   });
   size_t budget = kAnnouncementBudget;
+  unannounced_ = false;
   for (LocalUnit* unit : uncached) {
     size_t bytes = encoded_size(unit->request->spec());
-    if (bytes > budget) break;  // the rest next cycle
+    if (bytes > budget) {  // the rest next cycle
+      unannounced_ = true;
+      break;
+    }
     budget -= bytes;
     list.announcements.push_back(unit->request->spec());
     unit->announced = true;
@@ -850,7 +867,12 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
   }
 }
 
-void FusionEngine::idle_wait() {
+void FusionEngine::idle_wait(std::optional<Clock::time_point> until) {
+  const bool late = until.has_value();
+  // Waiting for a late rank, a rank that had work wakes everyone only when the wait runs out:
+  // its own new submissions are not what the others lack. One that had nothing is the late rank
+  // (or one of them), and its first submission is.
+  const bool woken_by_submission = !late || had_nothing_;
   const uint64_t next = cycle_ + 1;
   channel_->post_idle(next);
   const int ready_fd = channel_->readiness_fd();
@@ -858,17 +880,35 @@ void FusionEngine::idle_wait() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       // Units still pending here were not announced yet (the announcement budget): rank 0 cannot
-      // know them, so this rank wakes everyone itself.
-      // So does a join that rank 0 has not heard of.
-      if (stop_ || outside_failure_ || !queue_.empty() || !pending_.empty() ||
-          (joining_ && !joined_announced_) || channel_->woken()) {
+      // know them, so this rank wakes everyone itself (after an idle cycle every unit pending
+      // here is such a unit). So does a join that rank 0 has not heard of.
+      if (stop_ || outside_failure_ || (woken_by_submission && !queue_.empty()) ||
+          (late ? unannounced_ : !pending_.empty()) || (joining_ && !joined_announced_) ||
+          channel_->woken()) {
         idle_waiting_ = false;
         break;
       }
-      idle_waiting_ = true;
+      idle_waiting_ = woken_by_submission;
     }
     pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {ready_fd, POLLIN, 0}};
-    ::poll(fds, ready_fd >= 0 ? 2 : 1, ready_fd >= 0 ? -1 : kIdlePollMsWithoutFd);
+    std::optional<timespec> timeout;
+    if (ready_fd < 0) {
+      timeout = timespec{0, kIdlePollMsWithoutFd * 1000000L};
+    }
+    if (late) {
+      const int64_t left =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(*until - Clock::now()).count();
+      if (left <= 0) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        idle_waiting_ = false;
+        break;
+      }
+      if (!timeout || left < kIdlePollMsWithoutFd * 1000000L) {
+        timeout =
+            timespec{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
+      }
+    }
+    ::ppoll(fds, ready_fd >= 0 ? 2 : 1, timeout ? &*timeout : nullptr, nullptr);
     drain_signal();
     channel_->progress_now();
   }

@@ -170,7 +170,10 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   void fail_everything(const Error& error);
   // Fails the requests not yet taken from the queue (all of them while connecting); any thread.
   void fail_queued(const Error& error);
-  void idle_wait();
+  // After an idle response (until: none), or one that found some rank late (until: when to ask
+  // again): sleeps until a message from a peer, this rank's own submission or the time says to
+  // start the next cycle, then starts it with the wake-up (negotiation.hpp).
+  void idle_wait(std::optional<Clock::time_point> until);
   void sleep_until(Clock::time_point when);
   void check_stop();
   void signal();
@@ -239,6 +242,10 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   Clock::duration late_rank_retry_{};
   // The cycle ran collectives and this rank still had work afterwards: the next starts at once.
   bool again_ = false;
+  // This rank had no unit pending in the cycle just run (it is the late one, if any is).
+  bool had_nothing_ = false;
+  // build_requests left units unannounced (the announcement budget): the next cycle must come.
+  bool unannounced_ = false;
   uint64_t logged_alone_bytes_ = kAloneBytes;  // rank 0: the alone size last logged
 };
 
