@@ -152,6 +152,15 @@ std::string describe_scheduled(const UnitSpec& spec) {
   return fmt::format("{} with counts [{}]", describe(spec), fmt::join(spec.gather_counts, ", "));
 }
 
+// What is left until `when` as ppoll's timeout, at most `cap`; nullopt once it has passed.
+std::optional<timespec> timeout_until(Clock::time_point when, Clock::duration cap) {
+  const int64_t left =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::min(when - Clock::now(), cap))
+          .count();
+  if (left <= 0) return std::nullopt;
+  return timespec{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
+}
+
 std::string describe_submitted(const UnitSpec& spec) {
   if (spec.kind != Kind::kAllgather) return describe(spec);
   return fmt::format("{} with count {} and recv_capacity {}", describe(spec),
@@ -579,11 +588,10 @@ void FusionEngine::check_stop() {
 void FusionEngine::sleep_until(Clock::time_point when) {
   for (;;) {
     check_stop();
-    auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(when - Clock::now()).count();
-    if (left <= 0) return;
-    timespec timeout{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
+    std::optional<timespec> timeout = timeout_until(when, Clock::duration::max());
+    if (!timeout) return;
     pollfd wake{wake_fd_, POLLIN, 0};
-    ::ppoll(&wake, 1, &timeout, nullptr);
+    ::ppoll(&wake, 1, &*timeout, nullptr);
     drain_signal();
   }
 }
@@ -882,31 +890,25 @@ void FusionEngine::idle_wait(std::optional<Clock::time_point> until) {
       // Units still pending here were not announced yet (the announcement budget): rank 0 cannot
       // know them, so this rank wakes everyone itself (after an idle cycle every unit pending
       // here is such a unit). So does a join that rank 0 has not heard of.
+      // Waiting for a late rank ends, at the latest, when it is time to ask again.
       if (stop_ || outside_failure_ || (woken_by_submission && !queue_.empty()) ||
           (late ? unannounced_ : !pending_.empty()) || (joining_ && !joined_announced_) ||
-          channel_->woken()) {
+          channel_->woken() || (late && Clock::now() >= *until)) {
         idle_waiting_ = false;
         break;
       }
       idle_waiting_ = woken_by_submission;
     }
     pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {ready_fd, POLLIN, 0}};
+    // Unbounded when idle with a readiness fd; without one the transport is looked at every
+    // kIdlePollMsWithoutFd. (A time already passed gives a zero timeout: the loop then ends.)
+    const Clock::duration cap =
+        ready_fd >= 0 ? Clock::duration::max()
+                      : Clock::duration(std::chrono::milliseconds(kIdlePollMsWithoutFd));
     std::optional<timespec> timeout;
-    if (ready_fd < 0) {
-      timeout = timespec{0, kIdlePollMsWithoutFd * 1000000L};
-    }
-    if (late) {
-      const int64_t left =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(*until - Clock::now()).count();
-      if (left <= 0) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        idle_waiting_ = false;
-        break;
-      }
-      if (!timeout || left < kIdlePollMsWithoutFd * 1000000L) {
-        timeout =
-            timespec{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
-      }
+    if (late || ready_fd < 0) {
+      timeout =
+          timeout_until(late ? *until : Clock::time_point::max(), cap).value_or(timespec{0, 0});
     }
     ::ppoll(fds, ready_fd >= 0 ? 2 : 1, timeout ? &*timeout : nullptr, nullptr);
     drain_signal();
