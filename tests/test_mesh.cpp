@@ -1,7 +1,9 @@
 // Transport set-up and control, without a job: the connection mesh (transport/mesh.hpp) between
 // two ranks run as threads of this process, with a real rendezvous store (strangers that connect
-// and never answer must not delay it), and the control channel over a loopback pair.
+// and never answer must not delay it), the control channel over a loopback pair, and how long a
+// wait spins before it yields.
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -16,11 +18,15 @@
 #include <vector>
 
 #include "bootstrap/store.hpp"
+#include "comm/connect.hpp"
+#include "core/config.hpp"
+#include "core/topology.hpp"
 #include "kolo/status.hpp"
 #include "net/socket.hpp"
+#include "tools/free_port.hpp"
 #include "transport/control_channel.hpp"
 #include "transport/mesh.hpp"
-#include "tools/free_port.hpp"
+#include "transport/shm/waiting.hpp"
 #include "transport/transport.hpp"
 
 using kolo::Deadline;
@@ -314,4 +320,36 @@ TEST_CASE("a job's store port is picked below the ephemeral range", "[mesh]") {
     seen.insert(port);
   }
   CHECK(seen.size() > 10);  // at random, not the same port for jobs started together
+}
+
+// How long a wait spins before it yields (transport/shm/waiting.hpp): never while the host runs
+// more ranks than this process may use CPUs, unless kolo bound each rank to a core of its own;
+// never on the fusion engine's connections, whose thread shares its CPU with the application's.
+TEST_CASE("a wait spins only on a CPU that no other thread of the job needs", "[spin]") {
+  cpu_set_t cpus;
+  REQUIRE(::sched_getaffinity(0, sizeof(cpus), &cpus) == 0);
+  const int usable = CPU_COUNT(&cpus);
+  const auto none = std::chrono::steady_clock::duration::zero();
+  kolo::TransportSettings settings;
+  settings.local_size = 1;
+  CHECK(kolo::pure_spin_for(settings) == kolo::kPureSpin);
+  settings.local_size = usable + 1;  // more ranks than this process's CPUs
+  CHECK(kolo::pure_spin_for(settings) == none);
+  settings.own_core = true;  // bound one to a core, as KOLO_BIND=core does
+  CHECK(kolo::pure_spin_for(settings) == kolo::kPureSpin);
+  settings.local_size = 1;
+  settings.yield_at_once = true;  // the fusion engine's connections
+  CHECK(kolo::pure_spin_for(settings) == none);
+
+  // Whether a rank has a core of its own follows from KOLO_BIND and the ranks on this host.
+  kolo::Config config;
+  config.local_size = 1;
+  CHECK_FALSE(kolo::transport_settings(config).own_core);  // KOLO_BIND=none
+  config.bind = "numa";
+  CHECK_FALSE(kolo::transport_settings(config).own_core);
+  config.bind = "core";
+  CHECK(kolo::transport_settings(config).own_core);
+  config.local_size = kolo::local_topology().cores + 1;  // some ranks share a core
+  CHECK_FALSE(kolo::transport_settings(config).own_core);
+  CHECK_FALSE(kolo::transport_settings(config).yield_at_once);  // set by connect_links alone
 }

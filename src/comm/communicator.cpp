@@ -66,7 +66,7 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   if (config_.bind != "none") {
     log::info("{}", bind_process(config_.bind, config_.local_rank));
   }
-  Links links = connect_links(config_, *store_, kWorldContext);
+  Links links = connect_links(config_, *store_, kWorldContext, Waiter::kApplication);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
   lifeline_ = std::make_shared<Lifeline>(config_, *store_, kWorldContext);
@@ -100,7 +100,7 @@ fusion::FusionEngine& Communicator::fusion() {
     const uint64_t context = context_ ^ (uint64_t{1} << 63);
     auto connect = [config = config_, context] {
       std::unique_ptr<StoreClient> store = open_store(config);
-      return connect_links(config, *store, context);
+      return connect_links(config, *store, context, Waiter::kFusionEngine);
     };
     fusion_ = std::make_shared<fusion::FusionEngine>(config_, std::move(connect));
     if (fusion_failure_) fusion_->communicator_failed(*fusion_failure_);

@@ -4,6 +4,7 @@
 #include "bootstrap/store.hpp"
 #include "core/config.hpp"
 #include "core/host.hpp"
+#include "core/topology.hpp"
 #include "net/socket.hpp"
 #include "transport/transport.hpp"
 
@@ -23,6 +24,8 @@ TransportSettings transport_settings(const Config& config) {
   settings.socket_ifname = config.socket_ifname;
   settings.host = host_identity(config);
   settings.local_size = config.local_size;
+  settings.own_core =
+      config.bind == "core" && config.local_size > 0 && config.local_size <= local_topology().cores;
   settings.tcp_streams = config.tcp_streams;
   settings.tcp_congestion = config.tcp_congestion;
   settings.shm = config.shm;
@@ -30,8 +33,9 @@ TransportSettings transport_settings(const Config& config) {
   return settings;
 }
 
-Links connect_links(const Config& config, StoreClient& store, uint64_t context) {
-  const TransportSettings settings = transport_settings(config);
+Links connect_links(const Config& config, StoreClient& store, uint64_t context, Waiter waiter) {
+  TransportSettings settings = transport_settings(config);
+  settings.yield_at_once = waiter == Waiter::kFusionEngine;
   Links links;
   links.transport = make_transport(settings, store, config.rank, config.size, context);
   links.ring = std::make_unique<Ring>(*links.transport, config.rank, config.size,

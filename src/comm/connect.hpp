@@ -26,8 +26,13 @@ std::unique_ptr<StoreClient> open_store(const Config& config);
 // What a transport is told of the configuration (transport/transport.hpp).
 TransportSettings transport_settings(const Config& config);
 
+// Whose thread waits on a group's connections: the application's (the communicator's collective
+// calls) or the fusion engine's, which yields its CPU at once while it waits
+// (TransportSettings::yield_at_once).
+enum class Waiter { kApplication, kFusionEngine };
+
 // This rank's transport to every peer of the group (config.rank of config.size, the transport
 // that config.transport names), and the ring over it.
-Links connect_links(const Config& config, StoreClient& store, uint64_t context);
+Links connect_links(const Config& config, StoreClient& store, uint64_t context, Waiter waiter);
 
 }  // namespace kolo

@@ -71,7 +71,7 @@ Communicator::Communicator(const Config& config, std::shared_ptr<StoreServer> se
     : config_(config), host_of_(host_of), server_(std::move(server)), context_(context) {
   node_count_ = HostMap(host_of_).shape().hosts;
   store_ = open_store(config_);
-  Links links = connect_links(config_, *store_, context_);
+  Links links = connect_links(config_, *store_, context_, Waiter::kApplication);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
   lifeline_ = std::make_shared<Lifeline>(config_, *store_, context_);

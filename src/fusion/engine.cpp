@@ -12,8 +12,11 @@
 // store connection, since the communicator's is not thread-safe), and runs a Ring over it with
 // its own sequence numbers. Ordered calls (kolo_allreduce, ...) keep the communicator's mesh, so
 // the two kinds of traffic never interleave on a socket and may be used from different threads
-// of one program. Application threads only queue requests; all communication and every access to
-// the caller's buffers happens on the engine thread.
+// of one program. The engine's waits on its mesh yield the CPU from the first poll, where the
+// communicator's spin a few microseconds first (transport/shm/waiting.hpp): the engine thread
+// shares the CPUs with the application's threads that submit and wait. Application threads only
+// queue requests; all communication and every access to the caller's buffers happens on the engine
+// thread.
 //
 // A cycle (every KOLO_CYCLE_TIME_MS while there is work; at once after one that ran collectives
 // while this rank had more, see loop()):

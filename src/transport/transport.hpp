@@ -48,6 +48,12 @@ struct TransportSettings {
   std::string socket_ifname;          // KOLO_SOCKET_IFNAME: where to listen ("" = by route)
   std::string host;                   // this rank's host identity (core/host.hpp)
   int local_size = -1;                // ranks on this host, -1 when unknown
+  // How a wait spins before it sleeps (transport/shm/waiting.hpp). own_core: kolo bound this rank
+  // to a core that no other rank of this host is bound to (KOLO_BIND=core, no more ranks than
+  // cores). yield_at_once: the waiting thread is the fusion engine's, which shares the CPUs with
+  // the application's threads.
+  bool own_core = false;
+  bool yield_at_once = false;
   int tcp_streams = 1;                // tcp: KOLO_TCP_STREAMS data connections per peer
   std::string tcp_congestion = "auto";  // tcp: KOLO_TCP_CONGESTION (net::set_congestion_control)
   // KOLO_SHM: kolo's shared-memory rings (transport/shm/) for the peers on this host, "1" or "0";

@@ -15,10 +15,12 @@
 
 namespace kolo {
 
-std::chrono::steady_clock::duration pure_spin_for(int local_size) {
+std::chrono::steady_clock::duration pure_spin_for(const TransportSettings& settings) {
+  if (settings.yield_at_once) return std::chrono::steady_clock::duration::zero();
+  if (settings.own_core) return kPureSpin;
   cpu_set_t cpus;
   const int usable = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  if (local_size > std::max(1, usable)) return std::chrono::steady_clock::duration::zero();
+  if (settings.local_size > std::max(1, usable)) return std::chrono::steady_clock::duration::zero();
   return kPureSpin;
 }
 

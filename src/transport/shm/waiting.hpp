@@ -6,22 +6,26 @@
 // keep polling but call sched_yield() between polls until kSpin, then sleep. Yielding matters on a
 // busy machine: a spinning rank that shares its CPU with the peer it waits for would otherwise
 // hold the CPU for the whole spin while the peer cannot send (README, "Measurements behind the UCX
-// transport"). When this host runs more ranks than this process may use CPUs, there is no plain
-// spin at all (pure_spin_for). The next piece of a pipeline comes within a 256 KiB copy (tens of
+// transport"). There is no plain spin at all (pure_spin_for) when this host runs more ranks than
+// this process may use CPUs, unless kolo bound each rank to a core of its own (a process bound to
+// one core may use one CPU, yet shares it with no other rank), nor for the fusion engine's thread,
+// which shares its CPU with the application's threads that submit and wait (README, "Spinning in
+// the engine's waits"). The next piece of a pipeline comes within a 256 KiB copy (tens of
 // microseconds), so the same spin covers it; a longer spin after each copy measured no better.
 #pragma once
 
 #include <chrono>
 
 #include "net/socket.hpp"
+#include "transport/transport.hpp"
 
 namespace kolo {
 
 constexpr auto kPureSpin = std::chrono::microseconds(5);
 constexpr auto kSpin = std::chrono::microseconds(50);
 
-// kPureSpin, or none when this host's local_size ranks are more than this process's CPUs.
-std::chrono::steady_clock::duration pure_spin_for(int local_size);
+// kPureSpin, or none (see above).
+std::chrono::steady_clock::duration pure_spin_for(const TransportSettings& settings);
 
 // An eventfd that a transport sets whenever progress() returns without having asked its peers for
 // a doorbell (ShmChannel::prepare_sleep), and clears just before asking: part of the transport's

@@ -109,7 +109,7 @@ class TcpTransport final : public Transport {
         peers_(size),
         control_(rank, size),
         shm_(rank, size, control_, "tcp"),
-        pure_spin_(pure_spin_for(settings.local_size)) {
+        pure_spin_(pure_spin_for(settings)) {
     epoll_ = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_.valid()) {
       throw Error(Status::kSystem, fmt::format("epoll_create1 failed: {}", std::strerror(errno)));

@@ -195,7 +195,7 @@ class UcxTransport final : public Transport {
         peers_(size),
         control_(rank, size),
         shm_(rank, size, control_, "ucx") {
-    pure_spin_ = pure_spin_for(settings.local_size);
+    pure_spin_ = pure_spin_for(settings);
     timeout_s_ = settings.timeout_s;
     if (size > kMaxRanks) {
       throw Error(
