@@ -385,11 +385,12 @@ extern "C" {
 kolo_status_t kolo_allreduce_async(kolo_comm_t comm, const char* name, const void* sendbuf,
                                    void* recvbuf, uint64_t count, kolo_dtype_t dtype, kolo_op_t op,
                                    const kolo_async_options_t* options, kolo_request_t* request) {
-  return submit_named(comm, "kolo_allreduce_async", name != nullptr, options, request,
-                      [&](kolo::fusion::FusionEngine& engine, kolo::fusion::SubmitOptions chosen) {
-                        return engine.allreduce({{name, sendbuf, recvbuf, count}},
-                                                core_dtype(dtype), core_op(op), std::move(chosen));
-                      });
+  return submit_named(
+      comm, "kolo_allreduce_async", name != nullptr, options, request,
+      [&](kolo::fusion::FusionEngine& engine, kolo::fusion::SubmitOptions chosen) {
+        kolo::fusion::NamedTensor tensor{name, sendbuf, recvbuf, count};
+        return engine.allreduce({&tensor, 1}, core_dtype(dtype), core_op(op), std::move(chosen));
+      });
 }
 
 kolo_status_t kolo_broadcast_async(kolo_comm_t comm, const char* name, void* buf, uint64_t count,
@@ -419,6 +420,7 @@ kolo_status_t kolo_allreduce_group_async(kolo_comm_t comm, int n, const char* co
                         fmt::format("{}: names, sendbufs, recvbufs and counts must not be NULL",
                                     call));
     }
+    tensors.reserve(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) {
       if (!names[i]) {
         throw kolo::Error(kolo::Status::kInvalidArgument,
@@ -433,8 +435,8 @@ kolo_status_t kolo_allreduce_group_async(kolo_comm_t comm, int n, const char* co
   }
   return submit_named(comm, call, true, options, request,
                       [&](kolo::fusion::FusionEngine& engine, kolo::fusion::SubmitOptions chosen) {
-                        return engine.allreduce(std::move(tensors), core_dtype(dtype),
-                                                core_op(op), std::move(chosen));
+                        return engine.allreduce(tensors, core_dtype(dtype), core_op(op),
+                                                std::move(chosen));
                       });
 }
 

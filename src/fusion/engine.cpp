@@ -187,9 +187,7 @@ FusionEngine::FusionEngine(const Config& config, Connector connect)
       size_(config.size),
       fusion_threshold_(config.fusion_threshold_bytes),
       cache_(static_cast<uint32_t>(config.cache_capacity)),
-      executor_(config.size, [this](const Request& request, std::vector<uint64_t> counts) {
-        finish(request.spec().key(), Status::kSuccess, "", std::move(counts));
-      }) {
+      executor_(config.size) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) {
     throw Error(Status::kSystem,
@@ -219,7 +217,7 @@ void FusionEngine::set_fusion_threshold(uint64_t bytes) {
   fusion_threshold_ = bytes;
 }
 
-std::shared_ptr<Request> FusionEngine::allreduce(std::vector<NamedTensor> tensors, DataType dtype,
+std::shared_ptr<Request> FusionEngine::allreduce(std::span<NamedTensor> tensors, DataType dtype,
                                                  ReduceOp op, SubmitOptions options) {
   UnitSpec spec;
   spec.kind = Kind::kAllreduce;
@@ -228,6 +226,8 @@ std::shared_ptr<Request> FusionEngine::allreduce(std::vector<NamedTensor> tensor
   spec.prescale = options.prescale;
   spec.postscale = options.postscale;
   std::vector<MemberBuffers> buffers;
+  spec.members.reserve(tensors.size());
+  buffers.reserve(tensors.size());
   for (NamedTensor& tensor : tensors) {
     spec.members.push_back({std::move(tensor.name), tensor.count});
     buffers.push_back({tensor.send, tensor.recv});
@@ -256,7 +256,6 @@ std::shared_ptr<Request> FusionEngine::submit(UnitSpec spec, std::vector<MemberB
                 fmt::format("{}: {} (rank {})", call_name(spec), problem, rank_));
   }
   check_buffers(spec, buffers, rank_);
-  const size_t tensors = spec.members.size();
   auto request = std::make_shared<Request>(std::move(spec), std::move(buffers), std::move(callback),
                                            config_.timeout_s);
   bool wake;
@@ -269,25 +268,23 @@ std::shared_ptr<Request> FusionEngine::submit(UnitSpec spec, std::vector<MemberB
                               "has joined",
                               call_name(request->spec()), rank_));
     }
-    for (const Member& member : request->spec().members) {
-      if (in_flight_.count(member.name)) {
+    start_thread();
+    const std::vector<Member>& members = request->spec().members;
+    for (size_t m = 0; m < members.size(); ++m) {
+      if (!in_flight_.insert(members[m].name).second) {
+        for (size_t added = 0; added < m; ++added) in_flight_.erase(members[added].name);
         throw Error(Status::kInvalidArgument,
                     fmt::format("{}: tensor '{}' is already pending on rank {}; a name can be "
                                 "submitted again once its request has completed",
-                                call_name(request->spec()), member.name, rank_));
+                                call_name(request->spec()), members[m].name, rank_));
       }
     }
-    start_thread();
-    for (const Member& member : request->spec().members) in_flight_.insert(member.name);
     queue_.push_back(request);
+    tensors_submitted_ += members.size();
     // One write wakes the engine; the submissions that follow before it runs need none (a
     // burst of submissions wrote the eventfd over and over while the woken engine thread waited
     // for a CPU, often the one the submitting thread held).
     wake = std::exchange(idle_waiting_, false);
-  }
-  {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    stats_.tensors_submitted += tensors;
   }
   if (wake) signal();
   return request;
@@ -350,6 +347,12 @@ FusionStats FusionEngine::stats() const {
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     stats = stats_;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats.tensors_submitted = tensors_submitted_;
+    stats.requests_completed = requests_completed_;
+    stats.requests_failed = requests_failed_;
   }
   const ExecutorStats ran = executor_.stats();
   stats.collectives = ran.collectives;
@@ -433,8 +436,8 @@ void FusionEngine::shutdown() {
     std::vector<std::string> keys;
     for (const auto& [key, unit] : pending_) keys.emplace_back(key);
     for (const std::string& key : keys) {
-      finish(key, Status::kCancelled,
-             fmt::format("{}: {}", describe(pending_.at(key).request->spec()), why));
+      fail_pending(key, Status::kCancelled,
+                   fmt::format("{}: {}", describe(pending_.at(key).request->spec()), why));
     }
   }
   std::vector<std::shared_ptr<Request>> queued;
@@ -442,12 +445,9 @@ void FusionEngine::shutdown() {
     std::lock_guard<std::mutex> lock(mutex_);
     queued.swap(queue_);
     in_flight_.clear();
+    requests_failed_ += queued.size();
   }
   for (auto& request : queued) {
-    {
-      std::lock_guard<std::mutex> lock(stats_mutex_);
-      ++stats_.requests_failed;
-    }
     request->complete(Status::kCancelled, fmt::format("{}: {}", describe(request->spec()), why));
   }
 }
@@ -750,7 +750,7 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
                            const std::vector<Arrival>& arrivals) {
   if (response.settings) apply(*response.settings);
   for (const ResponseError& error : response.errors) {
-    if (pending_.count(error.key)) finish(error.key, error.status, error.message);
+    if (pending_.count(error.key)) fail_pending(error.key, error.status, error.message);
   }
   std::vector<std::vector<LocalUnit*>> units(response.batches.size());
   std::vector<const LocalUnit*> scheduled_units;  // checked for repeats once all are found
@@ -789,6 +789,7 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
       mine.members.front().count = 0;
       mine.recv_capacity = elements;
     }
+    phantom.unit.phantom = true;
     phantom.unit.request = std::make_shared<Request>(std::move(mine), std::move(buffers),
                                                      Request::Callback(), config_.timeout_s);
     return phantom.unit;
@@ -866,6 +867,7 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
     std::vector<const Request*> requests;
     for (const LocalUnit* unit : units[b]) requests.push_back(unit->request.get());
     executor_.run(response.batches[b], requests, received, fusion_threshold_.load());
+    complete_batch(units[b], response.batches[b]);
   }
   if (response.all_joined >= 0 && joined_announced_) {  // every rank has joined: join() returns
     {
@@ -932,8 +934,7 @@ void FusionEngine::idle_wait(std::optional<Clock::time_point> until) {
   channel_->wake(next);
 }
 
-void FusionEngine::finish(const std::string& key, Status status, const std::string& message,
-                          std::vector<uint64_t> gathered_counts) {
+void FusionEngine::fail_pending(const std::string& key, Status status, const std::string& message) {
   auto it = pending_.find(key);
   if (it == pending_.end()) return;
   std::shared_ptr<Request> request = std::move(it->second.request);
@@ -941,16 +942,35 @@ void FusionEngine::finish(const std::string& key, Status status, const std::stri
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Member& member : request->spec().members) in_flight_.erase(member.name);
+    ++requests_failed_;
   }
-  {
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    ++(status == Status::kSuccess ? stats_.requests_completed : stats_.requests_failed);
-  }
-  if (timeline_ && status != Status::kSuccess) {
+  if (timeline_) {
     timeline_->instant(timeline_->row(key), "ERROR", Clock::now(),
                        Timeline::error_args(status, message));
   }
-  request->complete(status, message, std::move(gathered_counts));
+  request->complete(status, message);
+}
+
+// One lock of the queue for the whole batch, which the application's threads take to submit,
+// rather than two locks per request.
+void FusionEngine::complete_batch(const std::vector<LocalUnit*>& units, const Batch& batch) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const LocalUnit* unit : units) {
+      if (unit->phantom) continue;
+      for (const Member& member : unit->request->spec().members) in_flight_.erase(member.name);
+      ++requests_completed_;
+    }
+  }
+  for (size_t i = 0; i < units.size(); ++i) {
+    if (units[i]->phantom) continue;
+    std::shared_ptr<Request> request = std::move(units[i]->request);
+    pending_.erase(request->spec().key());  // units[i] is gone
+    // An allgather runs alone, its scheduled spec (never a cache hit) in the response.
+    request->complete(Status::kSuccess, "",
+                      request->spec().kind == Kind::kAllgather ? batch.units[i].spec.gather_counts
+                                                               : std::vector<uint64_t>());
+  }
 }
 
 void FusionEngine::fail_everything(const Error& error) {
@@ -965,8 +985,8 @@ void FusionEngine::fail_everything(const Error& error) {
   std::vector<std::string> keys;
   for (const auto& [key, unit] : pending_) keys.emplace_back(key);
   for (const std::string& key : keys) {
-    finish(key, error.status(),
-           fmt::format("{}: {}", describe(pending_.at(key).request->spec()), error.what()));
+    fail_pending(key, error.status(),
+                 fmt::format("{}: {}", describe(pending_.at(key).request->spec()), error.what()));
   }
   fail_queued(error);
 }
@@ -986,10 +1006,7 @@ void FusionEngine::fail_queued(const Error& error) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (const Member& member : request->spec().members) in_flight_.erase(member.name);
-    }
-    {
-      std::lock_guard<std::mutex> lock(stats_mutex_);
-      ++stats_.requests_failed;
+      ++requests_failed_;
     }
     request->complete(error.status(),
                       fmt::format("{}: {}", describe(request->spec()), error.what()));

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -102,8 +103,8 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   // throws kolo::Error: kInvalidArgument (bad arguments, or a name that is already pending on
   // this rank), kUnsupported (device memory), or the engine's failure once it is broken. The
   // first call starts the engine thread, which connects to the peers. Several tensors make a
-  // group: reduced together, completed as one request.
-  std::shared_ptr<Request> allreduce(std::vector<NamedTensor> tensors, DataType dtype, ReduceOp op,
+  // group: reduced together, completed as one request; their names are moved out.
+  std::shared_ptr<Request> allreduce(std::span<NamedTensor> tensors, DataType dtype, ReduceOp op,
                                      SubmitOptions options);
   std::shared_ptr<Request> broadcast(NamedTensor tensor, DataType dtype, int root,
                                      SubmitOptions options);
@@ -142,6 +143,7 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   struct LocalUnit {
     std::shared_ptr<Request> request;
     bool announced = false;  // its spec went to rank 0 (not a cache hit)
+    bool phantom = false;    // a joined rank's stand-in (execute()), not in pending_
   };
   struct Stopped {};  // thrown inside the engine thread when shutdown() asks it to stop
   enum class State { kNotStarted, kConnecting, kRunning, kFinished };
@@ -165,8 +167,10 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   void apply(const EngineSettings& settings);
   // Rank 0, autotuning: measures the cycle that just ended, and may choose the next settings.
   void tune(bool idle, Clock::time_point now);
-  void finish(const std::string& key, Status status, const std::string& message,
-              std::vector<uint64_t> gathered_counts = {});
+  // Fails the pending unit `key`, if there is one.
+  void fail_pending(const std::string& key, Status status, const std::string& message);
+  // Completes the units of a batch that ran to the end (`units` in the batch's order).
+  void complete_batch(const std::vector<LocalUnit*>& units, const Batch& batch);
   void fail_everything(const Error& error);
   // Fails the requests not yet taken from the queue (all of them while connecting); any thread.
   void fail_queued(const Error& error);
@@ -190,8 +194,12 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<Request>> queue_;  // submitted, not yet seen by the engine
   // The member names of every pending request, viewing the names in the requests (queued or
-  // pending, so alive until finish() or a failure takes them out of here).
+  // pending, so alive until complete_batch() or a failure takes them out of here).
   std::unordered_set<std::string_view> in_flight_;
+  // FusionStats' three counters of requests, kept where this lock is held anyway.
+  uint64_t tensors_submitted_ = 0;
+  uint64_t requests_completed_ = 0;
+  uint64_t requests_failed_ = 0;
   std::optional<Error> failure_;                 // broken: every submission fails with it
   std::optional<Error> outside_failure_;         // the communicator broke
   State state_ = State::kNotStarted;

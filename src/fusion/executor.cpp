@@ -36,7 +36,7 @@ OpDescriptor allreduce_of(const UnitSpec& spec, uint64_t count, Algorithm algori
 
 }  // namespace
 
-Executor::Executor(int size, Finished finished) : size_(size), finished_(std::move(finished)) {}
+Executor::Executor(int size) : size_(size) {}
 
 void Executor::attach(Ring* ring, Timeline* timeline) {
   ring_ = ring;
@@ -136,7 +136,6 @@ void Executor::run_allgather(const Request& request, const std::vector<uint64_t>
                     Timeline::collective_args(descriptor.sequence, 1,
                                               blocks.total * dtype_size(spec.dtype), spec, false));
   }
-  finished_(request, counts);
 }
 
 // One collective per member, in the caller's buffers.
@@ -179,7 +178,6 @@ void Executor::run_alone(const Request& request, Clock::time_point received) {
                                     spec.members[m].count * dtype_size(spec.dtype), spec, false));
     }
   }
-  finished_(request, {});
 }
 
 // Every member of every request in one ring allreduce over their buffers, without copying.
@@ -215,7 +213,6 @@ void Executor::run_on_one_ring(const std::vector<const Request*>& requests,
       }
     }
   }
-  for (const Request* request : requests) finished_(*request, {});
 }
 
 // Every member of every request through the fusion buffer, in one allreduce.
@@ -287,7 +284,6 @@ void Executor::run_fused(const std::vector<const Request*>& requests, Clock::tim
       timeline_->span(row, "COPY_OUT", out_marks[i], out_marks[i + 1]);
     }
   }
-  for (const Request* request : requests) finished_(*request, {});
 }
 
 std::byte* Executor::fusion_buffer(size_t bytes, uint64_t fusion_threshold) {

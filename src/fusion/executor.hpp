@@ -7,7 +7,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -39,18 +38,16 @@ struct ExecutorStats {
 
 class Executor {
  public:
-  // Told of every request the executor has run to the end, with an allgather's counts (every
-  // rank's, in rank order); the engine completes it.
-  using Finished = std::function<void(const Request& request, std::vector<uint64_t> counts)>;
-
-  Executor(int size, Finished finished);
+  explicit Executor(int size);
 
   // The ring to run on and the trace to write (or nullptr), once the engine has connected.
   void attach(Ring* ring, Timeline* timeline);
 
   // Runs one batch of a response: `requests` are this rank's, in the batch's order, `received`
   // when the response arrived. The fusion buffer is sized at least `fusion_threshold` bytes when
-  // first needed. Throws kolo::Error when a collective fails.
+  // first needed. Once it returns, every request of the batch has run to the end (the engine
+  // completes them; a batch that is neither fused nor on one ring holds one unit). Throws
+  // kolo::Error when a collective fails.
   void run(const Batch& batch, const std::vector<const Request*>& requests,
            Clock::time_point received, uint64_t fusion_threshold);
 
@@ -78,7 +75,6 @@ class Executor {
   void count(const ExecutorStats& more);
 
   const int size_;
-  const Finished finished_;
   Ring* ring_ = nullptr;
   Timeline* timeline_ = nullptr;
   uint64_t sequence_ = 0;  // of the collectives on the engine's ring

@@ -116,25 +116,23 @@ void check_buffers(const UnitSpec& spec, const std::vector<MemberBuffers>& buffe
 }
 
 void Request::complete(Status status, std::string message, std::vector<uint64_t> gathered_counts) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (finishing_) return;
-    finishing_ = true;
-  }
-  if (callback_) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (finishing_) return;
+  finishing_ = true;
+  if (callback_) {  // run unlocked: it may call back into the request
+    lock.unlock();
     try {
       callback_(status);
     } catch (...) {
       log::warn("the completion callback of {} threw an exception; ignored", describe(spec_));
     }
+    lock.lock();
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    status_ = status;
-    message_ = std::move(message);
-    gathered_counts_ = std::move(gathered_counts);
-    done_ = true;
-  }
+  status_ = status;
+  message_ = std::move(message);
+  gathered_counts_ = std::move(gathered_counts);
+  done_ = true;
+  lock.unlock();
   completed_.notify_all();
 }
 
