@@ -187,7 +187,8 @@ FusionEngine::FusionEngine(const Config& config, Connector connect)
       size_(config.size),
       fusion_threshold_(config.fusion_threshold_bytes),
       cache_(static_cast<uint32_t>(config.cache_capacity)),
-      executor_(config.size) {
+      executor_(config.size),
+      by_slot_(cache_.capacity(), nullptr) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) {
     throw Error(Status::kSystem,
@@ -694,12 +695,16 @@ RequestList FusionEngine::build_requests() {
   }
   taken_.clear();
   if (cache_.capacity() > 0) list.ready_words.assign((cache_.capacity() + 63) / 64, 0);
+  for (uint32_t slot : marked_) by_slot_[slot] = nullptr;
+  marked_.clear();
   std::vector<LocalUnit*> uncached;
   for (auto& [key, unit] : pending_) {
     if (unit.announced) continue;
-    int32_t slot = cache_.find(unit.request->spec());
-    if (slot >= 0) {
-      list.ready_words[slot / 64] |= uint64_t{1} << (slot % 64);
+    unit.slot = cache_.find(unit.request->spec());
+    if (unit.slot >= 0) {
+      list.ready_words[unit.slot / 64] |= uint64_t{1} << (unit.slot % 64);
+      by_slot_[unit.slot] = &unit;
+      marked_.push_back(static_cast<uint32_t>(unit.slot));
     } else {
       uncached.push_back(&unit);
     }
@@ -753,13 +758,9 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
     if (pending_.count(error.key)) fail_pending(error.key, error.status, error.message);
   }
   std::vector<std::vector<LocalUnit*>> units(response.batches.size());
-  std::vector<const LocalUnit*> scheduled_units;  // checked for repeats once all are found
-  size_t scheduled_count = 0;
   for (size_t b = 0; b < response.batches.size(); ++b) {
     units[b].reserve(response.batches[b].units.size());
-    scheduled_count += response.batches[b].units.size();
   }
-  scheduled_units.reserve(scheduled_count);
   uint64_t hits = 0, negotiated = 0;
   // Join: a rank that has joined takes part in what the others submitted, sending zeros (nothing
   // for an allgather) and receiving into a buffer of its own.
@@ -794,8 +795,28 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
                                                      Request::Callback(), config_.timeout_s);
     return phantom.unit;
   };
+  auto schedule = [&](LocalUnit& unit, size_t b) {
+    if (unit.scheduled == cycle_) {
+      throw Error(Status::kInternal,
+                  fmt::format("fusion engine: rank 0 scheduled {} twice in one response",
+                              describe(unit.request->spec())));
+    }
+    unit.scheduled = cycle_;
+    units[b].push_back(&unit);
+  };
   for (size_t b = 0; b < response.batches.size(); ++b) {
     for (const ResponseUnit& scheduled : response.batches[b].units) {
+      ++(scheduled.hit ? hits : negotiated);
+      // A hit on a slot whose bit this rank set is the unit that set it: build_requests found
+      // the cached spec equal to the submitted one, and the cache has not changed since.
+      LocalUnit* unit = scheduled.hit && scheduled.slot >= 0 &&
+                                static_cast<size_t>(scheduled.slot) < by_slot_.size()
+                            ? by_slot_[scheduled.slot]
+                            : nullptr;
+      if (unit) {
+        schedule(*unit, b);
+        continue;
+      }
       const UnitSpec* spec = spec_of(scheduled, cache_);
       if (!spec) {
         throw Error(Status::kInternal,
@@ -806,7 +827,6 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
       auto it = pending_.find(spec->key());
       if (it == pending_.end() && joined_announced_) {
         units[b].push_back(&phantom_for(*spec));
-        ++(scheduled.hit ? hits : negotiated);
         continue;
       }
       if (it == pending_.end() || !matches_submission(it->second.request->spec(), *spec, rank_)) {
@@ -818,17 +838,8 @@ void FusionEngine::execute(const ResponseList& response, Clock::time_point recei
                             ? std::string("not submitted it")
                             : "submitted " + describe_submitted(it->second.request->spec())));
       }
-      scheduled_units.push_back(&it->second);
-      units[b].push_back(&it->second);
-      ++(scheduled.hit ? hits : negotiated);
+      schedule(it->second, b);
     }
-  }
-  std::sort(scheduled_units.begin(), scheduled_units.end());
-  if (auto twice = std::adjacent_find(scheduled_units.begin(), scheduled_units.end());
-      twice != scheduled_units.end()) {
-    throw Error(Status::kInternal,
-                fmt::format("fusion engine: rank 0 scheduled {} twice in one response",
-                            describe((*twice)->request->spec())));
   }
   for (const Batch& batch : response.batches) {
     for (const ResponseUnit& scheduled : batch.units) {
@@ -934,11 +945,16 @@ void FusionEngine::idle_wait(std::optional<Clock::time_point> until) {
   channel_->wake(next);
 }
 
+void FusionEngine::erase_pending(const LocalUnit& unit, std::string_view key) {
+  if (unit.slot >= 0 && by_slot_[unit.slot] == &unit) by_slot_[unit.slot] = nullptr;
+  pending_.erase(key);
+}
+
 void FusionEngine::fail_pending(const std::string& key, Status status, const std::string& message) {
   auto it = pending_.find(key);
   if (it == pending_.end()) return;
   std::shared_ptr<Request> request = std::move(it->second.request);
-  pending_.erase(it);
+  erase_pending(it->second, request->spec().key());
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const Member& member : request->spec().members) in_flight_.erase(member.name);
@@ -965,7 +981,7 @@ void FusionEngine::complete_batch(const std::vector<LocalUnit*>& units, const Ba
   for (size_t i = 0; i < units.size(); ++i) {
     if (units[i]->phantom) continue;
     std::shared_ptr<Request> request = std::move(units[i]->request);
-    pending_.erase(request->spec().key());  // units[i] is gone
+    erase_pending(*units[i], request->spec().key());  // units[i] is gone
     // An allgather runs alone, its scheduled spec (never a cache hit) in the response.
     request->complete(Status::kSuccess, "",
                       request->spec().kind == Kind::kAllgather ? batch.units[i].spec.gather_counts

@@ -144,6 +144,8 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
     std::shared_ptr<Request> request;
     bool announced = false;  // its spec went to rank 0 (not a cache hit)
     bool phantom = false;    // a joined rank's stand-in (execute()), not in pending_
+    int32_t slot = -1;       // the cache slot whose bit it set in this cycle's list, or -1
+    uint64_t scheduled = 0;  // the last cycle whose response scheduled it
   };
   struct Stopped {};  // thrown inside the engine thread when shutdown() asks it to stop
   enum class State { kNotStarted, kConnecting, kRunning, kFinished };
@@ -167,6 +169,8 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   void apply(const EngineSettings& settings);
   // Rank 0, autotuning: measures the cycle that just ended, and may choose the next settings.
   void tune(bool idle, Clock::time_point now);
+  // Takes a unit, whose request the caller has taken, out of pending_ and by_slot_.
+  void erase_pending(const LocalUnit& unit, std::string_view key);
   // Fails the pending unit `key`, if there is one.
   void fail_pending(const std::string& key, Status status, const std::string& message);
   // Completes the units of a batch that ran to the end (`units` in the batch's order).
@@ -240,6 +244,10 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   uint32_t cycles_row_ = 0;
   // By key, viewing the key in the unit's request (which the unit holds).
   std::unordered_map<std::string_view, LocalUnit> pending_;
+  // [slot]: the pending unit whose bit this cycle's list set (build_requests), so that a response's
+  // cache hits find their units without a lookup by name; `marked_` lists the slots set.
+  std::vector<LocalUnit*> by_slot_;
+  std::vector<uint32_t> marked_;
   std::vector<std::shared_ptr<Request>> taken_;  // build_requests: queue_'s last contents
   uint64_t cycle_ = 0;
   bool joined_announced_ = false;     // rank 0 has been told that this rank joined

@@ -131,22 +131,23 @@ void Request::complete(Status status, std::string message, std::vector<uint64_t>
   status_ = status;
   message_ = std::move(message);
   gathered_counts_ = std::move(gathered_counts);
-  done_ = true;
+  done_.store(true, std::memory_order_release);
   lock.unlock();
   completed_.notify_all();
 }
 
 bool Request::test(Status* status) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (done_ && status) *status = status_;
-  return done_;
+  if (!done_.load(std::memory_order_acquire)) return false;
+  if (status) *status = status_;  // written before done_, never after
+  return true;
 }
 
 Status Request::wait() {
+  if (done_.load(std::memory_order_acquire)) return status_;
   std::unique_lock<std::mutex> lock(mutex_);
   auto limit =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
-  if (!completed_.wait_for(lock, limit, [&] { return done_; })) {
+  if (!completed_.wait_for(lock, limit, [&] { return done_.load(std::memory_order_relaxed); })) {
     message_ = fmt::format("{} has not completed within {} s (KOLO_TIMEOUT); it is still pending",
                            describe(spec_), timeout_s_);
     return Status::kTimeout;

@@ -7,6 +7,7 @@
 // complete() has been called.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -77,7 +78,9 @@ class Request {
   mutable std::mutex mutex_;
   mutable std::condition_variable completed_;
   bool finishing_ = false;
-  bool done_ = false;
+  // Set under mutex_ after status_, and read without it by test() and wait() once it is true: an
+  // application waits for every request of a step, most of them long complete.
+  std::atomic<bool> done_ = false;
   Status status_ = Status::kSuccess;
   std::string message_;
   std::vector<uint64_t> gathered_counts_;
