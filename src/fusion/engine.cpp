@@ -978,15 +978,22 @@ void FusionEngine::complete_batch(const std::vector<LocalUnit*>& units, const Ba
       ++requests_completed_;
     }
   }
+  // Every request is complete before any waiter wakes: an application that waits for its
+  // requests in an order of its own, woken by the first, would otherwise often find the next one
+  // still pending and sleep again, a wake-up each time.
+  completed_.clear();
   for (size_t i = 0; i < units.size(); ++i) {
     if (units[i]->phantom) continue;
-    std::shared_ptr<Request> request = std::move(units[i]->request);
+    std::shared_ptr<Request>& request = completed_.emplace_back(std::move(units[i]->request));
     erase_pending(*units[i], request->spec().key());  // units[i] is gone
     // An allgather runs alone, its scheduled spec (never a cache hit) in the response.
     request->complete(Status::kSuccess, "",
                       request->spec().kind == Kind::kAllgather ? batch.units[i].spec.gather_counts
-                                                               : std::vector<uint64_t>());
+                                                               : std::vector<uint64_t>(),
+                      false);
   }
+  for (const std::shared_ptr<Request>& request : completed_) request->wake_waiters();
+  completed_.clear();
 }
 
 void FusionEngine::fail_everything(const Error& error) {

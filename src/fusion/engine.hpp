@@ -249,6 +249,7 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   std::vector<LocalUnit*> by_slot_;
   std::vector<uint32_t> marked_;
   std::vector<std::shared_ptr<Request>> taken_;  // build_requests: queue_'s last contents
+  std::vector<std::shared_ptr<Request>> completed_;  // complete_batch: its requests
   uint64_t cycle_ = 0;
   bool joined_announced_ = false;     // rank 0 has been told that this rank joined
   Clock::time_point last_summary_{};  // rank 0: when waiting_ranks_ was last refreshed

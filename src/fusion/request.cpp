@@ -115,7 +115,8 @@ void check_buffers(const UnitSpec& spec, const std::vector<MemberBuffers>& buffe
   }
 }
 
-void Request::complete(Status status, std::string message, std::vector<uint64_t> gathered_counts) {
+void Request::complete(Status status, std::string message, std::vector<uint64_t> gathered_counts,
+                       bool wake) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (finishing_) return;
   finishing_ = true;
@@ -133,7 +134,7 @@ void Request::complete(Status status, std::string message, std::vector<uint64_t>
   gathered_counts_ = std::move(gathered_counts);
   done_.store(true, std::memory_order_release);
   lock.unlock();
-  completed_.notify_all();
+  if (wake) wake_waiters();
 }
 
 bool Request::test(Status* status) const {

@@ -52,8 +52,11 @@ class Request {
 
   // Finishes the request once (later calls are ignored): runs the callback, then publishes the
   // status, so that a waiter returns only after the callback has finished. A successful allgather
-  // passes every rank's count, in rank order.
-  void complete(Status status, std::string message, std::vector<uint64_t> gathered_counts = {});
+  // passes every rank's count, in rank order. Threads blocked in wait() are woken unless `wake` is
+  // false, when the caller calls wake_waiters() afterwards.
+  void complete(Status status, std::string message, std::vector<uint64_t> gathered_counts = {},
+                bool wake = true);
+  void wake_waiters() { completed_.notify_all(); }
 
   // Non-blocking: true and *status once complete.
   bool test(Status* status) const;
