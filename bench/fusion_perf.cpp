@@ -35,8 +35,10 @@
 // collectives, copying into and out of the fusion buffer, in negotiation cycles (the engine's
 // counters, kolo_fusion_stats_t), and the rest (submitting, the engine's own work between
 // collectives, threads waking and waiting for a CPU, the requests' waits); for ordered calls the
-// time inside kolo_allreduce and the rest. Each rank's step time and parts are averaged over the
-// ranks, then the median over the steps is shown for each column.
+// time inside kolo_allreduce and the rest. A last column shows the part of the step the application
+// spent in the submitting calls (kolo_allreduce_async), which the engine's thread may overlap with
+// its own work (so it is a part of the step, not of "other" alone). Each rank's step time and parts
+// are averaged over the ranks, then the median over the steps is shown for each column.
 //
 // --skew-ms D makes the last rank start every step D ms after the others (in every mode: its
 // backward pass ends later, as one rank's often does), so that the step shows what waiting for a
@@ -206,6 +208,7 @@ struct StepResult {
   // --breakdown: this rank's own step and its parts (fusion_stats' times, or for ordered calls
   // the time inside kolo_allreduce), then averaged over the ranks.
   double own = 0, in_collectives = 0, copying = 0, negotiating = 0;
+  double submitting = 0;  // in kolo_allreduce_async (fused and unfused)
 };
 
 double seconds_of(uint64_t nanoseconds) {
@@ -232,6 +235,7 @@ StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vecto
           "kolo_allreduce");
   }
   // Backward order: the last layer's gradients are ready first.
+  const auto submitting = std::chrono::steady_clock::now();
   for (size_t i = mode == Mode::kBound ? 0 : model.gradients.size(); i-- > 0;) {
     const Gradient& gradient = model.gradients[i];
     float* data = buffers[i].data();
@@ -248,6 +252,7 @@ StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vecto
     }
   }
   if (mode != Mode::kOrdered && mode != Mode::kBound) {
+    if (breakdown) result.submitting = seconds_since(submitting);
     for (kolo_request_t& request : requests) {
       kolo_status_t status = kolo_request_wait(request);
       if (status != KOLO_SUCCESS) {
@@ -270,12 +275,14 @@ StepResult run_step(kolo_comm_t comm, const Model& model, std::vector<std::vecto
       result.copying = seconds_of(after.copy_ns - before.copy_ns);
       result.negotiating = seconds_of(after.negotiation_ns - before.negotiation_ns);
     }
-    double parts[4] = {result.own, result.in_collectives, result.copying, result.negotiating};
-    check(comm, kolo_allreduce(comm, parts, parts, 4, KOLO_FLOAT64, KOLO_AVG), "kolo_allreduce");
+    double parts[5] = {result.own, result.in_collectives, result.copying, result.negotiating,
+                       result.submitting};
+    check(comm, kolo_allreduce(comm, parts, parts, 5, KOLO_FLOAT64, KOLO_AVG), "kolo_allreduce");
     result.own = parts[0];
     result.in_collectives = parts[1];
     result.copying = parts[2];
     result.negotiating = parts[3];
+    result.submitting = parts[4];
   }
   return result;
 }
@@ -294,8 +301,8 @@ void print_breakdown(const std::string& model, const std::vector<std::vector<Ste
       "# {:<10} where a step went, ms: each rank's own clock, mean over the ranks, median "
       "over the steps\n",
       model);
-  fmt::print("# {:<10} {:>9} {:>11} {:>9} {:>11} {:>9}\n", "mode", "step", "collectives", "copying",
-             "negotiating", "other");
+  fmt::print("# {:<10} {:>9} {:>11} {:>9} {:>11} {:>9} {:>10}\n", "mode", "step", "collectives",
+             "copying", "negotiating", "other", "submitting");
   const char* names[] = {"fused", "unfused", "ordered"};
   for (int mode = 0; mode < 3; ++mode) {
     const std::vector<StepResult>& steps = parts[mode];
@@ -307,14 +314,15 @@ void print_breakdown(const std::string& model, const std::vector<std::vector<Ste
     };
     const bool engine = mode != 2;
     auto shown = [&](double ms) { return engine ? fmt::format("{:.2f}", ms) : std::string("-"); };
-    fmt::print("# {:<10} {:>9.2f} {:>11.2f} {:>9} {:>11} {:>9.2f}\n", names[mode],
+    fmt::print("# {:<10} {:>9.2f} {:>11.2f} {:>9} {:>11} {:>9.2f} {:>10}\n", names[mode],
                column([](const StepResult& step) { return step.own; }),
                column([](const StepResult& step) { return step.in_collectives; }),
                shown(column([](const StepResult& step) { return step.copying; })),
                shown(column([](const StepResult& step) { return step.negotiating; })),
                column([](const StepResult& step) {
                  return step.own - step.in_collectives - step.copying - step.negotiating;
-               }));
+               }),
+               shown(column([](const StepResult& step) { return step.submitting; })));
   }
 }
 
@@ -361,7 +369,8 @@ int main(int argc, char** argv) {
       ->excludes(autotune_flag);  // --autotune times only tuned steps
   app.add_flag("--breakdown", breakdown,
                "also print where each mode's step went: inside collectives, copying, "
-               "negotiating, the rest (each rank's own clock, mean over the ranks)")
+               "negotiating, the rest, and the part spent submitting (each rank's own clock, mean "
+               "over the ranks)")
       ->excludes(autotune_flag);
   app.add_option("--max-tensor-bytes", max_tensor_text,
                  "keep only the gradients smaller than this (K/M/G suffixes): the latency-bound "
