@@ -562,17 +562,21 @@ int main(int argc, char** argv) {
     }
     check_values(skip_ordered ? "fused and unfused" : "fused, unfused and ordered");  // and bound
     if (verify && breakdown) {
-      // Collectives and copies lie inside the step on every rank; fused steps copy, unfused never.
+      // Collectives and copies lie inside the step on every rank; fused steps copy, unfused never;
+      // the engine's modes spend some of the step submitting, ordered calls none.
       for (int mode = 0; mode < 3; ++mode) {
         for (const StepResult& step : parts[mode]) {
           const bool fused = mode == 0 && step.collectives < model.gradients.size();
           if (step.in_collectives + step.copying > step.own || (fused && step.copying <= 0) ||
-              (mode != 0 && step.copying != 0)) {
+              (mode != 0 && step.copying != 0) || step.submitting > step.own ||
+              (mode == 2) != (step.submitting == 0)) {
             std::fprintf(stderr,
                          "fusion_perf: rank %d: %s: a step's breakdown does not add up (mode %d, "
-                         "step %g s, collectives %g s, copying %g s, %llu collectives)\n",
+                         "step %g s, collectives %g s, copying %g s, submitting %g s, %llu "
+                         "collectives)\n",
                          rank, model.name.c_str(), mode, step.own, step.in_collectives,
-                         step.copying, static_cast<unsigned long long>(step.collectives));
+                         step.copying, step.submitting,
+                         static_cast<unsigned long long>(step.collectives));
             std::exit(1);
           }
         }
