@@ -353,3 +353,34 @@ TEST_CASE("a wait spins only on a CPU that no other thread of the job needs", "[
   CHECK_FALSE(kolo::transport_settings(config).own_core);
   CHECK_FALSE(kolo::transport_settings(config).yield_at_once);  // set by connect_links alone
 }
+
+TEST_CASE("a crowd of strangers at a rank's listener refuses no peer", "[mesh]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  net::Endpoint store = server.endpoint();
+  const int streams = 2;
+  auto rank1 = std::async(std::launch::async, [&] { return join(store, 1, streams); });
+  StoreClient observer(store, kSecret, 0, 30);
+  net::Endpoint listener = net::parse_endpoint(
+      observer.get_string(kolo::store_key(kContext, "tcp", 1)), "rank 1's address");
+
+  // More silent connections than handshakes may be under way and than the listen backlog holds,
+  // and some that answer the challenge with garbage: a peer's connections must still get in.
+  std::vector<net::Socket> strangers;
+  for (int i = 0; i < 320; ++i) {
+    strangers.push_back(net::connect_to(listener, Deadline(5)));
+    if (i % 16 == 0) {
+      uint8_t nonce[32];
+      net::recv_all(strangers.back(), nonce, sizeof nonce, Deadline(5));
+      std::vector<uint8_t> garbage(96, 0x5a);
+      net::send_all(strangers.back(), garbage.data(), garbage.size(), Deadline(5));
+    }
+  }
+  std::vector<PeerSockets> rank0 = join(store, 0, streams);
+  std::vector<PeerSockets> peers1 = rank1.get();
+  CHECK(peers1[0].control.valid());
+  REQUIRE(rank0[1].control.valid());
+  uint8_t sent = 0x3c, received = 0;
+  net::send_all(rank0[1].control, &sent, 1, Deadline(5));
+  net::recv_all(peers1[0].control, &received, 1, Deadline(5));
+  CHECK(received == sent);
+}

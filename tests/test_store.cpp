@@ -814,8 +814,8 @@ TEST_CASE("store: warnings about strangers are rate-limited, the rest counted", 
   INFO(text);
   REQUIRE(warnings.size() == 6);  // 5 in the first 10 s, then the count of the rest
   CHECK_THAT(warnings.front(), Contains("not a kolo peer"));
-  CHECK_THAT(warnings.back(), Contains("35 more warnings about connections that did not "
-                                       "authenticate were held back"));
+  CHECK_THAT(warnings.back(), Contains("35 more warnings about connections that were not "
+                                       "admitted were held back"));
 }
 
 TEST_CASE("store: keys and bytes beyond the limits are refused with an error, nothing else",

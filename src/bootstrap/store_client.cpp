@@ -24,6 +24,7 @@
 #include "core/log.hpp"
 #include "kolo/status.hpp"
 #include "net/auth.hpp"
+#include "net/gate.hpp"
 
 namespace kolo {
 
@@ -43,11 +44,10 @@ struct StoreClient::Impl {
   std::string broken;
 
   void connect(const Deadline& deadline) {
-    socket = net::connect_to(endpoint, deadline);
     net::Hello hello;
     hello.purpose = net::kPurposeStore;
     hello.rank = rank;
-    net::authenticate_as_client(socket, secret, hello, deadline);
+    socket = net::connect_authenticated(endpoint, secret, hello, deadline);
   }
 
   // Sends one request and reads the reply's status byte within the call's timeout, then lets

@@ -1,19 +1,17 @@
 // The rendezvous store's server (bootstrap/store.hpp; the wire protocol is in store_protocol.hpp).
 //
-// Server. One thread runs an epoll loop over the listening socket, an eventfd that asks it to stop,
-// and every connection. Nothing in the loop blocks: sockets are non-blocking, each connection keeps
-// its own input and output buffers, and authentication is the same challenge and response as
-// net/auth.hpp driven one message at a time (a stranger that never answers costs one idle entry
-// until its 5 s handshake deadline, not a stalled loop). A GET or WAIT for a key that does not
+// Server. One thread runs an epoll loop over the Gate that admits connections (net/gate.hpp: the
+// listener and every handshake, one descriptor), an eventfd that asks it to stop, and every
+// admitted client. Nothing in the loop blocks: sockets are non-blocking and each connection keeps
+// its own input and output buffers. A GET or WAIT for a key that does not
 // exist yet is parked on the server and answered when a SET or ADD creates the key; the client
 // bounds how long it is prepared to wait, and when it gives up and closes, its waiters go with it.
 // While a connection has a parked request or unsent output, the server reads nothing more from it,
 // so its input buffer stays bounded by one request and a read's chunk.
 //
-// Bounds (StoreLimits): at most `unauthenticated` connections in the handshake (a new one pushes
-// out the oldest, so a flood of silent strangers holds a fixed number of rank 0's descriptors and a
-// real client that answers at once still gets in); warnings about strangers pass a log::Throttle;
-// SET and ADD that would take the store past its key or byte limit are refused with an error.
+// Bounds (StoreLimits): at most `unauthenticated` connections in the handshake (the Gate pushes out
+// the oldest, so a flood of silent strangers holds a fixed number of rank 0's descriptors and a
+// real client that answers at once still gets in; its warnings are throttled); SET and ADD that would take the store past its key or byte limit are refused with an error.
 // Requests are consumed from the input by an offset, and the consumed prefix is dropped once per
 // read, so a client that pipelines many small requests costs linear time, not quadratic.
 #include "bootstrap/store.hpp"
@@ -28,7 +26,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <mutex>
 #include <system_error>
@@ -41,6 +38,7 @@
 #include "core/log.hpp"
 #include "kolo/status.hpp"
 #include "net/auth.hpp"
+#include "net/gate.hpp"
 
 namespace kolo {
 
@@ -49,16 +47,15 @@ using namespace store_protocol;
 // ---- server ------------------------------------------------------------------------------------
 
 struct StoreServer::Impl {
-  enum class State { kHandshake, kReady, kParked };
+  enum class State { kReady, kParked };
 
   struct Connection {
     uint64_t id = 0;
     net::Socket socket;
     std::string peer;  // "host:port", and the rank once known, for log lines
-    State state = State::kHandshake;
+    State state = State::kReady;
     bool closed = false;
     uint32_t events = 0;  // what epoll is currently asked to report
-    net::AuthNonce nonce{};
     std::vector<uint8_t> input;
     size_t input_start = 0;  // input before this offset has been executed
     std::vector<uint8_t> output;
@@ -76,17 +73,15 @@ struct StoreServer::Impl {
     uint64_t generation;
   };
 
-  static constexpr uint64_t kListenerId = 0;
+  static constexpr uint64_t kGateId = 0;
   static constexpr uint64_t kWakeId = 1;
   // Replies pile up to this many unsent bytes before the server stops executing a client's
   // requests (one send for a batch of pipelined requests, not one each).
   static constexpr size_t kMaxPendingOutput = 64 * 1024;
-  static constexpr uint32_t kStrangerWarnings = 5;  // logged per kStrangerWarningPeriod
-  static constexpr auto kStrangerWarningPeriod = std::chrono::seconds(10);
 
   std::string secret;
   StoreLimits limits;
-  net::Socket listener;
+  std::unique_ptr<net::Gate> gate;
   net::Endpoint bound;
   net::Socket epoll;
   net::Socket wake;  // an eventfd; the destructor writes to it to stop the loop
@@ -96,42 +91,15 @@ struct StoreServer::Impl {
   std::unordered_map<std::string, std::vector<uint8_t>> data;
   std::unordered_map<std::string, std::vector<Waiter>> waiters;
   std::unordered_map<uint64_t, Connection> connections;
-  std::deque<std::pair<Clock::time_point, uint64_t>> handshake_deadlines;  // in arrival order
   std::vector<uint64_t> to_process;  // connections whose parked request was just answered
   std::vector<uint64_t> dead;        // closed connections to erase at the end of a round
   uint64_t next_id = 2;
-  bool accept_paused = false;
-  Clock::time_point accept_resume{};
-  Clock::time_point last_accept_warning{};
-  size_t unauthenticated = 0;  // connections in State::kHandshake
   size_t stored_bytes = 0;     // keys and values in `data`
   size_t waiter_count = 0;     // entries in `waiters`
-  uint64_t strangers_dropped = 0;
-  log::Throttle stranger_warnings{kStrangerWarnings, kStrangerWarningPeriod};
 
   // What stats() returns: a copy the loop publishes after every round.
   mutable std::mutex stats_mutex;
   StoreStats published;
-
-  // -- strangers --
-
-  // A warning about a connection that never became a client: the first few of every period are
-  // logged, the rest counted and reported together (report_held_back).
-  template <typename... Args>
-  void warn_stranger(fmt::format_string<Args...> format, Args&&... args) {
-    if (stranger_warnings.allow(Clock::now())) {
-      log::warn(format, std::forward<Args>(args)...);
-    }
-  }
-
-  void report_held_back(bool final) {
-    uint64_t held = stranger_warnings.take_held_back(Clock::now(), final);
-    if (held > 0) {
-      log::warn("rendezvous store at {}: {} more warnings about connections that did not "
-                "authenticate were held back (at most {} are logged every {} s)",
-                bound.to_string(), held, kStrangerWarnings, kStrangerWarningPeriod.count());
-    }
-  }
 
   void publish_stats() {
     std::lock_guard<std::mutex> lock(stats_mutex);
@@ -139,8 +107,10 @@ struct StoreServer::Impl {
     published.bytes = stored_bytes;
     published.waiters = waiter_count;
     published.connections = connections.size();
-    published.unauthenticated = unauthenticated;
-    published.strangers_dropped = strangers_dropped;
+    const net::GateStats gate_stats = gate->stats();
+    published.connections += gate_stats.pending;
+    published.unauthenticated = gate_stats.pending;
+    published.strangers_dropped = gate_stats.dropped;
   }
 
   // -- epoll plumbing --
@@ -186,10 +156,6 @@ struct StoreServer::Impl {
     connection.input.clear();
     connection.input_start = 0;
     connection.output.clear();
-    if (connection.state == State::kHandshake) {
-      --unauthenticated;
-      ++strangers_dropped;
-    }
     if (connection.state == State::kParked) forget_waiters(connection);
     dead.push_back(connection.id);
   }
@@ -224,20 +190,13 @@ struct StoreServer::Impl {
       }
       for (int i = 0; i < ready; ++i) {
         uint64_t id = events[i].data.u64;
-        if (id == kWakeId) {
-          report_held_back(true);
-          return;
-        }
-        if (id == kListenerId) {
-          accept_connections();
-          continue;
-        }
+        if (id == kWakeId) return;
+        if (id == kGateId) continue;  // admitted below, every round
         auto it = connections.find(id);
         if (it == connections.end() || it->second.closed) continue;
         guarded(it->second, [&](Connection& c) { handle_event(c, events[i].events); });
       }
-      expire_handshakes();
-      resume_accepting();
+      admit();
       while (!to_process.empty()) {
         std::vector<uint64_t> batch;
         batch.swap(to_process);
@@ -249,7 +208,6 @@ struct StoreServer::Impl {
       }
       for (uint64_t id : dead) connections.erase(id);
       dead.clear();
-      report_held_back(false);
       publish_stats();
     }
   }
@@ -267,117 +225,28 @@ struct StoreServer::Impl {
     }
   }
 
-  int next_timeout_ms() const {
-    auto now = Clock::now();
-    auto wake_at = Clock::time_point::max();
-    if (!handshake_deadlines.empty()) wake_at = handshake_deadlines.front().first;
-    if (accept_paused) wake_at = std::min(wake_at, accept_resume);
-    wake_at = std::min(wake_at, stranger_warnings.report_due());
-    if (wake_at == Clock::time_point::max()) return -1;
-    if (wake_at <= now) return 0;
-    auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake_at - now).count();
-    return static_cast<int>(std::min<int64_t>(ms, 60'000));
-  }
+  int next_timeout_ms() const { return gate->timeout_ms(); }
 
-  void accept_connections() {
-    // A bounded batch per wake-up, so that a flood of connections cannot starve the others.
-    for (int i = 0; i < 64; ++i) {
-      net::Socket socket(::accept4(listener.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-      if (!socket.valid()) {
-        int error = errno;
-        if (error == EAGAIN || error == EWOULDBLOCK) return;
-        if (error == EINTR || error == ECONNABORTED || error == EPROTO) continue;
-        // Out of descriptors or memory: stop accepting for a moment instead of spinning on a
-        // listener that stays readable.
-        auto now = Clock::now();
-        if (now - last_accept_warning > std::chrono::seconds(10)) {
-          log::warn("rendezvous store at {}: cannot accept connections ({}); retrying",
-                    bound.to_string(), std::generic_category().message(error));
-          last_accept_warning = now;
-        }
-        accept_paused = true;
-        accept_resume = now + std::chrono::milliseconds(100);
-        set_events(listener.fd(), kListenerId, 0);
-        return;
-      }
-      start_handshake(std::move(socket));
-    }
-  }
-
-  void resume_accepting() {
-    if (accept_paused && Clock::now() >= accept_resume) {
-      accept_paused = false;
-      set_events(listener.fd(), kListenerId, EPOLLIN);
-    }
-  }
-
-  void start_handshake(net::Socket socket) {
-    if (unauthenticated >= limits.unauthenticated) drop_oldest_handshake();
-    uint64_t id = next_id++;
-    Connection& connection = connections[id];
-    connection.id = id;
-    try {
-      connection.peer = net::peer_endpoint(socket).to_string();
-    } catch (const Error&) {
-      connection.peer = "an unknown address";
-    }
-    connection.socket = std::move(socket);
-    ++unauthenticated;
-    guarded(connection, [&](Connection& c) {
-      net::set_nodelay(c.socket);
-      c.nonce = net::make_auth_nonce();
-      watch(c.socket.fd(), c.id, 0);
-      c.events = 0;
-      handshake_deadlines.emplace_back(Clock::now() + kHandshakeTime, c.id);
-      queue(c, c.nonce.data(), c.nonce.size());
-      flush(c);
-    });
-  }
-
-  // Takes the first entry off the deadlines (in arrival order, so the connection that has been
-  // silent longest) and returns its connection if that is still in the handshake, else nullptr:
-  // entries of connections that have since authenticated or gone are simply discarded.
-  Connection* pop_handshake() {
-    uint64_t id = handshake_deadlines.front().second;
-    handshake_deadlines.pop_front();
-    auto it = connections.find(id);
-    if (it == connections.end() || it->second.closed) return nullptr;
-    return it->second.state == State::kHandshake ? &it->second : nullptr;
-  }
-
-  // Makes room for a new connection when the handshakes are at their cap.
-  void drop_oldest_handshake() {
-    while (!handshake_deadlines.empty()) {
-      Connection* oldest = pop_handshake();
-      if (oldest == nullptr) continue;
-      warn_stranger(
-          "rendezvous store: {} connections are waiting to authenticate (the limit); dropped "
-          "the oldest, from {}",
-          limits.unauthenticated, oldest->peer);
-      drop(*oldest);
-      return;
-    }
-  }
-
-  void expire_handshakes() {
-    auto now = Clock::now();
-    while (!handshake_deadlines.empty() && handshake_deadlines.front().first <= now) {
-      Connection* late = pop_handshake();
-      if (late == nullptr) continue;
-      warn_stranger(
-          "rendezvous store: the connection from {} did not authenticate within {} s; "
-          "dropped",
-          late->peer, kHandshakeTime.count());
-      drop(*late);
+  // Makes a client of every connection the gate admitted.
+  void admit() {
+    for (net::Gate::Admitted& admitted : gate->advance()) {
+      const uint64_t id = next_id++;
+      Connection& connection = connections[id];
+      connection.id = id;
+      connection.socket = std::move(admitted.socket);
+      connection.peer = fmt::format("rank {} ({})", admitted.hello.rank, admitted.peer);
+      log::info("rendezvous store: {} connected", connection.peer);
+      guarded(connection, [&](Connection& c) {
+        watch(c.socket.fd(), c.id, 0);
+        c.events = 0;
+        update_interest(c);
+      });
     }
   }
 
   void handle_event(Connection& connection, uint32_t events) {
     if (events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
-      if (connection.state == State::kHandshake) {
-        warn_stranger("rendezvous store: the connection from {} closed before authenticating",
-                      connection.peer);
-      } else if (connection.state == State::kParked) {
+      if (connection.state == State::kParked) {
         log::info("rendezvous store: {} disconnected while waiting for key '{}'", connection.peer,
                   connection.parked_key);
       } else {
@@ -394,21 +263,13 @@ struct StoreServer::Impl {
   }
 
   void read_input(Connection& connection) {
-    // During the handshake read exactly the answer and nothing beyond it.
-    size_t want = connection.state == State::kHandshake
-                      ? net::kAuthAnswerBytes - connection.input.size()
-                      : kReadChunk;
+    size_t want = kReadChunk;
     size_t old_size = connection.input.size();
     connection.input.resize(old_size + want);
     ssize_t n = ::recv(connection.socket.fd(), connection.input.data() + old_size, want, 0);
     connection.input.resize(old_size + (n > 0 ? static_cast<size_t>(n) : 0));
     if (n == 0) {
-      if (connection.state == State::kHandshake) {
-        warn_stranger("rendezvous store: the connection from {} closed before authenticating",
-                      connection.peer);
-      } else {
-        log::info("rendezvous store: {} disconnected", connection.peer);
-      }
+      log::info("rendezvous store: {} disconnected", connection.peer);
       drop(connection);
       return;
     }
@@ -419,39 +280,8 @@ struct StoreServer::Impl {
       drop(connection);
       return;
     }
-    if (connection.state == State::kHandshake) finish_handshake(connection);
   }
 
-  void finish_handshake(Connection& connection) {
-    if (connection.input.size() < net::kAuthAnswerBytes) return;
-    uint8_t answer[net::kAuthAnswerBytes];
-    std::memcpy(answer, connection.input.data(), sizeof answer);
-    connection.input.clear();
-    net::Hello hello;
-    try {
-      hello = net::check_auth_answer(secret, connection.nonce, answer, connection.peer);
-    } catch (const Error& error) {
-      warn_stranger("rendezvous store: {}", error.what());
-      drop(connection);
-      return;
-    }
-    if (hello.purpose != net::kPurposeStore) {
-      warn_stranger(
-          "rendezvous store: the connection from {} (rank {}) was opened for purpose {}, "
-          "not for the store; dropped",
-          connection.peer, hello.rank, hello.purpose);
-      drop(connection);
-      return;
-    }
-    connection.peer = fmt::format("rank {} ({})", hello.rank, connection.peer);
-    connection.state = State::kReady;
-    --unauthenticated;
-    log::info("rendezvous store: {} connected", connection.peer);
-    const net::AuthProof proof = net::acceptor_proof(secret, connection.nonce, answer);
-    queue(connection, proof.data(), proof.size());
-  }
-
-  // Executes complete requests for as long as the connection can take them.
   // Executes complete requests for as long as the connection can take them, then sends the
   // replies together and drops the executed prefix of the input once.
   void process_input(Connection& connection) {
@@ -677,11 +507,17 @@ StoreServer::StoreServer(const net::Endpoint& endpoint, std::string secret, Stor
     : impl_(std::make_unique<Impl>()) {
   impl_->secret = std::move(secret);
   impl_->limits = limits;
-  impl_->limits.unauthenticated = std::max<size_t>(limits.unauthenticated, 1);
   try {
-    impl_->listener = net::listen_on(endpoint);
-    net::set_nonblocking(impl_->listener, true);
-    impl_->bound = net::local_endpoint(impl_->listener);
+    impl_->gate = std::make_unique<net::Gate>(
+        net::listen_on(endpoint), impl_->secret, "rendezvous store",
+        [](const net::Hello& hello) {
+          return hello.purpose == net::kPurposeStore
+                     ? std::string()
+                     : fmt::format("opened it for purpose {}, not for the store", hello.purpose);
+        },
+        net::GateLimits{limits.unauthenticated,
+                        std::chrono::duration<double>(kHandshakeTime).count()});
+    impl_->bound = impl_->gate->endpoint();
   } catch (const Error& error) {
     throw Error(error.status(), fmt::format("cannot serve the rendezvous store: {}", error.what()));
   }
@@ -692,7 +528,7 @@ StoreServer::StoreServer(const net::Endpoint& endpoint, std::string secret, Stor
                 fmt::format("cannot serve the rendezvous store at {}: epoll/eventfd: {}",
                             impl_->bound.to_string(), std::generic_category().message(errno)));
   }
-  impl_->watch(impl_->listener.fd(), Impl::kListenerId, EPOLLIN);
+  impl_->watch(impl_->gate->fd(), Impl::kGateId, EPOLLIN);
   impl_->watch(impl_->wake.fd(), Impl::kWakeId, EPOLLIN);
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
 }

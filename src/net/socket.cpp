@@ -335,12 +335,14 @@ Socket connect_to(const Endpoint& endpoint, const Deadline& deadline) {
                           target, waited, errno_text(last_error)));
 }
 
-Socket connect_once(const Endpoint& endpoint, const Deadline& deadline, std::string* why) {
+Socket connect_once(const Endpoint& endpoint, const Deadline& deadline, std::string* why,
+                    int* error) {
   const std::string target = endpoint.to_string();
   AddrinfoList list = resolve(endpoint, /*passive=*/false, "connect to");
   int last_error = 0;
   Socket socket = try_every_address(list, deadline, target, &last_error);
   if (!socket.valid() && why) *why = fmt::format("{}: {}", target, errno_text(last_error));
+  if (error) *error = socket.valid() ? 0 : last_error;
   return socket;
 }
 

@@ -54,9 +54,11 @@ Endpoint peer_endpoint(const Socket& socket);
 Socket connect_to(const Endpoint& endpoint, const Deadline& deadline);
 // One attempt per address of endpoint, bounded by the deadline, without retrying: returns the
 // connected blocking socket (TCP_NODELAY), or an invalid one when nobody listens there (refused,
-// unreachable, or no answer by the deadline), with the reason in *why. For asking whether a
-// process that once listened there is still alive.
-Socket connect_once(const Endpoint& endpoint, const Deadline& deadline, std::string* why);
+// unreachable, or no answer by the deadline), with the reason in *why and its errno in *error
+// (ETIMEDOUT when the deadline passed). For asking whether a process that once listened there is
+// still alive.
+Socket connect_once(const Endpoint& endpoint, const Deadline& deadline, std::string* why,
+                    int* error = nullptr);
 // Waits for one connection on a listening socket; throws kTimeout at the deadline.
 Socket accept_from(const Socket& listener, const Deadline& deadline);
 

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <exception>
+#include <map>
 #include <string>
 #include <thread>
 #include <utility>
@@ -14,10 +15,17 @@
 #include "core/log.hpp"
 #include "kolo/status.hpp"
 #include "net/auth.hpp"
+#include "net/gate.hpp"
 #include "transport/transport.hpp"
 
 namespace kolo {
 namespace {
+
+// Where connection `stream` of `peer` is kept among every lower rank's connections.
+size_t slot_of(int peer, int stream, int data_streams) {
+  return static_cast<size_t>(peer) * (static_cast<size_t>(data_streams) + 1) +
+         static_cast<size_t>(stream);
+}
 
 // Connection `stream` of a peer: 0 .. data_streams-1 carry data, data_streams is the control one.
 void place(PeerSockets& peer, int stream, int data_streams, net::Socket socket) {
@@ -28,36 +36,14 @@ void place(PeerSockets& peer, int stream, int data_streams, net::Socket socket) 
   }
 }
 
-// A connection whose handshake is under way: the nonce went out, the answer is coming in.
-struct Handshake {
-  net::Socket socket;
-  std::string who;
-  net::AuthNonce nonce;
-  uint8_t answer[net::kAuthAnswerBytes] = {};
-  size_t received = 0;
-  Deadline deadline;
-};
-
-// Handshakes in progress at once; past this, new connections are refused until some finish.
-constexpr size_t kMaxHandshakes = 256;
-// How long one connection may take to prove the secret.
-constexpr double kHandshakeSeconds = 5.0;
-
-// Accepts the connections of every lower rank: `rank` of them per data stream and control. Every
-// handshake runs at once in one poll() loop, each with its own few seconds, so that connections
-// that never answer (strangers, port scanners) delay nobody: a peer's handshake completes while
-// theirs wait out their time.
-void accept_connections(const net::Socket& listener, const std::string& secret, uint64_t context,
-                        const char* name, int rank, int data_streams, const Deadline& deadline,
-                        const std::atomic<bool>& stop,
-                        std::vector<std::pair<net::Hello, net::Socket>>& accepted) {
-  const size_t per_peer = static_cast<size_t>(data_streams) + 1;
-  const size_t expected = static_cast<size_t>(rank) * per_peer;
-  std::vector<bool> seen(expected, false);
-  std::vector<Handshake> pending;
-  auto drop = [&](const std::string& who, const std::string& why) {
-    log::warn("{}: dropped a connection from {}: {}", name, who, why);
-  };
+// Accepts the connections of every lower rank through a Gate (net/gate.hpp): `rank` of them per
+// data stream and control. A connection that says it is one this rank already holds replaces it:
+// only a peer that knows the secret can say so, and it tries again only when its first attempt
+// failed on its side.
+void accept_connections(net::Gate& gate, int rank, int data_streams,
+                        const Deadline& deadline, const std::atomic<bool>& stop,
+                        std::map<size_t, std::pair<net::Hello, net::Socket>>& accepted) {
+  const size_t expected = static_cast<size_t>(rank) * (static_cast<size_t>(data_streams) + 1);
   while (accepted.size() < expected) {
     if (stop) return;
     if (deadline.expired()) {
@@ -66,87 +52,34 @@ void accept_connections(const net::Socket& listener, const std::string& secret, 
                               "connections arrived)",
                               rank, accepted.size(), expected));
     }
-    std::vector<pollfd> polled = {{listener.fd(), POLLIN, 0}};
-    for (const Handshake& handshake : pending) polled.push_back({handshake.socket.fd(), POLLIN, 0});
-    ::poll(polled.data(), polled.size(), std::min(100, deadline.remaining_ms()));
-
-    if (polled[0].revents != 0) {
-      net::Socket socket(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (socket.valid()) {
-        Handshake handshake{
-            std::move(socket),          "an unknown address", net::make_auth_nonce(), {}, 0,
-            Deadline(kHandshakeSeconds)};
-        try {
-          // A connection reset while it waited in the queue has no peer address any more.
-          handshake.who = net::peer_endpoint(handshake.socket).to_string();
-        } catch (const Error& error) {
-          drop(handshake.who, error.what());
-          continue;
-        }
-        if (pending.size() >= kMaxHandshakes) {
-          drop(handshake.who, fmt::format("{} handshakes are already under way", kMaxHandshakes));
-          continue;
-        }
-        ssize_t sent = ::send(handshake.socket.fd(), handshake.nonce.data(), handshake.nonce.size(),
-                              MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (sent != static_cast<ssize_t>(handshake.nonce.size())) {
-          drop(handshake.who, "it could not take the challenge");
-          continue;
-        }
-        pending.push_back(std::move(handshake));
-      }
-    }
-
-    // Answers that arrived; handshakes that are complete, failed or out of time leave `pending`.
-    for (size_t i = 0; i < pending.size();) {
-      Handshake& handshake = pending[i];
-      bool done = false;
-      ssize_t count = ::recv(handshake.socket.fd(), handshake.answer + handshake.received,
-                             sizeof handshake.answer - handshake.received, MSG_DONTWAIT);
-      if (count > 0) handshake.received += static_cast<size_t>(count);
-      if (count == 0 || (count < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        drop(handshake.who, "it closed the connection before proving the job secret");
-        done = true;
-      } else if (handshake.received == sizeof handshake.answer) {
-        done = true;
-        try {
-          net::Hello hello =
-              net::check_auth_answer(secret, handshake.nonce, handshake.answer, handshake.who);
-          bool control = hello.purpose == net::kPurposeControl;
-          bool valid = hello.context == context && hello.rank >= 0 && hello.rank < rank &&
-                       (control || (hello.purpose == net::kPurposeData &&
-                                    hello.stream < static_cast<uint32_t>(data_streams)));
-          size_t slot = valid ? static_cast<size_t>(hello.rank) * per_peer +
-                                    (control ? data_streams : hello.stream)
-                              : 0;
-          if (!valid || seen[slot]) {
-            drop(handshake.who, fmt::format("unexpected rank {} stream {} purpose {}", hello.rank,
-                                            hello.stream, hello.purpose));
-          } else if (const net::AuthProof proof =
-                         net::acceptor_proof(secret, handshake.nonce, handshake.answer);
-                     ::send(handshake.socket.fd(), proof.data(), proof.size(),
-                            MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(proof.size())) {
-            drop(handshake.who, "it could not take this rank's proof of the secret");
-          } else {
-            seen[slot] = true;
-            net::set_nonblocking(handshake.socket, false);
-            accepted.emplace_back(hello, std::move(handshake.socket));
-          }
-        } catch (const Error& error) {
-          drop(handshake.who, error.what());
-        }
-      } else if (handshake.deadline.expired()) {
-        drop(handshake.who,
-             fmt::format("it did not prove the job secret within {} s", kHandshakeSeconds));
-        done = true;
-      }
-      if (done) {
-        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-      } else {
-        ++i;
-      }
+    int wait_ms = std::min(100, deadline.remaining_ms());
+    if (gate.timeout_ms() >= 0) wait_ms = std::min(wait_ms, gate.timeout_ms());
+    pollfd entry{gate.fd(), POLLIN, 0};
+    ::poll(&entry, 1, wait_ms);
+    for (net::Gate::Admitted& admitted : gate.advance()) {
+      const net::Hello& hello = admitted.hello;
+      const int stream = hello.purpose == net::kPurposeControl ? data_streams
+                                                                 : static_cast<int>(hello.stream);
+      net::set_nonblocking(admitted.socket, false);
+      accepted[slot_of(hello.rank, stream, data_streams)] = {hello, std::move(admitted.socket)};
     }
   }
+}
+
+// Who may connect: a lower rank of this communicator, once per data stream and control.
+std::string unexpected_hello(const net::Hello& hello, uint64_t context, int rank,
+                             int data_streams) {
+  const bool control = hello.purpose == net::kPurposeControl;
+  if (hello.context != context) {
+    return fmt::format("for another communicator ({:x}, not {:x})", hello.context, context);
+  }
+  if (hello.rank < 0 || hello.rank >= rank ||
+      !(control || (hello.purpose == net::kPurposeData &&
+                    hello.stream < static_cast<uint32_t>(data_streams)))) {
+    return fmt::format("says it is rank {} stream {} purpose {}, which this rank does not expect",
+                       hello.rank, hello.stream, hello.purpose);
+  }
+  return {};
 }
 
 // The address this rank listens on and publishes: the one its host sends from to reach rank 0's
@@ -185,8 +118,11 @@ std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreCl
                                       int data_streams) {
   Deadline deadline(settings.timeout_s);
   std::string host = mesh_listen_host(settings, store, rank, size, context, name);
-  net::Socket listener = net::listen_on({host, 0});
-  net::Endpoint me = net::local_endpoint(listener);
+  net::Gate gate(net::listen_on({host, 0}), settings.secret, name,
+                 [&](const net::Hello& hello) {
+                   return unexpected_hello(hello, context, rank, data_streams);
+                 });
+  const net::Endpoint& me = gate.endpoint();
   store.set_string(store_key(context, name, rank), me.to_string());
   if (data_streams > 0) {
     log::info("{}: rank {} listens on {} with {} data stream(s) per peer", name, rank,
@@ -201,11 +137,10 @@ std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreCl
   // Lower ranks connect to us while we connect to higher ranks.
   std::atomic<bool> stop{false};
   std::exception_ptr accept_error;
-  std::vector<std::pair<net::Hello, net::Socket>> accepted;
+  std::map<size_t, std::pair<net::Hello, net::Socket>> accepted;
   std::thread acceptor([&] {
     try {
-      accept_connections(listener, settings.secret, context, name, rank, data_streams, deadline,
-                         stop, accepted);
+      accept_connections(gate, rank, data_streams, deadline, stop, accepted);
     } catch (...) {
       accept_error = std::current_exception();
     }
@@ -217,11 +152,10 @@ std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreCl
                                                    "the address published by a peer");
       for (int stream = 0; stream <= data_streams; ++stream) {
         bool control = stream == data_streams;
-        net::Socket socket = net::connect_to(endpoint, deadline);
         net::Hello hello{control ? net::kPurposeControl : net::kPurposeData, rank,
                          static_cast<uint32_t>(stream), context};
-        net::authenticate_as_client(socket, settings.secret, hello, deadline);
-        place(peers[peer], stream, data_streams, std::move(socket));
+        place(peers[peer], stream, data_streams,
+              net::connect_authenticated(endpoint, settings.secret, hello, deadline));
       }
     }
   } catch (...) {
@@ -231,7 +165,8 @@ std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreCl
   acceptor.join();
   if (connect_error) std::rethrow_exception(connect_error);
   if (accept_error) std::rethrow_exception(accept_error);
-  for (auto& [hello, socket] : accepted) {
+  for (auto& [slot, connection] : accepted) {
+    auto& [hello, socket] = connection;
     int stream =
         hello.purpose == net::kPurposeControl ? data_streams : static_cast<int>(hello.stream);
     place(peers[hello.rank], stream, data_streams, std::move(socket));

@@ -3,9 +3,9 @@
 // Every rank listens on the interface that routes to the store (or KOLO_SOCKET_IFNAME) and
 // publishes the address under kolo/<context>/<name>/<rank>. The lower rank of each pair connects,
 // the higher one accepts, and every socket proves the job secret (net/auth.hpp) and says which
-// rank, purpose and stream it is before it is used; anything else that connects is dropped and
-// logged. The accepting side runs every handshake at once, each bounded by a few seconds, so that
-// connections that never answer delay no peer. The listener is closed once the mesh is complete.
+// rank, purpose and stream it is before it is used. The accepting side admits through a Gate
+// (net/gate.hpp), so strangers that connect delay and refuse no peer; the connecting side tries
+// again when pushed out. The listener is closed once the mesh is complete.
 //
 // The TCP transport asks for its data streams and a control connection per peer; the UCX
 // transport only for the control connection (its data goes through UCX).
