@@ -423,8 +423,11 @@ KOLO_API kolo_status_t kolo_comm_split(kolo_comm_t comm, int color, int key,
  * How the survivors agree. Each rank of comm listens, from the moment comm is created, on an
  * address of its own that every rank of comm learnt then, so no rendezvous store is needed: the
  * process of rank 0, which serves the job's store, may be the one lost. The coordinator is the
- * lowest rank of comm whose process is alive (a rank whose process is gone refuses connections
- * at once; a host that does not answer counts as gone after a few seconds). It waits for every
+ * lowest rank of comm whose process is alive. A rank counts as gone only on evidence: its host
+ * refuses or resets the connection (its process is gone), says it is unreachable, or a connection
+ * held to it closes. A rank that neither answers nor shows such evidence (its host is silent, or
+ * strangers crowd its port) is no reason to leave it out: the call fails with KOLO_ERR_TIMEOUT
+ * naming it, on the ranks that asked, and may be called again. It waits for every
  * rank whose process is alive to call kolo_comm_shrink, up to twice KOLO_TIMEOUT from its own call
  * (a survivor may first have to finish another blocking call, bounded by KOLO_TIMEOUT);
  * decides the members (itself and every rank that called and is still connected to it); serves
@@ -442,10 +445,14 @@ KOLO_API kolo_status_t kolo_comm_split(kolo_comm_t comm, int color, int key,
  *     rank as coordinator. If it dies after deciding and before every member has connected, every
  *     rank still in the call returns KOLO_ERR_PEER_LOST naming it: call kolo_comm_shrink again.
  *   - A rank that is left out although alive (it called more than twice KOLO_TIMEOUT after the
- *     coordinator, or cannot reach it) returns an error: KOLO_ERR_TIMEOUT naming the coordinator,
- *     whose process keeps comm's listener open while it holds the new communicator; only if
- *     the coordinator's process is gone too does it find no rank before it and form, at worst, a
- *     communicator of the ranks as late as itself. It cannot join or disturb the communicator the
+ *     coordinator) returns KOLO_ERR_PEER_LOST at once, saying that the coordinator already
+ *     committed to a communicator without it: the coordinator's process keeps comm's listener
+ *     open while it holds the new communicator. Only if the coordinator's process is gone too
+ *     does it find no rank before it and form, at worst, a communicator of the ranks as late as
+ *     itself.
+ *   - Nothing a process without the job secret does (connections that say nothing, garbage,
+ *     floods at any port) makes a live rank look gone or changes what the ranks agree on
+ *     (docs/security.md). It cannot join or disturb the communicator the
  *     others formed: only the members learn its store's address and its context, which every
  *     connection of it must name besides proving the job secret.
  *

@@ -65,6 +65,10 @@ kolo_status_t guarded(kolo_comm_t comm, Body&& body) {
     body();
     return KOLO_SUCCESS;
   } catch (const kolo::Error& error) {
+    if (error.status() == kolo::Status::kSuccess) {  // a failure must never read as success
+      return record(target, mutex, KOLO_ERR_INTERNAL,
+                    std::string("an error carried status success: ") + error.what());
+    }
     return record(target, mutex, static_cast<kolo_status_t>(error.status()), error.what());
   } catch (const std::bad_alloc&) {
     return record(target, mutex, KOLO_ERR_SYSTEM, "out of memory");

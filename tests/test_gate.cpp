@@ -1,5 +1,6 @@
 // How a connection gets in (net/gate.hpp), in one process: a Gate served by a thread of the test,
-// strangers and real clients on loopback.
+// strangers and real clients on loopback. And what the lifeline reads from a peer
+// (comm/lifeline_wire.hpp).
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "capture_stderr.hpp"
+#include "comm/lifeline_wire.hpp"
 #include "kolo/status.hpp"
 #include "net/gate.hpp"
 
@@ -182,4 +184,37 @@ TEST_CASE("gate: reaching a listener says whether anybody is there", "[gate]") {
   net::Socket deaf = net::listen_on({"127.0.0.1", 0});
   CHECK(net::reach_authenticated(net::local_endpoint(deaf), kSecret, kHello, Deadline(0.3),
                                  &socket, &why) == net::Reach::kSilent);
+}
+
+TEST_CASE("lifeline: an abort is always a failure, and a decision is checked",
+          "[gate][lifeline]") {
+  using namespace kolo::lifeline_wire;
+  Message abort{kAbort, 0, text_bytes("done")};
+  // An abort that says "success" must not become a shrink that succeeds without a communicator.
+  CHECK(abort_error(abort, 1).status() == Status::kMismatch);
+  abort.value = 999;
+  CHECK(abort_error(abort, 1).status() == Status::kMismatch);
+  abort.value = static_cast<int32_t>(Status::kPeerLost);
+  CHECK(abort_error(abort, 1).status() == Status::kPeerLost);
+  CHECK(std::string(abort_error(abort, 1).what()) == "done");
+
+  CHECK(built_result(Message{kBuilt, 0, {}}, 2).status() == Status::kSuccess);
+  CHECK(built_result(Message{kBuilt, static_cast<int32_t>(Status::kTimeout), {}}, 2).status() ==
+        Status::kTimeout);
+  CHECK(built_result(Message{kBuilt, -5, {}}, 2).status() == Status::kMismatch);
+
+  const kolo::ShrinkDecision decision{{0, 2, 3}, 77, "127.0.0.1:5"};
+  const kolo::ShrinkDecision back = decode(encode(decision), 4, 0);
+  CHECK(back.members == decision.members);
+  CHECK(back.context == 77);
+  CHECK(back.store == "127.0.0.1:5");
+  CHECK_THROWS_AS(decode(encode(decision), 3, 0), Error);  // rank 3 is outside 3 ranks
+  CHECK_THROWS_AS(decode(encode({{2, 1}, 1, ""}), 4, 0), Error);  // not increasing
+
+  Header header;
+  header.word = kBuilt + 1;
+  CHECK_THROWS_AS(check_header(header, 1), Error);
+  header.word = kAbort;
+  header.bytes = kMaxPayloadBytes + 1;
+  CHECK_THROWS_AS(check_header(header, 1), Error);
 }

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,58 +14,39 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <utility>
 
 #include "bootstrap/store.hpp"
 #include "comm/connect.hpp"
 #include "core/log.hpp"
 #include "net/auth.hpp"
+#include "net/gate.hpp"
 #include "transport/mesh.hpp"
 #include "transport/transport.hpp"
 
 namespace kolo {
 namespace {
 
-// The hello's stream field says what a lifeline connection is for.
-constexpr uint32_t kReport = 1;
-
-// Seconds for one connection attempt to a peer's listener: the kernel answers at once on a live
-// host; a host that does not answer in this long counts as gone.
+// Seconds at least for reaching a peer's lifeline: the kernel answers at once on a live host, and
+// its thread admits at once; strangers may push the attempt out a few times first.
 constexpr double kProbeSeconds = 5.0;
-// Seconds for the handshake of a connection accepted by a coordinator that is already running.
+// Seconds for a word to a peer that is alive, when it may be gone.
 constexpr double kHandshakeSeconds = 2.0;
 // How many timeouts a coordinator waits for the reports: a survivor may be inside another
 // blocking call when the rank is lost (a split connecting its new communicator waits up to the
 // timeout for the lost member) and only then fail and come.
 constexpr double kReportTimeouts = 2.0;
 
-// What the coordinator and its followers say to each other after the handshake: a header, then
-// `bytes` of payload.
-enum Word : uint32_t {
-  kDecision = 1,  // payload: context (8), member count (4), members (4 each), store address
-  kCommit = 2,
-  kAbort = 3,  // value: the status; payload: the message
-  kBuilt = 4,  // follower to coordinator; value: 0 or the status; payload: the message
-};
-constexpr uint32_t kWordMagic = 0x6b6c6966;  // "kolo lifeline"
-constexpr uint32_t kMaxWordBytes = 1u << 20;
+using lifeline_wire::Message;
+using lifeline_wire::text_bytes;
 
-struct WordHeader {
-  uint32_t magic = kWordMagic;
-  uint32_t word = 0;
-  int32_t value = 0;
-  uint32_t bytes = 0;
-};
-static_assert(sizeof(WordHeader) == 16);
+// The hello's stream field says what a lifeline connection is for.
+constexpr uint32_t kReport = 1;  // a follower's report to its coordinator
+constexpr uint32_t kWatch = 2;   // a coordinator's connection that says nothing, held open
 
-struct Message {
-  Word word{};
-  int32_t value = 0;
-  std::vector<uint8_t> payload;
-};
-
-void send_word(const net::Socket& socket, Word word, int32_t value,
+void send_word(const net::Socket& socket, lifeline_wire::Word word, int32_t value,
                const std::vector<uint8_t>& payload, const Deadline& deadline) {
-  WordHeader header;
+  lifeline_wire::Header header;
   header.word = word;
   header.value = value;
   header.bytes = static_cast<uint32_t>(payload.size());
@@ -72,59 +55,24 @@ void send_word(const net::Socket& socket, Word word, int32_t value,
 }
 
 Message recv_word(const net::Socket& socket, const Deadline& deadline, int peer) {
-  WordHeader header;
+  lifeline_wire::Header header;
   net::recv_all(socket, &header, sizeof header, deadline);
-  if (header.magic != kWordMagic || header.bytes > kMaxWordBytes || header.word < kDecision ||
-      header.word > kBuilt) {
-    throw Error(Status::kMismatch,
-                fmt::format("kolo_comm_shrink: rank {} sent a malformed message", peer));
-  }
+  lifeline_wire::check_header(header, peer);
   Message message;
-  message.word = static_cast<Word>(header.word);
+  message.word = static_cast<lifeline_wire::Word>(header.word);
   message.value = header.value;
   message.payload.resize(header.bytes);
   if (header.bytes) net::recv_all(socket, message.payload.data(), header.bytes, deadline);
   return message;
 }
 
-std::vector<uint8_t> text_bytes(const std::string& text) {
-  return std::vector<uint8_t>(text.begin(), text.end());
-}
-
-std::vector<uint8_t> encode(const ShrinkDecision& decision) {
-  std::vector<uint8_t> bytes(12 + 4 * decision.members.size());
-  const auto count = static_cast<uint32_t>(decision.members.size());
-  std::memcpy(bytes.data(), &decision.context, 8);
-  std::memcpy(bytes.data() + 8, &count, 4);
-  std::memcpy(bytes.data() + 12, decision.members.data(), 4 * decision.members.size());
-  bytes.insert(bytes.end(), decision.store.begin(), decision.store.end());
-  return bytes;
-}
-
-// Checks what it reads: the members must be increasing ranks of the old communicator.
-ShrinkDecision decode(const std::vector<uint8_t>& bytes, int size, int coordinator) {
-  ShrinkDecision decision;
-  uint32_t count = 0;
-  bool good = bytes.size() >= 12;
-  if (good) {
-    std::memcpy(&decision.context, bytes.data(), 8);
-    std::memcpy(&count, bytes.data() + 8, 4);
-    good = count >= 1 && count <= static_cast<uint32_t>(size) && bytes.size() >= 12 + 4 * count;
+// Tells a peer why; best effort: it sees the connection close either way.
+void send_abort(const net::Socket& socket, const Error& error) {
+  try {
+    send_word(socket, lifeline_wire::kAbort, static_cast<int32_t>(error.status()),
+              text_bytes(error.what()), Deadline(kHandshakeSeconds));
+  } catch (const Error&) {
   }
-  if (good) {
-    decision.members.resize(count);
-    std::memcpy(decision.members.data(), bytes.data() + 12, 4 * count);
-    decision.store.assign(bytes.begin() + 12 + 4 * count, bytes.end());
-    for (uint32_t i = 0; i < count; ++i) {
-      const int member = decision.members[i];
-      good = good && member >= 0 && member < size && (i == 0 || member > decision.members[i - 1]);
-    }
-  }
-  if (!good) {
-    throw Error(Status::kMismatch,
-                fmt::format("kolo_comm_shrink: the decision of rank {} is malformed", coordinator));
-  }
-  return decision;
 }
 
 uint64_t fresh_context() {
@@ -156,10 +104,25 @@ Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context)
       size_(config.size),
       context_(context),
       secret_(config.secret),
-      timeout_s_(config.timeout_s) {
+      timeout_s_(config.timeout_s),
+      wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+  if (!wake_.valid()) {
+    throw Error(Status::kSystem, fmt::format("lifeline: eventfd: {}", std::strerror(errno)));
+  }
   host_ = mesh_listen_host(transport_settings(config), store, rank_, size_, context_, "lifeline");
-  listener_ = net::listen_on({host_, 0});
-  const net::Endpoint me = net::local_endpoint(listener_);
+  gate_ = std::make_unique<net::Gate>(
+      net::listen_on({host_, 0}), secret_, "lifeline", [this](const net::Hello& hello) {
+        if (hello.purpose != net::kPurposeLifeline || hello.context != context_) {
+          return fmt::format("is no lifeline connection of communicator {:x}", context_);
+        }
+        if (hello.rank < 0 || hello.rank >= size_ || hello.rank == rank_ ||
+            (hello.stream != kReport && hello.stream != kWatch)) {
+          return fmt::format("says it is rank {} stream {}, which this rank does not expect",
+                             hello.rank, hello.stream);
+        }
+        return std::string();
+      });
+  const net::Endpoint me = gate_->endpoint();
   store.set_string(store_key(context_, "lifeline", rank_), me.to_string());
   addresses_.resize(static_cast<size_t>(size_));
   for (int peer = 0; peer < size_; ++peer) {
@@ -168,19 +131,119 @@ Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context)
                                                                context_, "lifeline", peer)),
                                                            "a lifeline address");
   }
+  thread_ = std::thread([this] { serve(); });
+}
+
+Lifeline::~Lifeline() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  const uint64_t one = 1;
+  (void)!::write(wake_.fd(), &one, sizeof one);
+  thread_.join();
+}
+
+void Lifeline::serve() {
+  std::vector<int> watching;  // the ranks of watchers_, in the order polled
+  for (;;) {
+    std::vector<pollfd> entries{{wake_.fd(), POLLIN, 0}, {gate_->fd(), POLLIN, 0}};
+    watching.clear();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stop_) return;
+      for (const auto& [peer, socket] : watchers_) {
+        entries.push_back({socket.fd(), POLLIN, 0});
+        watching.push_back(peer);
+      }
+    }
+    if (::poll(entries.data(), entries.size(), gate_->timeout_ms()) < 0 && errno != EINTR) {
+      log::warn("lifeline: poll failed ({}); no more connections are admitted",
+                std::strerror(errno));
+      return;
+    }
+    std::vector<net::Gate::Admitted> admitted = gate_->advance();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_) return;
+    for (size_t i = 0; i < watching.size(); ++i) {
+      // A watcher says nothing: readable means its coordinator closed it, or died.
+      auto it = watchers_.find(watching[i]);
+      if (entries[2 + i].revents != 0 && it != watchers_.end() && peek(it->second) != Peek::kQuiet) {
+        watchers_.erase(it);
+      }
+    }
+    for (net::Gate::Admitted& connection : admitted) {
+      const int peer = connection.hello.rank;
+      net::set_nonblocking(connection.socket, false);
+      if (committed_coordinator_ && (connection.hello.stream == kReport || peer < rank_)) {
+        send_abort(connection.socket, Error(Status::kPeerLost, turned_away_));
+        continue;
+      }
+      auto& kept = connection.hello.stream == kReport ? reports_ : watchers_;
+      kept[peer] = std::move(connection.socket);  // a later one replaces an earlier attempt
+    }
+  }
+}
+
+std::map<int, net::Socket> Lifeline::take_reports() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(reports_, {});
+}
+
+void Lifeline::settle(const Error& failure) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  coordinating_ = false;
+  for (auto& [peer, socket] : reports_) send_abort(socket, failure);
+  reports_.clear();
+}
+
+void Lifeline::settle(const ShrinkDecision& decision, int coordinator) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  coordinating_ = false;
+  committed_coordinator_ = coordinator;
+  turned_away_ = fmt::format("kolo_comm_shrink: rank {} already committed to a communicator of "
+                             "ranks {} coordinated by rank {}; no communicator was formed with "
+                             "this rank",
+                             rank_, list_ranks(decision.members), coordinator);
+  const Error late(Status::kPeerLost, turned_away_);
+  for (auto& [peer, socket] : reports_) send_abort(socket, late);
+  reports_.clear();
+  // A lower rank watching this one coordinates without it: it must not go on.
+  for (auto& [peer, socket] : watchers_) {
+    if (peer < rank_ && peer != coordinator) send_abort(socket, late);
+  }
 }
 
 ShrinkDecision Lifeline::agree(const Steps& steps) {
   std::vector<bool> gone(static_cast<size_t>(size_), false);
-  for (;;) {
-    net::Socket link;
-    const int coordinator = find_coordinator(gone, link);
-    if (coordinator == rank_) return coordinate(gone, steps);
-    log::info("kolo_comm_shrink: rank {} reports to rank {}, the lowest rank alive", rank_,
-              coordinator);
-    std::optional<ShrinkDecision> decision = follow(coordinator, link, steps);
-    if (decision) return *decision;
-    gone[coordinator] = true;  // lost before it decided: the next rank alive coordinates
+  // A coordinator that closes the connection before deciding sends its followers looking again;
+  // they find it gone, or report anew. This bounds how often.
+  const Deadline overall((kReportTimeouts + 2) * timeout_s_ + 2 * kProbeSeconds);
+  try {
+    for (;;) {
+      net::Socket link;
+      const int coordinator = find_coordinator(gone, link);
+      if (coordinator == rank_) {
+        ShrinkDecision decision = coordinate(gone, steps);
+        settle(decision, rank_);
+        return decision;
+      }
+      log::info("kolo_comm_shrink: rank {} reports to rank {}, the lowest rank alive", rank_,
+                coordinator);
+      if (std::optional<ShrinkDecision> decision = follow(coordinator, link, steps)) {
+        settle(*decision, coordinator);
+        return *decision;
+      }
+      if (overall.expired()) {
+        throw Error(Status::kTimeout,
+                    fmt::format("kolo_comm_shrink: no coordinator decided within {:.3g} s; no "
+                                "communicator was formed: call kolo_comm_shrink again",
+                                (kReportTimeouts + 2) * timeout_s_ + 2 * kProbeSeconds));
+      }
+    }
+  } catch (const Error& error) {
+    settle(error);
+    throw;
   }
 }
 
@@ -188,34 +251,24 @@ int Lifeline::find_coordinator(std::vector<bool>& gone, net::Socket& link) {
   for (int candidate = 0; candidate < rank_; ++candidate) {
     if (gone[candidate]) continue;
     std::string why;
-    link = net::connect_once(addresses_[candidate],
-                             Deadline(std::min(kProbeSeconds, timeout_s_)), &why);
-    if (!link.valid()) {
-      log::info("kolo_comm_shrink: rank {} is gone ({})", candidate, why);
-      gone[candidate] = true;
-      continue;
-    }
-    // It lives: wait until it takes part (accepts), as long as a coordinator waits for reports.
-    const double wait_s = kReportTimeouts * timeout_s_ + kProbeSeconds;
-    try {
-      net::authenticate_as_client(link, secret_,
-                                  net::Hello{net::kPurposeLifeline, rank_, kReport, context_},
-                                  Deadline(wait_s));
-    } catch (const Error& error) {
-      if (error.status() == Status::kTimeout) {
+    const double wait_s = std::max(kProbeSeconds, timeout_s_);
+    switch (net::reach_authenticated(addresses_[candidate], secret_,
+                                     net::Hello{net::kPurposeLifeline, rank_, kReport, context_},
+                                     Deadline(wait_s), &link, &why)) {
+      case net::Reach::kAdmitted:
+        return candidate;
+      case net::Reach::kGone:
+        log::info("kolo_comm_shrink: rank {} is gone ({})", candidate, why);
+        gone[candidate] = true;
+        continue;
+      case net::Reach::kSilent:
         throw Error(Status::kTimeout,
-                    fmt::format("kolo_comm_shrink: rank {} is alive but did not answer within "
-                                "{:.3g} s: either it never called kolo_comm_shrink, or the "
-                                "survivors shrank without this rank, which came too late",
-                                candidate, wait_s));
-      }
-      if (error.status() != Status::kPeerLost) throw;
-      log::info("kolo_comm_shrink: rank {} was lost before it took part ({})", candidate,
-                error.what());
-      gone[candidate] = true;
-      continue;
+                    fmt::format("kolo_comm_shrink: rank {} did not take this rank's report within "
+                                "{:.3g} s ({}), and nothing says it is gone; no communicator was "
+                                "formed: call kolo_comm_shrink again, or check the network "
+                                "between the two",
+                                candidate, wait_s, why));
     }
-    return candidate;
   }
   link.close();
   return rank_;
@@ -231,25 +284,29 @@ std::optional<ShrinkDecision> Lifeline::follow(int coordinator, net::Socket& lin
     try {
       message = recv_word(link, Deadline(word_seconds), coordinator);
     } catch (const Error& error) {
-      if (error.status() != Status::kPeerLost && error.status() != Status::kTimeout) throw;
       steps.discard();
-      if (!decision) {
-        log::warn("kolo_comm_shrink: rank {}, the coordinator, was lost before it decided ({}); "
-                  "looking for the next one",
+      if (error.status() == Status::kPeerLost && !decision) {
+        log::warn("kolo_comm_shrink: rank {}, the coordinator, closed the connection before it "
+                  "decided ({}); looking for the coordinator again",
                   coordinator, error.what());
         return std::nullopt;
       }
-      throw Error(Status::kPeerLost,
-                  fmt::format("kolo_comm_shrink: rank {}, the coordinator, was lost after it "
-                              "decided and before every member had connected ({}); no "
+      if (error.status() != Status::kPeerLost && error.status() != Status::kTimeout) throw;
+      throw Error(error.status(),
+                  fmt::format("kolo_comm_shrink: rank {}, the coordinator, {} ({}); no "
                               "communicator was formed here: call kolo_comm_shrink again",
-                              coordinator, error.what()));
+                              coordinator,
+                              decision ? "was lost after it decided and before every member had "
+                                         "connected"
+                                       : fmt::format("decided nothing within {:.3g} s",
+                                                     word_seconds),
+                              error.what()));
     }
     const Deadline reply(timeout_s_);
     switch (message.word) {
-      case kDecision: {
+      case lifeline_wire::kDecision: {
         steps.discard();
-        decision = decode(message.payload, size_, coordinator);
+        decision = lifeline_wire::decode(message.payload, size_, coordinator);
         if (!std::binary_search(decision->members.begin(), decision->members.end(), rank_)) {
           throw Error(Status::kMismatch, fmt::format("kolo_comm_shrink: rank {} decided on "
                                                      "members that leave out this rank",
@@ -271,22 +328,19 @@ std::optional<ShrinkDecision> Lifeline::follow(int coordinator, net::Socket& lin
           status = static_cast<int32_t>(Status::kSystem);
           failure = error.what();
         }
-        send_word(link, kBuilt, status, text_bytes(failure), reply);
+        send_word(link, lifeline_wire::kBuilt, status, text_bytes(failure), reply);
         break;
       }
-      case kCommit:
+      case lifeline_wire::kCommit:
         if (!decision || !built) {
           throw Error(Status::kMismatch, fmt::format("kolo_comm_shrink: rank {} committed what "
                                                      "this rank could not build",
                                                      coordinator));
         }
         return *decision;
-      case kAbort: {
+      case lifeline_wire::kAbort:
         steps.discard();
-        Status status = Status::kInternal;
-        status_from_wire(message.value, status);
-        throw Error(status, std::string(message.payload.begin(), message.payload.end()));
-      }
+        throw lifeline_wire::abort_error(message, coordinator);
       default:
         throw Error(Status::kMismatch, fmt::format("kolo_comm_shrink: rank {} sent an "
                                                    "unexpected message",
@@ -297,64 +351,98 @@ std::optional<ShrinkDecision> Lifeline::follow(int coordinator, net::Socket& lin
 
 ShrinkDecision Lifeline::coordinate(std::vector<bool>& gone, const Steps& steps) {
   const Deadline until(kReportTimeouts * timeout_s_);
-  std::map<int, net::Socket> probes;     // rank -> a connection that says nothing
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    coordinating_ = true;
+  }
   std::map<int, net::Socket> followers;  // rank -> its report connection
+  std::map<int, net::Socket> watches;    // rank -> a connection that says nothing
+
+  auto fail = [&](const Error& error) {
+    for (auto& [peer, socket] : followers) send_abort(socket, error);
+    steps.discard();
+    return error;
+  };
+  auto take_reports = [&] {
+    for (auto& [peer, socket] : this->take_reports()) {
+      watches.erase(peer);
+      gone[peer] = false;  // it reported: whatever said it was gone was wrong
+      followers[peer] = std::move(socket);
+    }
+  };
+
+  take_reports();
   for (int peer = rank_ + 1; peer < size_; ++peer) {
-    if (gone[peer]) continue;
+    if (gone[peer] || followers.count(peer)) continue;
     std::string why;
-    net::Socket probe = net::connect_once(
-        addresses_[peer], Deadline(std::min(kProbeSeconds, std::max(until.remaining_s(), 0.1))),
-        &why);
-    if (probe.valid()) {
-      probes.emplace(peer, std::move(probe));
-    } else {
-      log::info("kolo_comm_shrink: rank {} is gone ({})", peer, why);
-      gone[peer] = true;
+    net::Socket watch;
+    switch (net::reach_authenticated(addresses_[peer], secret_,
+                                     net::Hello{net::kPurposeLifeline, rank_, kWatch, context_},
+                                     Deadline(std::max(kProbeSeconds, timeout_s_)), &watch,
+                                     &why)) {
+      case net::Reach::kAdmitted:
+        watches.emplace(peer, std::move(watch));
+        break;
+      case net::Reach::kGone:
+        log::info("kolo_comm_shrink: rank {} is gone ({})", peer, why);
+        gone[peer] = true;
+        break;
+      case net::Reach::kSilent:
+        throw fail(Error(Status::kTimeout,
+                         fmt::format("kolo_comm_shrink: rank {} did not answer rank {}, the "
+                                     "coordinator, ({}), and nothing says it is gone; no "
+                                     "communicator was formed: call kolo_comm_shrink again, or "
+                                     "check the network between the two",
+                                     peer, rank_, why)));
     }
   }
   log::info("kolo_comm_shrink: rank {} coordinates; waiting for rank(s) {}", rank_, [&] {
-    std::vector<int> alive;
-    for (const auto& [peer, socket] : probes) alive.push_back(peer);
-    return list_ranks(alive);
+    std::vector<int> waiting;
+    for (const auto& [peer, socket] : watches) waiting.push_back(peer);
+    return list_ranks(waiting);
   }());
 
-  auto abort_followers = [&](const Error& error) {
-    for (auto& [peer, socket] : followers) {
-      try {
-        send_word(socket, kAbort, static_cast<int32_t>(error.status()), text_bytes(error.what()),
-                  Deadline(kHandshakeSeconds));
-      } catch (const Error&) {
-        // It will see its connection close.
-      }
-    }
-    steps.discard();
-  };
-
-  // Step 2: reports, until every probed rank has reported or is gone.
-  while (!probes.empty() && !until.expired()) {
-    std::vector<pollfd> entries{{listener_.fd(), POLLIN, 0}};
-    for (const auto& [peer, socket] : probes) entries.push_back({socket.fd(), POLLIN, 0});
-    for (const auto& [peer, socket] : followers) entries.push_back({socket.fd(), POLLIN, 0});
-    if (::poll(entries.data(), entries.size(), std::min(until.remaining_ms(), 100)) < 0 &&
-        errno != EINTR) {
-      throw Error(Status::kSystem, fmt::format("kolo_comm_shrink: poll: {}", std::strerror(errno)));
-    }
-    for (auto it = probes.begin(); it != probes.end();) {
-      const Peek seen = peek(it->second);
-      if (seen == Peek::kSpoke) {
+  // Step 2: reports, until every watched rank has reported or is gone.
+  for (;;) {
+    take_reports();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& [peer, socket] : watchers_) {
+        if (peer >= rank_) continue;
         const Error conflict(
             Status::kPeerLost,
             fmt::format("kolo_comm_shrink: ranks {} and {} both coordinate (rank {} could not "
                         "reach rank {}); no communicator is formed: check the network between "
                         "them",
-                        rank_, it->first, it->first, rank_));
-        abort_followers(conflict);
-        throw conflict;
+                        peer, rank_, rank_, peer));
+        send_abort(socket, conflict);
+        throw fail(conflict);
+      }
+    }
+    if (watches.empty() || until.expired()) break;
+    std::vector<pollfd> entries;
+    for (const auto& [peer, socket] : watches) entries.push_back({socket.fd(), POLLIN, 0});
+    for (const auto& [peer, socket] : followers) entries.push_back({socket.fd(), POLLIN, 0});
+    if (::poll(entries.data(), entries.size(), std::min(until.remaining_ms(), 20)) < 0 &&
+        errno != EINTR) {
+      throw fail(Error(Status::kSystem,
+                       fmt::format("kolo_comm_shrink: poll: {}", std::strerror(errno))));
+    }
+    for (auto it = watches.begin(); it != watches.end();) {
+      const Peek seen = peek(it->second);
+      if (seen == Peek::kSpoke) {
+        // The watched rank says why it will not take part: it coordinates too, or committed.
+        Message message = recv_word(it->second, Deadline(kHandshakeSeconds), it->first);
+        throw fail(message.word == lifeline_wire::kAbort
+                       ? lifeline_wire::abort_error(message, it->first)
+                       : Error(Status::kMismatch,
+                               fmt::format("kolo_comm_shrink: rank {} spoke on a watch",
+                                           it->first)));
       }
       if (seen == Peek::kClosed) {
         log::info("kolo_comm_shrink: rank {} was lost before it reported", it->first);
         gone[it->first] = true;
-        it = probes.erase(it);
+        it = watches.erase(it);
       } else {
         ++it;
       }
@@ -368,33 +456,14 @@ ShrinkDecision Lifeline::coordinate(std::vector<bool>& gone, const Steps& steps)
         ++it;
       }
     }
-    if (entries[0].revents & POLLIN) {
-      net::Socket socket = net::accept_from(listener_, Deadline(kHandshakeSeconds));
-      try {
-        const net::Hello hello =
-            net::authenticate_as_server(socket, secret_, Deadline(kHandshakeSeconds));
-        if (hello.purpose != net::kPurposeLifeline || hello.context != context_ ||
-            hello.stream != kReport || hello.rank <= rank_ || hello.rank >= size_ ||
-            !probes.count(hello.rank)) {
-          log::warn("kolo_comm_shrink: dropped a connection from {} (rank {}, purpose {}) that "
-                    "is no report of this communicator's survivors",
-                    net::peer_endpoint(socket).to_string(), hello.rank, hello.purpose);
-        } else {
-          probes.erase(hello.rank);
-          followers.emplace(hello.rank, std::move(socket));
-        }
-      } catch (const Error& error) {
-        log::info("kolo_comm_shrink: dropped a connection that did not report: {}", error.what());
-      }
-    }
   }
-  if (!probes.empty()) {
+  if (!watches.empty()) {
     std::vector<int> late;
-    for (const auto& [peer, socket] : probes) late.push_back(peer);
+    for (const auto& [peer, socket] : watches) late.push_back(peer);
     log::warn("kolo_comm_shrink: rank(s) {} live but did not call kolo_comm_shrink within {:.3g} "
               "s: they are left out",
               list_ranks(late), kReportTimeouts * timeout_s_);
-    probes.clear();  // they see their connections refused, or time out, and fail
+    watches.clear();  // when they come, they are turned away (Lifeline::serve)
   }
 
   // Steps 3 and 4: decide, build, commit; decide again without a member that is lost meanwhile.
@@ -406,11 +475,11 @@ ShrinkDecision Lifeline::coordinate(std::vector<bool>& gone, const Steps& steps)
     decision.context = fresh_context();
     log::info("kolo_comm_shrink: rank {} decides on ranks {}, context {:x}, store {}", rank_,
               list_ranks(decision.members), decision.context, decision.store);
-    const std::vector<uint8_t> payload = encode(decision);
+    const std::vector<uint8_t> payload = lifeline_wire::encode(decision);
     std::vector<int> lost;
     for (auto& [peer, socket] : followers) {
       try {
-        send_word(socket, kDecision, 0, payload, Deadline(kHandshakeSeconds));
+        send_word(socket, lifeline_wire::kDecision, 0, payload, Deadline(kHandshakeSeconds));
       } catch (const Error&) {
         lost.push_back(peer);
       }
@@ -431,20 +500,16 @@ ShrinkDecision Lifeline::coordinate(std::vector<bool>& gone, const Steps& steps)
       for (auto& [peer, socket] : followers) {
         try {
           Message built = recv_word(socket, Deadline(timeout_s_ + kProbeSeconds), peer);
-          if (built.word != kBuilt) {
+          if (built.word != lifeline_wire::kBuilt) {
             throw Error(Status::kMismatch,
                         fmt::format("kolo_comm_shrink: rank {} answered out of turn", peer));
           }
-          if (built.value != 0 && !failure) {
-            Status status = Status::kInternal;
-            status_from_wire(built.value, status);
-            failure.emplace(status, fmt::format("kolo_comm_shrink: rank {} could not connect "
-                                                "the new communicator: {}",
-                                                peer, std::string(built.payload.begin(),
-                                                                  built.payload.end())));
-          }
+          Error result = lifeline_wire::built_result(built, peer);
+          if (result.status() != Status::kSuccess && !failure) failure.emplace(result);
         } catch (const Error& error) {
-          if (error.status() != Status::kPeerLost && error.status() != Status::kTimeout) throw;
+          if (error.status() != Status::kPeerLost && error.status() != Status::kTimeout) {
+            throw fail(error);
+          }
           lost.push_back(peer);
         }
       }
@@ -461,13 +526,10 @@ ShrinkDecision Lifeline::coordinate(std::vector<bool>& gone, const Steps& steps)
       steps.discard();
       continue;
     }
-    if (failure) {
-      abort_followers(*failure);
-      throw *failure;
-    }
+    if (failure) throw fail(*failure);
     for (auto& [peer, socket] : followers) {
       try {
-        send_word(socket, kCommit, 0, {}, Deadline(kHandshakeSeconds));
+        send_word(socket, lifeline_wire::kCommit, 0, {}, Deadline(kHandshakeSeconds));
       } catch (const Error& error) {
         // The member was lost after it connected: the new communicator's first call there fails.
         log::warn("kolo_comm_shrink: could not commit to rank {}: {}", peer, error.what());

@@ -9,6 +9,7 @@
 
 #include "bootstrap/store_protocol.hpp"
 #include "fusion/wire.hpp"
+#include "comm/lifeline_wire.hpp"
 #include "transport/control_frame.hpp"
 
 using namespace kolo;
@@ -148,6 +149,27 @@ void endpoint_seeds() {
   seed("endpoint_auth", "answer", answer);
 }
 
+void lifeline_seeds() {
+  using namespace lifeline_wire;
+  auto message = [](Word word, int32_t value, const Bytes& payload) {
+    Bytes bytes{4};  // a communicator of 5 ranks
+    Header header;
+    header.word = word;
+    header.value = value;
+    header.bytes = static_cast<uint32_t>(payload.size());
+    put(bytes, header);
+    bytes.insert(bytes.end(), payload.begin(), payload.end());
+    return bytes;
+  };
+  seed("lifeline_message", "decision",
+       message(kDecision, 0, encode(ShrinkDecision{{1, 2, 4}, 0x1234, "10.0.0.2:4242"})));
+  seed("lifeline_message", "commit", message(kCommit, 0, {}));
+  const std::string why = "rank 1 could not connect";
+  seed("lifeline_message", "abort",
+       message(kAbort, static_cast<int32_t>(Status::kPeerLost), Bytes(why.begin(), why.end())));
+  seed("lifeline_message", "built", message(kBuilt, 0, {}));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,5 +179,6 @@ int main(int argc, char** argv) {
   control_seeds();
   shm_seeds();
   endpoint_seeds();
+  lifeline_seeds();
   return 0;
 }
