@@ -95,15 +95,21 @@ std::map<std::string, std::string> launcher_env(Launcher launcher, int rank, int
 }
 
 // Ranks 0..R-1 on host 1, R..2R-1 on host 2, and so on, as block placement does.
+// Hosts beyond `hosts` (when given) run no rank; the last rank gets last_rank_env too.
 std::vector<Process> start_ranks(const Cluster& cluster, int per_host, Launcher launcher,
                                  const std::vector<std::string>& worker_args,
-                                 const std::map<std::string, std::string>& extra_env = {}) {
+                                 const std::map<std::string, std::string>& extra_env = {},
+                                 int hosts = 0,
+                                 const std::map<std::string, std::string>& last_rank_env = {}) {
   std::vector<Process> ranks;
-  const int size = cluster.hosts * per_host;
+  const int size = (hosts > 0 ? hosts : cluster.hosts) * per_host;
   for (int rank = 0; rank < size; ++rank) {
     int host = rank / per_host + 1;
     auto env = launcher_env(launcher, rank, size, rank % per_host, per_host);
     for (const auto& [key, value] : extra_env) env[key] = value;
+    if (rank == size - 1) {
+      for (const auto& [key, value] : last_rank_env) env[key] = value;
+    }
     std::vector<std::string> argv = {"/bin/sh", cluster_script(), "exec", kClusterName,
                                      std::to_string(host)};
     argv.insert(argv.end(), worker_args.begin(), worker_args.end());
@@ -426,6 +432,56 @@ TEST_CASE("survivors on other hosts shrink and go on when rank 0's host loses it
       WARN("cluster shrink over " << transport << ", 4 hosts, rank 0 killed: first death -> "
                                   << "first allreduce after shrink: "
                                   << (last_first_step - died) * 1000 << " ms");
+    }
+  }
+}
+
+TEST_CASE("strangers on a host of their own change nothing the ranks agree on",
+          "[cluster][strangers]") {
+  // Four hosts with a rank each and a fifth with strangers only: while the ranks start (the last
+  // one 1.5 s late), run allreduces for 2 s, lose rank 0 (the store's) and shrink, the fifth host
+  // holds 200 silent and 20 garbage connections to every port any rank listens on, renewed every
+  // second (tests/stranger_crowd.cpp). Every survivor must hold the same three members and correct
+  // sums (tests/worker_elastic.cpp checks).
+  for (const std::string transport : {"tcp", "ucx"}) {
+    DYNAMIC_SECTION("over " << transport) {
+      Cluster cluster(5);
+      Job job;
+      job.ranks = start_ranks(cluster, 1, Launcher::kTorchrun,
+                              {built_program("tests/kolo_test_elastic"), "allreduce", "0"},
+                              {{"KOLO_TRANSPORT", transport},
+                               {"KOLO_TIMEOUT", "10"},
+                               {"ELASTIC_STEADY_MS", "2000"}},
+                              4, {{"ELASTIC_LATE_MS", "1500"}});
+      std::vector<std::string> crowd_args = {"/bin/sh", cluster_script(), "exec", kClusterName,
+                                             "5", built_program("tests/kolo_stranger_crowd")};
+      for (int rank = 0; rank < 4; ++rank) {
+        crowd_args.push_back(fmt::format("10.77.0.{}={}", rank + 1, job.ranks[rank].pid()));
+      }
+      Process crowd(crowd_args, {});
+      for (int rank = 0; rank < 4; ++rank) {
+        ProcessResult result = job.ranks[rank].wait(120);
+        INFO("rank " << rank << " output:\n" << result.output);
+        CHECK_FALSE(result.timed_out);
+        if (rank == 0) {
+          CHECK(result.signal == SIGKILL);
+        } else {
+          CHECK(result.exit_code == 0);
+          CHECK(contains(result.output, fmt::format("elastic passed, rank {} of 3", rank - 1)));
+          CHECK(contains(result.output, "transport " + transport));
+        }
+      }
+      crowd.kill(SIGTERM);
+      ProcessResult crowded = crowd.wait(30);
+      INFO("strangers: " << crowded.output);
+      CHECK(crowded.exit_code == 0);
+      // The store (on every address of rank 0's host) and every rank's lifeline, at least.
+      std::smatch match;
+      REQUIRE(std::regex_search(crowded.output, match,
+                                std::regex(R"(stranger_crowd: (\d+) connections to (\d+) ports)")));
+      CHECK(std::stoi(match[2]) >= 5);
+      CHECK(contains(crowded.output, "10.77.0.1:29500"));
+      WARN("cluster strangers over " << transport << ": " << crowded.output);
     }
   }
 }

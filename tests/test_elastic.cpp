@@ -11,6 +11,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -19,6 +21,7 @@
 #include "faults.hpp"
 #include "flavour.hpp"
 #include "job.hpp"
+#include "strangers.hpp"
 
 using kolo::test::contains;
 
@@ -53,8 +56,11 @@ struct Scenario {
 
 // Runs one scenario; returns the milliseconds from the first death to the last survivor's first
 // allreduce on the shrunken communicator.
+// With `strangers`, tests/strangers.hpp crowds every port the ranks listen on from the start to the
+// end, and the ports it found are checked: the store's, and every rank's lifeline and meshes.
 double run_scenario(const std::string& phase, const Scenario& scenario,
-                    const std::map<std::string, std::string>& env = {}) {
+                    const std::map<std::string, std::string>& env = {}, bool strangers = false,
+                    const std::map<std::string, std::string>& last_rank_env = {}) {
   const std::set<std::string> shm_before = kolo_shm_entries();
   std::vector<std::string> args = {phase, scenario.victims};
   if (scenario.during >= 0) args.push_back(std::to_string(scenario.during));
@@ -68,8 +74,16 @@ double run_scenario(const std::string& phase, const Scenario& scenario,
   std::map<std::string, std::string> ranks_env = {{"KOLO_TIMEOUT", "10"},
                                                   {"ELASTIC_PAST_BARRIER_DIR", past_barrier.path}};
   for (const auto& [key, value] : env) ranks_env[key] = value;
+  std::vector<std::map<std::string, std::string>> rank_env(static_cast<size_t>(scenario.size));
+  rank_env.back() = last_rank_env;
   auto job = kolo::test::start_job(scenario.size, args, kolo::test::with_flavour_logging(ranks_env),
-                                   "tests/kolo_test_elastic");
+                                   "tests/kolo_test_elastic", rank_env);
+  std::optional<kolo::test::Strangers> crowd;
+  if (strangers) {
+    std::vector<kolo::test::Target> targets;
+    for (const auto& rank : job.ranks) targets.push_back({rank.pid()});
+    crowd.emplace(targets);
+  }
   std::set<int> dead;
   std::stringstream list(scenario.victims);
   for (std::string item; std::getline(list, item, ',');) dead.insert(std::stoi(item));
@@ -103,6 +117,21 @@ double run_scenario(const std::string& phase, const Scenario& scenario,
   }
   // Bounded: 10 s timeout, one shrink a few seconds at most even with a death during it.
   CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(60));
+  if (crowd) {
+    // Nobody waited past KOLO_TIMEOUT (10 s) beyond the late start and the steady calls.
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::milliseconds(13500));
+    const std::set<kolo::test::ListeningPort> ports = crowd->ports();
+    INFO(crowd->connections() << " stranger connections to " << ports.size() << " ports");
+    // At least the store and every rank's lifeline (a mesh listens for milliseconds only, and is
+    // crowded when the flood finds it in time; tests/test_mesh.cpp crowds one for sure).
+    CHECK(std::any_of(ports.begin(), ports.end(),
+                      [&](const auto& port) { return port.port == job.port; }));
+    CHECK(ports.size() >= 1 + static_cast<size_t>(scenario.size));
+    std::string listed;
+    for (const auto& port : ports) listed += " " + std::to_string(port.port);
+    WARN(crowd->connections() << " stranger connections to " << ports.size() << " ports:"
+                              << listed << " (store " << job.port << ")");
+  }
   CHECK(kolo_shm_entries() == shm_before);
   REQUIRE(first_death < 1e300);
   REQUIRE(last_first_step > 0);
@@ -133,6 +162,25 @@ TEST_CASE("shrink after ranks die in a batch of named allreduces", "[elastic][sh
 }
 
 TEST_CASE("shrink after ranks die in a split", "[elastic][shrink_split]") { run_phase("split"); }
+
+TEST_CASE("strangers on every port change nothing the ranks agree on", "[elastic][strangers]") {
+  // While N = 4 ranks start, run ordered and named allreduces, lose a rank and shrink, strangers
+  // hold 200 silent and 20 garbage connections to every port any rank listens on, renewed every
+  // second. Every survivor must shrink to the same members (the worker checks its rank and size,
+  // then the sums of ordered, named and split collectives on the new communicator), within the
+  // usual bounds. Rank 0 lost: the coordinator is rank 1; rank 2 lost: a follower. The last rank
+  // starts 1.5 s late (the others wait for it at the crowded store) and the calls run 2 s before
+  // the death.
+  const Scenario scenarios[] = {{4, "0"}, {4, "2"}};
+  for (const std::string phase : {"allreduce", "fused"}) {
+    for (const Scenario& scenario : scenarios) {
+      DYNAMIC_SECTION(phase << ", rank " << scenario.victims << " killed") {
+        run_scenario(phase, scenario, {{"ELASTIC_STEADY_MS", "2000"}}, true,
+                     {{"ELASTIC_LATE_MS", "1500"}});
+      }
+    }
+  }
+}
 
 TEST_CASE("shrink fails the requests pending while the engines still connected",
           "[elastic][shrink_cold]") {

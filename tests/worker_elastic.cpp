@@ -62,6 +62,9 @@ void die_after(int delay_ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     fmt::print(stderr, "rank {}: dying at {:.6f}\n", g_rank, wall_seconds());
     std::fflush(stderr);
+    if (const char* dir = std::getenv("ELASTIC_PAST_BARRIER_DIR")) {
+      std::ofstream(fmt::format("{}/dying.{}", dir, g_rank)).put('\n');
+    }
     ::raise(SIGKILL);
   }).detach();
 }
@@ -78,6 +81,21 @@ void pass_barrier(bool victim) {
     for (int r = 0; r < g_size; ++r) past += std::filesystem::exists(fmt::format("{}/{}", dir, r));
     if (past == g_size) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// For a survivor: waits (up to a minute) until every victim is about to die, so that what the
+// survivors agree on does not depend on how fast a victim's own timer fires on a busy machine
+// (a shrink takes milliseconds; a victim that notices the others' deaths first would take part).
+void wait_for_victims(const std::vector<int>& victims) {
+  const char* dir = std::getenv("ELASTIC_PAST_BARRIER_DIR");
+  if (dir == nullptr) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int victim : victims) {
+    while (!std::filesystem::exists(fmt::format("{}/dying.{}", dir, victim)) &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 }
 
@@ -226,6 +244,16 @@ int main(int argc, char** argv) {
   const double slow_seconds = slow_phase && argc > 3 ? std::atof(argv[3]) : 0;
   const bool slow_kept = slow_phase && argc > 4 && std::string(argv[4]) == "kept";
 
+  // For tests/strangers.hpp: a rank given ELASTIC_LATE_MS joins that late, so that the others'
+  // listeners stay open while they wait for it, and victims die ELASTIC_STEADY_MS later than
+  // usual, so that the survivors' calls run that long with strangers at their ports.
+  const auto env_ms = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value ? std::atoi(value) : 0;
+  };
+  const int steady_ms = env_ms("ELASTIC_STEADY_MS");
+  std::this_thread::sleep_for(std::chrono::milliseconds(env_ms("ELASTIC_LATE_MS")));
+
   kolo_comm_t world = nullptr;
   if (kolo_comm_init(nullptr, &world) != KOLO_SUCCESS) {
     fmt::print(stderr, "init failed: {}\n", kolo_comm_last_error(nullptr));
@@ -261,13 +289,13 @@ int main(int argc, char** argv) {
                                         nullptr, &cold_requests[t]),
                    "kolo_allreduce_async before the kill");
     }
-    if (victim) die_after(30);
+    if (victim) die_after(30 + steady_ms);
     // The ordered allreduce notices the death at once; the requests are left pending.
     const auto [status, message] = run_until_failure(world, "allreduce");
     fmt::print("rank {}: the cold phase's allreduce failed: {}: {}\n", g_rank,
                kolo_status_string(status), message);
   } else {
-    if (victim) die_after(30);
+    if (victim) die_after(30 + steady_ms);
     if (g_rank == slow) {
       std::this_thread::sleep_for(std::chrono::duration<double>(slow_seconds));
     }
@@ -297,7 +325,11 @@ int main(int argc, char** argv) {
     kolo_comm_destroy(world);
     return 0;
   }
+  if (!victim) wait_for_victims(victims);
+  // The rank that dies during the agreement calls first and dies 5 ms later; the others call
+  // 100 ms later, so that it is in the midst of the agreement (a shrink takes milliseconds).
   if (g_rank == during) die_after(5);
+  if (during >= 0 && g_rank != during) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   kolo_comm_t shrunk = nullptr;
   for (int attempt = 1;; ++attempt) {
     const double started = wall_seconds();
