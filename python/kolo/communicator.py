@@ -109,7 +109,8 @@ class Handle:
     communicator's timeout, and returns its result (the output array or tensor) or raises its
     KoloError. The buffers of the operation belong to kolo from submission until completion:
     the handle keeps them alive, and dropping a pending handle keeps them alive until kolo is
-    done with them."""
+    done with them. A handle keeps its communicator alive; nothing the communicator holds refers
+    back to a handle."""
 
     def __init__(self, comm, request, name, keep, result):
         self._comm = comm
@@ -175,19 +176,152 @@ class Handle:
 
     def __del__(self):
         if getattr(self, "_request", None) is not None and not self._finished:
-            if self._comm.closed:  # destroyed: the request is done, its buffers untouched
-                lib.kolo_request_free(self._request)
-                return
             # Still pending: kolo may still read and write the buffers. Hand them to the
             # communicator, which frees the request once it reports done.
-            self._comm._orphans.append((self._request, self._keep))
+            self._comm._requests.abandon(self._request, self._keep)
+
+
+class _Requests:
+    """The part of a Communicator that kolo's engine thread may reach: its kolo_comm_t (None once
+    shut down) and the requests abandoned while pending, each with the buffers kept alive until
+    kolo reports it done. It holds no reference to the Communicator, nor to any handle: a
+    completion callback that ran Python on kolo's thread and held the last reference to a
+    Communicator would run its __del__ (kolo_comm_destroy, which joins that thread) there, and a
+    cycle through a handle would leave the Communicator to the garbage collector, which runs
+    wherever Python next allocates, kolo's thread included."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        # abandon() may run on any thread, and again on this one from a __del__ that a garbage
+        # collection started inside the lock
+        self._lock = threading.RLock()
+        self._abandoned = []
+
+    def abandon(self, request, keep):
+        """Takes over a pending request and its buffers; frees it at once if the communicator
+        is already shut down (its requests are then done)."""
+        with self._lock:
+            if self.handle is not None:
+                self._abandoned.append((request, keep))
+                return
+        lib.kolo_request_free(request)
+
+    def reap(self):
+        """Frees the abandoned requests that are done. Never blocks."""
+        with self._lock:
+            abandoned, self._abandoned = self._abandoned, []
+        still = []
+        for request, keep in abandoned:
+            done = ctypes.c_int(0)
+            lib.kolo_request_test(request, ctypes.byref(done))
+            if done.value:
+                lib.kolo_request_free(request)
+            else:
+                still.append((request, keep))
+        with self._lock:
+            self._abandoned.extend(still)
+
+    def close(self):
+        """Destroys the communicator (pending requests fail with CancelledError) and frees the
+        abandoned requests. Calling it twice does nothing."""
+        with self._lock:
+            handle, self.handle = self.handle, None
+        if handle is None:
+            return
+        lib.kolo_comm_destroy(handle)
+        with self._lock:
+            abandoned, self._abandoned = self._abandoned, []
+        for request, _ in abandoned:
+            lib.kolo_request_wait(request)
+            lib.kolo_request_free(request)
+
+
+class _AllgatherPhases:
+    """The two phases of a named allgather, as kolo's engine thread runs them: shapes_done, the
+    completion callback of the shape request, submits the data request as soon as every rank's
+    rows are known. It refers to the communicator only through its _Requests, and to no handle:
+    if the application has dropped the _AllgatherHandle by then, the data request is abandoned
+    to the _Requests with its buffers."""
+
+    def __init__(self, requests, name, array, dtype, make_output, size):
+        self.requests = requests
+        self.name = name
+        self.array = array
+        self.dtype = dtype
+        self.make_output = make_output
+        rows, per_row = _rows(array)
+        self.shape_send = np.array([rows, per_row], dtype=np.int64)
+        self.shapes = np.zeros(2 * size, dtype=np.int64)
+        self.lock = threading.RLock()
+        self.submitted = threading.Event()
+        self.error = None
+        self.data_request = None  # submitted, not yet taken by the handle
+        self.output = None
+        self.rows = None
+        self.abandoned = False
+
+    def shapes_done(self, status, _user_data):
+        try:
+            if status != _capi.SUCCESS:
+                return
+            shapes = self.shapes.reshape(-1, 2)
+            per_row = shapes[:, 1]
+            rows = shapes[:, 0]
+            nonempty = per_row[rows > 0]
+            if len(nonempty) and np.any(nonempty != nonempty[0]):
+                ranks = ", ".join(f"rank {r}: {rows[r]} rows of {per_row[r]} elements"
+                                  for r in range(len(rows)))
+                self.error = error_for(_capi.ERR_MISMATCH,
+                                       f"allgather '{self.name}': ranks send rows of different "
+                                       f"sizes ({ranks}); all but the first dimension must "
+                                       f"agree")
+                return
+            output = self.make_output(int(rows.sum()))
+            handle = self.requests.handle
+            if handle is None:
+                self.error = error_for(_capi.ERR_CANCELLED, f"allgather '{self.name}': the "
+                                       f"communicator was shut down")
+                return
+            request = ctypes.c_void_p()
+            status = lib.kolo_allgather_async(handle, self.name.encode(), _address(self.array),
+                                              self.array.size, _address(output), output.size,
+                                              self.dtype, None, ctypes.byref(request))
+            if status != _capi.SUCCESS:
+                text = lib.kolo_comm_last_error(handle)
+                self.error = error_for(status, text.decode(errors="replace") if text else "")
+                return
+            self.rows = rows.copy()
+            with self.lock:
+                if self.abandoned:
+                    self.requests.abandon(request, (self.array, output))
+                else:
+                    self.data_request, self.output = request, output
+        except BaseException as error:  # never let an exception reach kolo's thread
+            self.error = error
+        finally:
+            self.submitted.set()
+
+    def take_data_request(self):
+        """(request, output) of the data phase once submitted and not yet taken, else None."""
+        with self.lock:
+            taken, self.data_request = self.data_request, None
+        return None if taken is None else (taken, self.output)
+
+    def abandon(self):
+        """The handle is gone: a data request submitted later goes to the _Requests, and one
+        submitted already but not taken is returned for the caller to abandon."""
+        with self.lock:
+            self.abandoned = True
+            taken, self.data_request = self.data_request, None
+        return taken
 
 
 class _AllgatherHandle(Handle):
     """A named allgather whose total is unknown at submission: it first gathers every rank's
     (rows, elements per row) under `name + "/shape"`, and the completion callback of that request
-    (on kolo's engine thread) submits the allgather of the data itself, so that every rank's data
-    request is submitted as soon as the sizes are known, whatever the application does meanwhile.
+    (on kolo's engine thread; _AllgatherPhases) submits the allgather of the data itself, so that
+    every rank's data request is submitted as soon as the sizes are known, whatever the
+    application does meanwhile, dropping this handle included.
     """
 
     def __init__(self, comm, name, array, dtype, make_output):
@@ -197,48 +331,23 @@ class _AllgatherHandle(Handle):
         self._error = None
         self._result = None
         self._data_handle = None
-        self._array = array
-        self._dtype = dtype
-        self._make_output = make_output
-        self._submitted = threading.Event()
-        rows, per_row = _rows(array)
-        self._shape_send = np.array([rows, per_row], dtype=np.int64)
-        self._shapes = np.zeros(2 * comm.size, dtype=np.int64)
-        self._callback = _capi.CALLBACK(self._shapes_done)
-        options = _capi.AsyncOptions(callback=self._callback)
+        self._phases = phases = _AllgatherPhases(comm._requests, name, array, dtype,
+                                                 make_output, comm.size)
+        callback = _capi.CALLBACK(phases.shapes_done)
+        options = _capi.AsyncOptions(callback=callback)
         self._shape_handle = comm._submit_allgather(
-            name + "/shape", self._shape_send, 2, self._shapes, 2 * comm.size, INT64, options,
-            keep=(self._shape_send, self._shapes, self._callback, options))
-        comm._callbacks.add(self)
-        self._request = None
+            name + "/shape", phases.shape_send, 2, phases.shapes, 2 * comm.size, INT64, options,
+            keep=(phases, callback, options))
 
-    def _shapes_done(self, status, _user_data):
-        try:
-            if status != _capi.SUCCESS:
-                return
-            shapes = self._shapes.reshape(-1, 2)
-            per_row = shapes[:, 1]
-            rows = shapes[:, 0]
-            nonempty = per_row[rows > 0]
-            if len(nonempty) and np.any(nonempty != nonempty[0]):
-                ranks = ", ".join(f"rank {r}: {rows[r]} rows of {per_row[r]} elements"
-                                  for r in range(len(rows)))
-                self._error = error_for(_capi.ERR_MISMATCH,
-                                        f"allgather '{self.name}': ranks send rows of different "
-                                        f"sizes ({ranks}); all but the first dimension must "
-                                        f"agree")
-                return
-            output = self._make_output(int(rows.sum()))
-            self._output = output
-            self._data_handle = self._comm._submit_allgather(
-                self.name, self._array, self._array.size, output, output.size, self._dtype,
-                None, keep=(self._array, output))
-            self._data_handle._result = output
-            self._rows_per_rank = rows.copy()
-        except BaseException as error:  # never let an exception reach kolo's thread
-            self._error = error
-        finally:
-            self._submitted.set()
+    def _data(self):
+        """The Handle of the data phase, once submitted (None before)."""
+        if self._data_handle is None:
+            taken = self._phases.take_data_request()
+            if taken is not None:
+                request, output = taken
+                self._data_handle = Handle(self._comm, request, self.name,
+                                           (self._phases.array, output), output)
+        return self._data_handle
 
     def poll(self):
         """True once both phases have completed. Never blocks."""
@@ -246,9 +355,10 @@ class _AllgatherHandle(Handle):
             return True
         if not self._shape_handle.poll():
             return False
-        if self._shape_handle._error is not None or self._data_handle is None:
+        if self._shape_handle._error is not None or self._phases.error is not None:
             return True
-        return self._data_handle.poll()
+        data = self._data()
+        return data is not None and data.poll()
 
     def wait(self):
         """As Handle.wait; returns the gathered array (the received rows of every rank in rank
@@ -256,13 +366,13 @@ class _AllgatherHandle(Handle):
         if not self._finished:
             try:
                 self._shape_handle.wait()
-                self._submitted.wait()
-                if self._error is not None:
+                self._phases.submitted.wait()
+                if self._phases.error is not None:
+                    self._error = self._phases.error
                     raise self._error
-                self._result = self._data_handle.wait()
+                self._result = self._data().wait()
             finally:
                 self._finished = True
-                self._comm._callbacks.discard(self)
         if self._error is not None:
             raise self._error
         return self._complete()
@@ -271,10 +381,15 @@ class _AllgatherHandle(Handle):
 
     def rows_per_rank(self):
         """The first dimension each rank contributed (after wait())."""
-        return [int(r) for r in self._rows_per_rank]
+        return [int(r) for r in self._phases.rows]
 
     def __del__(self):
-        pass
+        phases = getattr(self, "_phases", None)
+        if phases is None:
+            return
+        taken = phases.abandon()
+        if taken is not None:
+            self._comm._requests.abandon(taken, (phases.array, phases.output))
 
 
 class Communicator:
@@ -282,21 +397,20 @@ class Communicator:
     split(). Collectives are called by every rank of the communicator, in the same order on every
     rank; named asynchronous operations may be submitted in any order. Thread-safe (collectives
     from several threads are serialised, and must still be issued in the same order on every
-    rank). Call shutdown() to leave; a communicator that is garbage collected is shut down."""
+    rank). Call shutdown() to leave; a communicator the program drops is shut down then, by
+    reference counting (handles refer to their communicator, nothing it holds refers back)."""
 
     def __init__(self, handle):
-        self._handle = ctypes.c_void_p(handle)
-        self._orphans = []
-        self._callbacks = set()
+        self._requests = _Requests(ctypes.c_void_p(handle))
         self._names = itertools.count()
         value = ctypes.c_int()
-        self._check(lib.kolo_comm_rank(self._handle, ctypes.byref(value)))
+        self._check(lib.kolo_comm_rank(self._live(), ctypes.byref(value)))
         self.rank = value.value
-        self._check(lib.kolo_comm_size(self._handle, ctypes.byref(value)))
+        self._check(lib.kolo_comm_size(self._live(), ctypes.byref(value)))
         self.size = value.value
-        self._check(lib.kolo_comm_local_rank(self._handle, ctypes.byref(value)))
+        self._check(lib.kolo_comm_local_rank(self._live(), ctypes.byref(value)))
         self.local_rank = value.value
-        self._check(lib.kolo_comm_local_size(self._handle, ctypes.byref(value)))
+        self._check(lib.kolo_comm_local_size(self._live(), ctypes.byref(value)))
         self.local_size = value.value
 
     @classmethod
@@ -333,21 +447,15 @@ class Communicator:
     @property
     def closed(self):
         """True once shutdown() has been called."""
-        return self._handle is None
+        return self._requests.handle is None
 
     def shutdown(self):
         """Closes the communicator (kolo_comm_destroy): pending named operations fail with
         CancelledError. Does not wait for other ranks. Calling it twice does nothing."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            lib.kolo_comm_destroy(handle)
-            for request, _ in self._orphans:
-                lib.kolo_request_wait(request)
-                lib.kolo_request_free(request)
-            self._orphans = []
+        self._requests.close()
 
     def __del__(self):
-        if getattr(self, "_handle", None) is not None:
+        if getattr(self, "_requests", None) is not None:
             self.shutdown()
 
     def __enter__(self):
@@ -357,13 +465,15 @@ class Communicator:
         self.shutdown()
 
     def _live(self):
-        if self._handle is None:
+        handle = self._requests.handle
+        if handle is None:
             raise invalid("the communicator has been shut down")
-        return self._handle
+        return handle
 
     def _check(self, status):
         if status != _capi.SUCCESS:
-            text = lib.kolo_comm_last_error(self._handle) if self._handle is not None else b""
+            handle = self._requests.handle
+            text = lib.kolo_comm_last_error(handle) if handle is not None else b""
             raise error_for(status, text.decode(errors="replace") if text else "")
 
     def last_error(self):
@@ -584,17 +694,6 @@ class Communicator:
             raise invalid(f"a name must be a non-empty string, not {name!r}")
         return name
 
-    def _reap_orphans(self):
-        still = []
-        for request, keep in self._orphans:
-            done = ctypes.c_int(0)
-            lib.kolo_request_test(request, ctypes.byref(done))
-            if done.value:
-                lib.kolo_request_free(request)
-            else:
-                still.append((request, keep))
-        self._orphans = still
-
     def _submitted(self, status, request, name, keep, result, handle_class=Handle):
         self._check(status)
         return handle_class(self, request, name, keep, result)
@@ -604,8 +703,7 @@ class Communicator:
         """kolo_allreduce_async on raw addresses; returns a Handle whose wait() returns
         `result`. `keep` is held until the operation completes. name is a str or its UTF-8
         bytes. Does not block."""
-        if self._orphans:
-            self._reap_orphans()
+        self._requests.reap()
         if prescale == 1.0 and postscale == 1.0:
             options = None
         else:
@@ -621,8 +719,7 @@ class Communicator:
 
     def raw_broadcast_async(self, name, buf, count, dtype, root, keep=None, result=None):
         """kolo_broadcast_async on a raw address; returns a Handle. Does not block."""
-        if self._orphans:
-            self._reap_orphans()
+        self._requests.reap()
         request = ctypes.c_void_p()
         status = lib.kolo_broadcast_async(self._live(), name.encode(), buf, count, dtype,
                                           int(root), None, ctypes.byref(request))
@@ -631,8 +728,7 @@ class Communicator:
     def raw_allreduce_group_async(self, names, sends, recvs, counts, dtype, op, prescale=1.0,
                                   postscale=1.0, keep=None, result=None):
         """kolo_allreduce_group_async on raw addresses: one request for all. Does not block."""
-        if self._orphans:
-            self._reap_orphans()
+        self._requests.reap()
         n = len(names)
         encoded = [name.encode() for name in names]
         names_array = (ctypes.c_char_p * n)(*encoded)
@@ -724,8 +820,7 @@ class Communicator:
         source = np.array(_as_array(array), order="C", copy=True)
         kind = kolo_dtype_of(source, dtype)
         trailing = tuple(source.shape[1:]) if source.ndim else ()
-        if self._orphans:
-            self._reap_orphans()
+        self._requests.reap()
         return _AllgatherHandle(
             self, self._name(name, "allgather"), source, kind,
             lambda total: np.empty((total,) + trailing, dtype=source.dtype))

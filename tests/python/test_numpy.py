@@ -195,6 +195,47 @@ def rank_split():
     kolo.shutdown()
 
 
+def rank_dropped_communicator_is_freed_by_refcount(case):
+    """A communicator the program drops is shut down then and there, by reference counting, with
+    the garbage collector off: no cycle through its handles (an allgather's completion callback,
+    an abandoned request) may leave it to the collector, which runs wherever Python next
+    allocates, kolo's engine thread included, where its __del__ (kolo_comm_destroy, which joins
+    that thread) must not run."""
+    import gc
+    import threading
+    import weakref
+    import kolo
+    world = kolo.init()
+    me = kolo.rank()
+    gc.disable()
+    comm = world.split(color=0)
+    destroyed_on = []
+    ref = weakref.ref(comm)
+    weakref.finalize(comm, lambda: destroyed_on.append(threading.get_ident()))
+    rows = np.arange(3 * (me + 1), dtype=np.int64).reshape(-1, 3)
+    if case == "allgather waited":
+        handle = comm.allgather_async(rows, name="gather")
+        assert handle.wait().shape[0] == sum(range(1, comm.size + 1))
+    elif case == "allgather dropped pending":
+        handle = comm.allgather_async(rows, name="gather")
+    elif case == "allgather polled":
+        handle = comm.allgather_async(rows, name="gather")
+        while not handle.poll():
+            pass
+    else:
+        handle = comm.allreduce_async(np.ones(4, np.float32), name="sum")
+    del handle
+    comm.barrier()
+    del comm
+    assert ref() is None, f"{case}: the dropped communicator is still alive without the " \
+                          f"garbage collector; it is referred to by " \
+                          f"{[type(r).__name__ for r in gc.get_referrers(ref())]}"
+    assert destroyed_on == [threading.get_ident()], destroyed_on
+    gc.enable()
+    world.barrier()
+    kolo.shutdown()
+
+
 def rank_mismatch_named():
     import kolo
     kolo.init()
@@ -288,6 +329,13 @@ def test_named_async_operations(n):
 @pytest.mark.parametrize("n", [2, 4])
 def test_split(n):
     ranks.run(n, __file__, "rank_split")
+
+
+@pytest.mark.parametrize("case", ["allgather waited", "allgather polled",
+                                  "allgather dropped pending", "allreduce dropped pending"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_dropped_communicator_is_freed_by_refcount(n, case):
+    ranks.run(n, __file__, "rank_dropped_communicator_is_freed_by_refcount", args={"case": case})
 
 
 @pytest.mark.parametrize("n", [2, 4])
