@@ -17,6 +17,7 @@ import threading
 import numpy as np
 
 from . import _capi
+from ._secret import secret_is_authenticating
 from .errors import error_for, invalid
 
 lib = _capi.lib
@@ -398,9 +399,18 @@ class Communicator:
     rank; named asynchronous operations may be submitted in any order. Thread-safe (collectives
     from several threads are serialised, and must still be issued in the same order on every
     rank). Call shutdown() to leave; a communicator the program drops is shut down then, by
-    reference counting (handles refer to their communicator, nothing it holds refers back)."""
+    reference counting (handles refer to their communicator, nothing it holds refers back).
 
-    def __init__(self, handle):
+    peers_authenticated is True when the job has a secret that only its ranks know (passed to
+    create(), or KOLO_SECRET or KOLO_SECRET_FILE, which kolorun sets), so that every peer proved
+    it belongs to the job; False without a secret, or when secret_published is True (the secret
+    went through torch's unauthenticated store). The collectives that unpickle what peers send
+    (kolo.torch's broadcast_object, allgather_object, broadcast_optimizer_state, elastic sync)
+    refuse to run without it. Communicators made by split() and shrink() inherit both."""
+
+    def __init__(self, handle, peers_authenticated=False, secret_published=False):
+        self.peers_authenticated = bool(peers_authenticated)
+        self.secret_published = bool(secret_published)
         self._requests = _Requests(ctypes.c_void_p(handle))
         self._names = itertools.count()
         value = ctypes.c_int()
@@ -415,11 +425,14 @@ class Communicator:
 
     @classmethod
     def create(cls, rank=None, size=None, local_rank=None, local_size=None, addr=None,
-               secret=None, timeout=None):
+               secret=None, timeout=None, secret_published=False):
         """Joins the job (kolo_comm_init): every argument left None comes from the environment
-        (KOLO_RANK, KOLO_SIZE, KOLO_ADDR, ... or a launcher's variables; see the README). Blocks
-        until every rank has joined, at most the timeout. Raises ConfigError naming the variable
-        to set, KoloTimeoutError, KoloSystemError."""
+        (KOLO_RANK, KOLO_SIZE, KOLO_ADDR, ... or a launcher's variables; see the README); a
+        secret given here wins over KOLO_SECRET and KOLO_SECRET_FILE. secret_published: the
+        secret was exchanged where others can read it (kolo's torch launch paths without
+        KOLO_SECRET or KOLO_SECRET_FILE), so the communicator counts as unauthenticated
+        (peers_authenticated False). Blocks until every rank has joined, at most the timeout.
+        Raises ConfigError naming the variable to set, KoloTimeoutError, KoloSystemError."""
         config = _capi.Config()
         if rank is not None:
             config.rank = rank
@@ -440,7 +453,9 @@ class Communicator:
         if status != _capi.SUCCESS:
             message = lib.kolo_comm_last_error(None)
             raise error_for(status, message.decode(errors="replace") if message else "")
-        return cls(handle.value)
+        return cls(handle.value,
+                   peers_authenticated=secret_is_authenticating(secret) and not secret_published,
+                   secret_published=secret_published)
 
     # ---- lifetime ------------------------------------------------------------------------------
 
@@ -669,7 +684,7 @@ class Communicator:
         self._check(lib.kolo_comm_split(self._live(), int(color),
                                         self.rank if key is None else int(key),
                                         ctypes.byref(new)))
-        return Communicator(new.value) if new.value else None
+        return self._derived(new.value) if new.value else None
 
     def shrink(self):
         """Returns a new Communicator of the ranks of this one that are still alive, ranked in
@@ -683,7 +698,12 @@ class Communicator:
         after deciding (call shrink again), and the other KoloErrors of kolo_comm_shrink."""
         new = ctypes.c_void_p()
         self._check(lib.kolo_comm_shrink(self._live(), ctypes.byref(new)))
-        return Communicator(new.value)
+        return self._derived(new.value)
+
+    def _derived(self, handle):
+        """A Communicator for a handle made from this one, whose connections prove the same
+        secret."""
+        return Communicator(handle, self.peers_authenticated, self.secret_published)
 
     # ---- named asynchronous operations ----------------------------------------------------------
 

@@ -41,6 +41,11 @@ ranks. What was computed after the last commit is computed again, by the survivo
 often as that is worth, and at the same step on every rank (a commit is local and cheap for a
 small model: a copy of the state dicts).
 
+sync() sends the state as pickles (broadcast_object, allgather_object,
+broadcast_optimizer_state), and unpickling runs whatever code the sender put in them: the job
+needs a secret (KOLO_SECRET, KOLO_SECRET_FILE, or kolorun's), and without one sync(), and so
+run(), raise ConfigError before sending anything.
+
 Not in kolo (yet): adding ranks to a running job (Horovod's host discovery).
 check_host_updates() exists for Horovod's scripts and does nothing.
 """
@@ -52,10 +57,11 @@ import math
 
 import torch
 
+from .._secret import require_authenticated_peers
 from ..errors import KoloTimeoutError, PeerLostError
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, \
     broadcast_parameters
-from .ops import rank, shrink, size
+from .ops import _comm, global_process_set, rank, shrink, size
 
 _log = logging.getLogger("kolo.torch.elastic")
 
@@ -154,7 +160,9 @@ class ObjectState(State):
             setattr(self, name, copy.deepcopy(value))
 
     def sync(self):
-        """Blocks for one broadcast_object from rank 0 on the world."""
+        """Blocks for one broadcast_object from rank 0 on the world: the values are unpickled,
+        so a job without a secret gets ConfigError."""
+        _require_authenticated_peers("ObjectState.sync")
         values = broadcast_object({name: getattr(self, name) for name in self._names},
                                   root_rank=0)
         for name, value in values.items():
@@ -202,7 +210,10 @@ class TorchState(ObjectState):
             sampler.load_state_dict(self._saved_samplers[name])
 
     def sync(self):
-        """Blocks for the broadcasts and allgathers on the world."""
+        """Blocks for the broadcasts and allgathers on the world. The optimizer state, the
+        samplers' progress and the values are unpickled: a job without a secret gets
+        ConfigError, before anything is sent."""
+        _require_authenticated_peers("TorchState.sync")
         if self.model is not None:
             broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer is not None:
@@ -210,6 +221,10 @@ class TorchState(ObjectState):
         for sampler in self._samplers.values():
             sampler._sync()
         super().sync()  # the other values, then save() of everything
+
+
+def _require_authenticated_peers(function):
+    require_authenticated_peers(_comm(global_process_set), function)
 
 
 def _rank_and_size():

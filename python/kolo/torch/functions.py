@@ -1,5 +1,11 @@
 """Horovod's helpers for starting training consistently: broadcast_parameters,
-broadcast_optimizer_state, broadcast_object and allgather_object."""
+broadcast_optimizer_state, broadcast_object and allgather_object.
+
+broadcast_object, allgather_object and broadcast_optimizer_state send Python objects as pickles,
+and unpickling runs whatever code the sender put in them: they run only on a communicator whose
+peers are authenticated by a job secret (Communicator.peers_authenticated: KOLO_SECRET,
+KOLO_SECRET_FILE, or kolorun's), and otherwise raise ConfigError before sending or receiving
+anything. broadcast_parameters moves tensors only and needs no secret."""
 
 import io
 import pickle
@@ -7,6 +13,7 @@ import pickle
 import numpy as np
 import torch
 
+from .._secret import require_authenticated_peers
 from .ops import _comm, broadcast_, broadcast_async_, global_process_set, synchronize
 
 
@@ -34,10 +41,14 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns root_rank's obj on every rank (pickled on the root; tensors inside are pickled
-    too). Every rank calls it in the same order; obj is ignored except on the root. Blocks (two
-    collectives: the length, then the bytes)."""
+    """Returns root_rank's obj on every rank: pickled on the root, and the root's bytes
+    unpickled on every other rank (tensors inside are pickled too). Unpickling runs any code the
+    root chose, so the job needs a secret: without one (Communicator.peers_authenticated False)
+    raises ConfigError on every rank before sending or receiving anything. Every rank calls it
+    in the same order; obj is ignored except on the root. Blocks (two collectives: the length,
+    then the bytes)."""
     comm = _comm(process_set)
+    require_authenticated_peers(comm, "broadcast_object")
     if comm.rank == root_rank:
         buffer = io.BytesIO()
         pickle.dump(obj, buffer, protocol=pickle.HIGHEST_PROTOCOL)
@@ -55,9 +66,12 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every rank's obj, in rank order (each pickled). Blocks (two
-    collectives)."""
+    """Returns the list of every rank's obj, in rank order: each rank's obj pickled, and every
+    other rank's bytes unpickled here. Unpickling runs any code the sender chose, so the job
+    needs a secret: without one (Communicator.peers_authenticated False) raises ConfigError on
+    every rank before sending or receiving anything. Blocks (two collectives)."""
     comm = _comm(process_set)
+    require_authenticated_peers(comm, "allgather_object")
     payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),
                             dtype=np.uint8).copy()
     gathered, lengths = comm.allgather_rows(payload)
@@ -71,9 +85,13 @@ def allgather_object(obj, name=None, process_set=global_process_set):
 def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
     """Makes every rank's optimizer state (its state_dict: hyper-parameters of every parameter
     group and per-parameter state such as momentum buffers or Adam's moments) equal root_rank's.
-    The structure and scalars travel pickled, the state tensors by broadcast in place. Every
-    rank's optimizer must have the same parameter groups. Blocks until done."""
+    The structure and scalars (parameter groups, non-tensor state, the tensors' shapes and
+    dtypes) travel pickled and are unpickled on every rank but the root, the state tensors by
+    broadcast in place: the job needs a secret, and without one (Communicator
+    .peers_authenticated False) raises ConfigError on every rank before sending or receiving
+    anything. Every rank's optimizer must have the same parameter groups. Blocks until done."""
     comm = _comm(process_set)
+    require_authenticated_peers(comm, "broadcast_optimizer_state")
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("LBFGS keeps state that cannot be broadcast this way")
     state_dict = optimizer.state_dict()
