@@ -14,11 +14,11 @@ beside the installed package, else in the build tree of the checkout (build/capi
 
 import atexit
 import os
-import secrets
 import threading
 
 from . import _capi
 from ._port import free_port
+from ._secret import secret_through_torch_store
 from .communicator import (AVERAGE, AVG, BFLOAT16, DTYPE_NAMES, FLOAT16, FLOAT32, FLOAT64, INT8,
                            INT32, INT64, MAX, MIN, OP_NAMES, PROD, SUM, UINT8, Communicator,
                            Handle, split_rows)
@@ -43,24 +43,29 @@ def init(**config):
     """Joins the job and makes the world communicator, which it returns; a second call returns
     the same one. Keyword arguments (rank, size, local_rank, local_size, addr, secret, timeout)
     override the environment (KOLO_RANK, KOLO_SIZE, KOLO_ADDR, ..., or what kolorun, mpirun,
-    srun or torchrun export; under torchrun, whose store holds MASTER_PORT, kolo's address and
-    secret are exchanged through torchrun's store). Blocks until every rank has joined, at most
-    the timeout. Raises ConfigError naming the variable to set, KoloTimeoutError,
-    KoloSystemError."""
+    srun or torchrun export). Under torchrun, whose store holds MASTER_PORT, rank 0 publishes
+    kolo's address in torchrun's store; the job secret comes from KOLO_SECRET or
+    KOLO_SECRET_FILE (or `secret`) and never enters that store, and only when none is set does
+    rank 0 generate one and publish it there, with a warning: the world then counts as
+    unauthenticated (Communicator.peers_authenticated), since whoever reaches MASTER_PORT can
+    read it. Blocks until every rank has joined, at most the timeout. Raises ConfigError naming
+    the variable to set, KoloTimeoutError, KoloSystemError."""
     global _world
     with _lock:
         if _world is None or _world.closed:
             if "addr" not in config and not os.environ.get("KOLO_ADDR") and \
                     os.environ.get("TORCHELASTIC_RUN_ID"):
-                config.update(_torchrun_rendezvous(config.get("timeout")))
+                config.update(_torchrun_rendezvous(config.get("timeout"),
+                                                   config.get("secret") is not None))
             _world = Communicator.create(**config)
         return _world
 
 
-def _torchrun_rendezvous(timeout):
+def _torchrun_rendezvous(timeout, own_secret):
     """Under torchrun, MASTER_PORT is taken by torchrun's own store: rank 0 picks a free port
-    for kolo's store and a job secret, and publishes them in torchrun's store, where the other
-    ranks read them."""
+    for kolo's store and publishes it in torchrun's store, where the other ranks read it, and
+    the secret is settled as _secret.secret_through_torch_store says. Returns the arguments for
+    Communicator.create."""
     try:
         from datetime import timedelta
 
@@ -75,13 +80,21 @@ def _torchrun_rendezvous(timeout):
     store = TCPStore(host, int(port), is_master=False,
                      timeout=timedelta(seconds=float(timeout or
                                                      os.environ.get("KOLO_TIMEOUT", 300))))
-    prefix = "kolo/{}/{}/".format(os.environ["TORCHELASTIC_RUN_ID"],
-                                  os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if os.environ.get("RANK") == "0":
+    prefix = _torchrun_store_prefix()
+    publisher = os.environ.get("RANK") == "0"
+    if publisher:
         store.set(prefix + "addr", f"{host}:{free_port()}")
-        store.set(prefix + "secret", secrets.token_hex(16))
-    return {"addr": store.get(prefix + "addr").decode(),
-            "secret": store.get(prefix + "secret").decode()}
+    arguments = {"addr": store.get(prefix + "addr").decode()}
+    secret = secret_through_torch_store(store, prefix, publisher, own_secret)
+    if secret is not None:
+        arguments.update(secret=secret, secret_published=True)
+    return arguments
+
+
+def _torchrun_store_prefix():
+    """The prefix of the keys kolo.init() sets in torchrun's store (one per run and restart)."""
+    return "kolo/{}/{}/".format(os.environ["TORCHELASTIC_RUN_ID"],
+                                os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 def is_initialized():

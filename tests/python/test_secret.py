@@ -1,11 +1,15 @@
 """The job secret on the Python side: kolo.torch's object collectives (which unpickle what peers
-send) refused in a job without a secret and working with one."""
+send) refused in a job without a secret and working with one, under kolorun and torchrun; under
+torchrun (kolo.init() and the torch.distributed backend) a KOLO_SECRET_FILE is what the ranks
+prove, and neither it nor anything derived from it is in torch's store; without one, a generated
+secret goes through torch's store with one warning, and the job counts as unauthenticated."""
 
 import os
 
 import pytest
 
 import ranks
+from kolo._port import free_port
 
 SECRET = "0123456789abcdef-the-job-secret-in-a-file"
 
@@ -16,6 +20,13 @@ def _secret_file(directory, text=SECRET, name="kolo-secret"):
         file.write(text + "\n")
     os.chmod(path, 0o600)
     return path
+
+
+def _torchrun(n):
+    # As test_torch_ddp: Debian's torchrun needs --redirects 1 under Python 3.11.
+    return [ranks.PYTHON, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1",
+            "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port("127.0.0.1"))]
 
 
 def _expect_refused(call, function, why):
@@ -108,6 +119,170 @@ def test_object_collectives_refused_without_a_secret(n):
 def test_object_collectives_work_with_a_secret(tmp_path, from_file):
     ranks.run(2, __file__, "rank_objects_with_a_secret",
               args={"secret_file": _secret_file(tmp_path) if from_file else None})
+
+
+# ---- under torchrun ----------------------------------------------------------------------------
+
+def _torch_store():
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                    timeout=timedelta(seconds=30))
+
+
+def _has(store, key):
+    """Whether torch's store holds key (torch 1.13's stores have no check()): waits a second."""
+    from datetime import timedelta
+    try:
+        store.wait([key], timedelta(seconds=1))
+    except RuntimeError:  # timed out
+        return False
+    return True
+
+
+def _check_keys(store, prefix, expect_secret):
+    """kolo's keys in torch's store: the address (which shows that this is where kolo's keys
+    are), the secret's source, and the secret only when generated; no value holds the file's
+    secret."""
+    assert _has(store, prefix + "addr"), f"no {prefix}addr: the test looks in the wrong place"
+    assert _has(store, prefix + "secret") == expect_secret, \
+        f"{prefix}secret is {'absent' if expect_secret else 'readable in torch store'}"
+    source = store.get(prefix + "secret_source").decode()
+    assert source == ("store" if expect_secret else "ranks"), source
+    for key in ("addr", "secret_source"):
+        assert SECRET not in store.get(prefix + key).decode(), key
+
+
+def _world_group_store():
+    import torch.distributed as dist
+    from torch.distributed import PrefixStore
+    c10d = dist.distributed_c10d
+    group = c10d._get_default_group()
+    return group, PrefixStore(c10d._pg_names[group], c10d._get_default_store())
+
+
+def rank_torchrun_with_a_secret_file():
+    import torch
+    import torch.distributed as dist
+    import kolo
+    import kolo.torch as hvd
+    assert os.environ.get("KOLO_SECRET_FILE") and not os.environ.get("KOLO_SECRET")
+    assert "TORCHELASTIC_RUN_ID" in os.environ and "KOLO_ADDR" not in os.environ
+    hvd.init()  # kolo.init() under torchrun
+    assert hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [hvd.size()] * 2
+    _check_keys(_torch_store(), "kolo/{}/{}/".format(os.environ["TORCHELASTIC_RUN_ID"],
+                                                     os.environ["TORCHELASTIC_RESTART_COUNT"]),
+                expect_secret=False)
+    _objects_work(hvd)
+    assert kolo.world().peers_authenticated and not kolo.world().secret_published
+    # the torch.distributed backend, in the same job
+    dist.init_process_group("kolo")
+    group, store = _world_group_store()
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    assert t.item() == sum(range(dist.get_world_size())), t
+    _check_keys(store, "kolo/", expect_secret=False)
+    assert group._comm.peers_authenticated and not group._comm.secret_published
+    dist.barrier()
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+def rank_torchrun_with_different_secret_files(other_file):
+    """The last rank proves another file's secret: had the launch path put a secret of its own
+    over the files', the ranks would connect."""
+    import kolo
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if rank == size - 1:
+        os.environ["KOLO_SECRET_FILE"] = other_file
+    try:
+        kolo.init()
+    except kolo.KoloError as error:
+        print(f"rank {rank} refused as expected: {error}", flush=True)
+    else:
+        raise AssertionError(f"rank {rank} joined although the last rank has another secret")
+
+
+def rank_torchrun_without_a_secret():
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    import kolo
+    import kolo.torch as hvd
+    assert not os.environ.get("KOLO_SECRET_FILE") and not os.environ.get("KOLO_SECRET")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hvd.init()
+        dist.init_process_group("kolo")
+    published = [w for w in caught if "torch's store" in str(w.message)]
+    assert len(published) == 1, [str(w.message) for w in caught]
+    assert issubclass(published[0].category, RuntimeWarning)
+    for words in ("KOLO_SECRET_FILE", "not authenticated", "broadcast_object"):
+        assert words in str(published[0].message), str(published[0].message)
+    group, store = _world_group_store()
+    _refusals(hvd, "torch's store")  # the job runs; only what unpickles is refused
+    _check_keys(_torch_store(), "kolo/{}/{}/".format(os.environ["TORCHELASTIC_RUN_ID"],
+                                                     os.environ["TORCHELASTIC_RESTART_COUNT"]),
+                expect_secret=True)
+    _check_keys(store, "kolo/", expect_secret=True)
+    world = kolo.world()
+    assert not world.peers_authenticated and world.secret_published
+    assert not group._comm.peers_authenticated and group._comm.secret_published
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == dist.get_world_size()
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+def test_secret_file_under_torchrun(tmp_path):
+    ranks.run(2, __file__, "rank_torchrun_with_a_secret_file", launcher=_torchrun(2),
+              env={"KOLO_SECRET": "", "KOLO_SECRET_FILE": _secret_file(tmp_path)})
+
+
+def test_a_rank_with_another_secret_file_is_refused_under_torchrun(tmp_path):
+    text = ranks.run(2, __file__, "rank_torchrun_with_different_secret_files",
+                     launcher=_torchrun(2), timeout=60,
+                     args={"other_file": _secret_file(tmp_path, "another secret", "other")},
+                     env={"KOLO_SECRET": "", "KOLO_SECRET_FILE": _secret_file(tmp_path),
+                          "KOLO_TIMEOUT": "10"})
+    assert text.count("refused as expected") == 2, text
+
+
+def test_no_secret_under_torchrun_warns_and_refuses_objects():
+    ranks.run(2, __file__, "rank_torchrun_without_a_secret", launcher=_torchrun(2),
+              env={"KOLO_SECRET": "", "KOLO_SECRET_FILE": ""})
+
+
+# ---- the secret through torch's store, one rank at a time ------------------------------------
+
+class _DictStore:
+    """torch's store as far as kolo's launch paths use it."""
+
+    def __init__(self):
+        self.values = {}
+
+    def set(self, key, value):
+        self.values[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        return self.values[key]
+
+
+@pytest.mark.parametrize("rank0_own, other_own", [(True, False), (False, True)])
+def test_ranks_that_disagree_about_a_secret_are_told(monkeypatch, rank0_own, other_own):
+    import kolo
+    from kolo import _secret
+    store = _DictStore()
+    monkeypatch.delenv("KOLO_SECRET", raising=False)
+    monkeypatch.delenv("KOLO_SECRET_FILE", raising=False)
+    monkeypatch.setattr(_secret, "_warned_published", True)
+    _secret.secret_through_torch_store(store, "p/", publisher=True, own_secret=rank0_own)
+    with pytest.raises(kolo.ConfigError, match="set the same one on every rank"):
+        _secret.secret_through_torch_store(store, "p/", publisher=False, own_secret=other_own)
+    assert ("p/secret" in store.values) == (not rank0_own)
 
 
 def test_what_counts_as_a_secret(monkeypatch):

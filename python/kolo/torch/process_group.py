@@ -4,8 +4,15 @@ on a kolo communicator of the group's own.
 
 Rendezvous: torch hands the backend its store (torchrun's, or the one init_process_group made
 at MASTER_ADDR:MASTER_PORT, which already listens on MASTER_PORT). Rank 0 of the group picks a
-free port for kolo's own rendezvous store and a random job secret and publishes both in torch's
-store; every rank then joins kolo there.
+free port for kolo's own rendezvous store and publishes it in torch's store; every rank then
+joins kolo there. The job secret is KOLO_SECRET or KOLO_SECRET_FILE, read by kolo's core, and
+nothing about it enters torch's store, which does not authenticate. Only when neither is set
+does rank 0 generate a secret and publish it in torch's store (a warning says so once): the job
+still starts, but whoever reaches torch's port can read that secret, so the group's communicator
+counts as unauthenticated (Communicator.peers_authenticated; kolo/_secret.py). torch's own object
+collectives (broadcast_object_list, all_gather_object, ...) unpickle what arrives through this
+backend's broadcast and allgather, which cannot tell their bytes from a tensor's: without
+KOLO_SECRET or KOLO_SECRET_FILE they trust unauthenticated peers, as on torch's other backends.
 
 allreduce and allreduce_coalesced are asynchronous, so that DistributedDataParallel's bucket
 reductions overlap backpropagation: each tensor is submitted to kolo's fusion engine as a named
@@ -54,7 +61,6 @@ the exit only while a request is still pending, at most 5 s.
 
 import collections
 import os
-import secrets
 import socket
 import threading
 import time
@@ -66,6 +72,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from .._port import free_port
+from .._secret import secret_through_torch_store
 from ..communicator import Communicator, kolo_dtype_of
 from ..errors import InvalidArgumentError, KoloTimeoutError, UnsupportedError
 from ._convert import as_array, check_tensor
@@ -270,11 +277,10 @@ class ProcessGroupKolo(dist.ProcessGroup):
         if rank == 0:
             host = os.environ.get("MASTER_ADDR") or socket.gethostname()
             store.set("kolo/addr", f"{host}:{free_port()}")
-            store.set("kolo/secret", secrets.token_hex(16))
         address = store.get("kolo/addr").decode()
-        secret = store.get("kolo/secret").decode()
+        secret = secret_through_torch_store(store, "kolo/", rank == 0)
         self._comm = Communicator.create(rank=rank, size=size, addr=address, secret=secret,
-                                         timeout=timeout_s)
+                                         timeout=timeout_s, secret_published=secret is not None)
         self._completions = _Completions(timeout_s or 300.0)
         self._allreduce_calls = 0
         self._latest_work = None
