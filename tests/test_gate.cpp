@@ -154,8 +154,8 @@ TEST_CASE("gate: warnings about strangers are throttled", "[gate]") {
     REQUIRE(eventually([&] { return gate.stats().dropped == 40; }, 10));
   });  // the gate's end reports what it held back
   size_t warnings = 0;
-  for (size_t at = log.find("dropped a connection"); at != std::string::npos;
-       at = log.find("dropped a connection", at + 1)) {
+  for (size_t at = log.find("is not a kolo peer"); at != std::string::npos;
+       at = log.find("is not a kolo peer", at + 1)) {
     ++warnings;
   }
   INFO(log);

@@ -87,15 +87,20 @@ TEST_CASE("a deadline ends a wait on time, sleeping to the end", "[deadline]") {
   CHECK(polls < 30);  // one sleep, and a few of a millisecond in the last tick
 }
 
+// The address `rank` published for its mesh, once it has.
+net::Endpoint published_address(const net::Endpoint& store, int rank) {
+  StoreClient observer(store, kSecret, 0, 30);
+  return net::parse_endpoint(observer.get_string(kolo::store_key(kContext, "tcp", rank)),
+                             "a rank's address");
+}
+
 TEST_CASE("silent strangers at a rank's listener do not delay the mesh", "[mesh]") {
   StoreServer server({"127.0.0.1", 0}, kSecret);
   net::Endpoint store = server.endpoint();
   const int streams = 2;
   // Rank 1 accepts rank 0's connections; it publishes its address first.
   auto rank1 = std::async(std::launch::async, [&] { return join(store, 1, streams); });
-  StoreClient observer(store, kSecret, 0, 30);
-  net::Endpoint listener = net::parse_endpoint(
-      observer.get_string(kolo::store_key(kContext, "tcp", 1)), "rank 1's address");
+  net::Endpoint listener = published_address(store, 1);
 
   // Strangers connect before rank 0 does, and never say a word.
   std::vector<net::Socket> strangers;
@@ -358,10 +363,9 @@ TEST_CASE("a crowd of strangers at a rank's listener refuses no peer", "[mesh]")
   StoreServer server({"127.0.0.1", 0}, kSecret);
   net::Endpoint store = server.endpoint();
   const int streams = 2;
+  // Rank 1 accepts rank 0's connections; it publishes its address first.
   auto rank1 = std::async(std::launch::async, [&] { return join(store, 1, streams); });
-  StoreClient observer(store, kSecret, 0, 30);
-  net::Endpoint listener = net::parse_endpoint(
-      observer.get_string(kolo::store_key(kContext, "tcp", 1)), "rank 1's address");
+  net::Endpoint listener = published_address(store, 1);
 
   // More silent connections than handshakes may be under way and than the listen backlog holds,
   // and some that answer the challenge with garbage: a peer's connections must still get in.

@@ -176,7 +176,7 @@ bool Gate::read_answer(uint64_t id, Handshake& handshake, std::vector<Admitted>&
   try {
     hello = check_auth_answer(secret_, handshake.nonce, handshake.answer, handshake.peer);
   } catch (const Error& error) {
-    drop(id, error.what());
+    drop(id, error.what(), /*says_who=*/true);
     return true;
   }
   if (std::string unwanted = check_(hello); !unwanted.empty()) {
@@ -196,10 +196,14 @@ bool Gate::read_answer(uint64_t id, Handshake& handshake, std::vector<Admitted>&
   return true;
 }
 
-void Gate::drop(uint64_t id, const std::string& why) {
+void Gate::drop(uint64_t id, const std::string& why, bool says_who) {
   auto it = pending_.find(id);
   if (it == pending_.end()) return;
-  warn("{}: dropped a connection from {}: {}", name_, it->second.peer, why);
+  if (says_who) {
+    warn("{}: {}", name_, why);
+  } else {
+    warn("{}: dropped a connection from {}: {}", name_, it->second.peer, why);
+  }
   ::epoll_ctl(epoll_.fd(), EPOLL_CTL_DEL, it->second.socket.fd(), nullptr);
   pending_.erase(it);
   ++stats_.dropped;

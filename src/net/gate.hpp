@@ -92,7 +92,8 @@ class Gate {
   void start(Socket socket);
   // Reads what the connection sent; true when it has left `pending_` (admitted or dropped).
   bool read_answer(uint64_t id, Handshake& handshake, std::vector<Admitted>& admitted);
-  void drop(uint64_t id, const std::string& why);
+  // Logs (throttled) and closes; `why` names the peer itself when says_who.
+  void drop(uint64_t id, const std::string& why, bool says_who = false);
   void expire();
   template <typename... Args>
   void warn(fmt::format_string<Args...> format, Args&&... args);
