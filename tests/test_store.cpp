@@ -902,6 +902,78 @@ TEST_CASE("store: many pipelined requests are answered in order, in linear time"
   CHECK(seconds < 10.0);
 }
 
+// Sends requests on a raw client and reads reply_bytes of replies, from two threads so that
+// neither side's socket buffer stalls the other; returns the seconds it took.
+double pipeline(const net::Socket& raw, const std::vector<uint8_t>& requests, size_t reply_bytes) {
+  auto start = std::chrono::steady_clock::now();
+  std::thread sender([&] { net::send_all(raw, requests.data(), requests.size(), Deadline(60.0)); });
+  std::vector<uint8_t> replies(reply_bytes);
+  net::recv_all(raw, replies.data(), replies.size(), Deadline(60.0));
+  sender.join();
+  return seconds_since(start);
+}
+
+void append_request(std::vector<uint8_t>& out, uint8_t op, const std::string& key) {
+  out.push_back(op);
+  append_u32(out, static_cast<uint32_t>(key.size()));
+  out.insert(out.end(), key.begin(), key.end());
+}
+
+TEST_CASE("store: an erase costs what it erases, not every key stored", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  net::Socket raw = authenticated_raw_client(server.endpoint());
+  constexpr int kKeys = 100'000;
+  std::vector<uint8_t> fill;
+  for (int i = 0; i < kKeys; ++i) {
+    append_request(fill, 1, "kolo/fill/" + std::to_string(i));  // SET, an empty value
+    append_u32(fill, 0);
+  }
+  pipeline(raw, fill, kKeys);
+  REQUIRE(eventually([&] { return server.stats().keys == kKeys; }, 2.0));
+  // As many GETs of a key that exists as ERASEs of a prefix that matches nothing: an erase that
+  // scanned every key would take thousands of times longer than a lookup.
+  constexpr int kRounds = 1000;
+  std::vector<uint8_t> gets, erases;
+  for (int i = 0; i < kRounds; ++i) {
+    append_request(gets, 2, "kolo/fill/7");
+    append_request(erases, 5, "kolo/nothing-here/");
+  }
+  double get_seconds = pipeline(raw, gets, kRounds * 5);
+  double erase_seconds = pipeline(raw, erases, kRounds * 9);
+  INFO(kRounds << " GETs took " << get_seconds << " s, " << kRounds << " ERASEs " << erase_seconds
+               << " s, with " << kKeys << " keys stored");
+  CHECK(erase_seconds < 10 * get_seconds + 0.1);
+  CHECK(server.stats().keys == kKeys);
+}
+
+TEST_CASE("store: erase removes exactly the keys named", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient client(server.endpoint(), kSecret, 0, 5.0);
+  for (const char* key : {"kolo/ab/tcp/1", "kolo/ab/tcp/10", "kolo/ab/tcp/2"}) {
+    client.set_string(key, "x");
+  }
+  CHECK(client.erase({"kolo/ab/tcp/1", "kolo/ab/tcp/2", "kolo/ab/absent", "kolo/ab/tcp/1"}) == 2);
+  CHECK(eventually([&] { return server.stats().keys == 1; }, 2.0));
+  CHECK(client.get_string("kolo/ab/tcp/10") == "x");  // a key that the name of another begins
+  CHECK(client.erase({}) == 0);
+  Error error = expect_error([&] { client.erase({""}); });
+  CHECK(error.status() == Status::kInvalidArgument);
+}
+
+TEST_CASE("store: a client remembers the keys it wrote while asked to", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient client(server.endpoint(), kSecret, 0, 5.0);
+  client.set_string("before", "not remembered");
+  client.remember_written_keys();
+  client.set_string("kolo/7/tcp/0", "x");
+  client.add("kolo/7/count", 1);
+  client.set_string("kolo/7/tcp/0", "again");
+  (void)client.get_string("before");  // reading writes nothing
+  CHECK(client.take_written_keys() == std::vector<std::string>{"kolo/7/tcp/0", "kolo/7/count"});
+  client.set_string("after", "not remembered");  // taking them stopped the remembering
+  CHECK(client.take_written_keys().empty());
+}
+
 // Writes 64 KiB at a time to a socket whose peer reads nothing, until the kernel takes no more;
 // returns how much of it the socket holds unsent (SIOCOUTQNSD).
 int unsent_when_full(const net::Socket& socket) {

@@ -79,9 +79,17 @@ class StoreClient {
   void wait(const std::vector<std::string>& keys);
   // Atomically adds delta to the integer stored at key (missing counts as 0); returns the sum.
   int64_t add(const std::string& key, int64_t delta);
-  // Erases every key that starts with prefix (1..kStoreMaxKeyBytes bytes); returns how many. For
-  // keys no rank will read again, such as a finished split's (store_key(context, "")).
+  // Erases every key that starts with prefix (1..kStoreMaxKeyBytes bytes); returns how many.
   uint64_t erase_prefix(const std::string& prefix);
+  // Erases exactly these keys (those that exist); returns how many. For keys no rank will read
+  // again, such as those a split's members wrote to connect (comm/split.cpp).
+  uint64_t erase(const std::vector<std::string>& keys);
+
+  // From now on, remembers every key this client sets or adds, for a caller that erases them
+  // once no rank reads them again.
+  void remember_written_keys();
+  // The keys remembered, each once, in the order first written; stops remembering.
+  std::vector<std::string> take_written_keys();
 
   // Convenience for text values.
   void set_string(const std::string& key, const std::string& value);

@@ -17,6 +17,7 @@
 #include <system_error>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "bootstrap/store_protocol.hpp"
@@ -42,6 +43,14 @@ struct StoreClient::Impl {
   // After the server went away or spoke nonsense, every later call fails at once with this
   // instead of waiting out its timeout against a store that is not coming back.
   std::string broken;
+  // remember_written_keys(): the keys set or added since, each once.
+  bool remembering = false;
+  std::vector<std::string> written;
+  std::unordered_set<std::string> written_set;
+
+  void wrote(const std::string& key) {
+    if (remembering && written_set.insert(key).second) written.push_back(key);
+  }
 
   void connect(const Deadline& deadline) {
     net::Hello hello;
@@ -144,6 +153,7 @@ void StoreClient::set(const std::string& key, const std::vector<uint8_t>& value)
   append_u32(request, static_cast<uint32_t>(value.size()));
   append_bytes(request, value.data(), value.size());
   impl_->transact(fmt::format("setting key '{}'", key), request, [](const Deadline&) {});
+  impl_->wrote(key);
 }
 
 std::vector<uint8_t> StoreClient::get(const std::string& key) {
@@ -194,12 +204,14 @@ int64_t StoreClient::add(const std::string& key, int64_t delta) {
   append_key(request, key);
   append_u64(request, static_cast<uint64_t>(delta));
   Impl& impl = *impl_;
-  return impl.transact(fmt::format("adding {} to key '{}'", delta, key), request,
-                       [&](const Deadline& deadline) {
-                         uint8_t sum[8];
-                         net::recv_all(impl.socket, sum, 8, deadline);
-                         return static_cast<int64_t>(decode_u64(sum));
-                       });
+  const int64_t sum = impl.transact(fmt::format("adding {} to key '{}'", delta, key), request,
+                                    [&](const Deadline& deadline) {
+                                      uint8_t sum[8];
+                                      net::recv_all(impl.socket, sum, 8, deadline);
+                                      return static_cast<int64_t>(decode_u64(sum));
+                                    });
+  impl.wrote(key);
+  return sum;
 }
 
 void StoreClient::set_string(const std::string& key, const std::string& value) {
@@ -222,6 +234,42 @@ uint64_t StoreClient::erase_prefix(const std::string& prefix) {
                          net::recv_all(impl.socket, count, 8, deadline);
                          return decode_u64(count);
                        });
+}
+
+uint64_t StoreClient::erase(const std::vector<std::string>& keys) {
+  if (keys.empty()) return 0;
+  if (keys.size() > kMaxWaitKeys) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("store erase: {} keys; the limit is {}", keys.size(), kMaxWaitKeys));
+  }
+  std::vector<uint8_t> request{static_cast<uint8_t>(Op::kDelete)};
+  append_u32(request, static_cast<uint32_t>(keys.size()));
+  for (const auto& key : keys) {
+    impl_->check_key(key, "erase");
+    append_key(request, key);
+  }
+  if (request.size() > kMaxRequestBytes) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("store erase: the keys take {} bytes; the limit is {}", request.size(),
+                            kMaxRequestBytes));
+  }
+  Impl& impl = *impl_;
+  return impl.transact(fmt::format("erasing keys {}", quote_keys(keys)), request,
+                       [&](const Deadline& deadline) {
+                         uint8_t count[8];
+                         net::recv_all(impl.socket, count, 8, deadline);
+                         return decode_u64(count);
+                       });
+}
+
+void StoreClient::remember_written_keys() {
+  impl_->remembering = true;
+}
+
+std::vector<std::string> StoreClient::take_written_keys() {
+  impl_->remembering = false;
+  impl_->written_set.clear();
+  return std::exchange(impl_->written, {});
 }
 
 std::string store_key(uint64_t context, std::string_view what) {

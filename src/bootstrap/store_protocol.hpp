@@ -8,9 +8,10 @@
 //   WAIT  u8 3, u32 key_count, key_count x (u32 key_bytes, key)
 //   ADD   u8 4, u32 key_bytes, key, i64 delta
 //   ERASE u8 5, u32 prefix_bytes, prefix  (every key that starts with prefix)
+//   DELETE u8 6, u32 key_count, key_count x (u32 key_bytes, key)  (exactly these keys)
 // Replies (server to client):
-//   ok     u8 0, then for GET u32 value_bytes and the value, for ADD the i64 sum, for ERASE the
-//          u64 number of keys erased, else nothing
+//   ok     u8 0, then for GET u32 value_bytes and the value, for ADD the i64 sum, for ERASE and
+//          DELETE the u64 number of keys erased, else nothing
 //   error  u8 1, u32 message_bytes, message  (ADD on a value that is not a counter, or overflow)
 // Keys are 1..kStoreMaxKeyBytes bytes, values at most kStoreMaxValueBytes; each length is checked
 // as soon as it has arrived, before its bytes are awaited or anything is allocated for them.
@@ -28,13 +29,14 @@
 
 namespace kolo::store_protocol {
 
-enum class Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kErase = 5 };
+enum class Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kErase = 5, kDelete = 6 };
 inline constexpr uint8_t kReplyOk = 0;
 inline constexpr uint8_t kReplyError = 1;
 
+// The most keys one WAIT or DELETE names.
 inline constexpr size_t kMaxWaitKeys = 1u << 16;
-// The largest legal request: a SET of the longest key and value, plus its headers. A WAIT's keys
-// together must fit in it too.
+// The largest legal request: a SET of the longest key and value, plus its headers. The keys of a
+// WAIT or DELETE together must fit in it too.
 inline constexpr size_t kMaxRequestBytes = 1 + 4 + kStoreMaxKeyBytes + 4 + kStoreMaxValueBytes;
 inline constexpr size_t kMaxErrorBytes = 4096;
 inline constexpr auto kHandshakeTime = std::chrono::seconds(5);
@@ -81,7 +83,7 @@ inline std::string quote_keys(const std::vector<std::string>& keys) {
 
 struct Request {
   Op op = Op::kSet;
-  std::vector<std::string> keys;  // one key, WAIT's keys, or ERASE's prefix
+  std::vector<std::string> keys;  // one key, WAIT's or DELETE's keys, or ERASE's prefix
   std::vector<uint8_t> value;     // SET
   int64_t delta = 0;              // ADD
 };
@@ -119,13 +121,15 @@ class RequestParser {
       case Op::kGet:
       case Op::kErase:
         return parse_key();
-      case Op::kWait: {
+      case Op::kWait:
+      case Op::kDelete: {
         if (!has(4)) return Parse::kIncomplete;
         uint32_t count = decode_u32(data_ + offset_);
         offset_ += 4;
         if (count > kMaxWaitKeys) {
-          return malformed(
-              fmt::format("a WAIT for {} keys (the limit is {})", count, kMaxWaitKeys));
+          return malformed(fmt::format("a {} of {} keys (the limit is {})",
+                                       op == static_cast<uint8_t>(Op::kWait) ? "WAIT" : "DELETE",
+                                       count, kMaxWaitKeys));
         }
         for (uint32_t i = 0; i < count; ++i) {
           Parse key = parse_key();

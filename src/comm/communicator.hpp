@@ -45,6 +45,9 @@ class Communicator {
   int local_rank() const { return config_.local_rank; }
   int local_size() const { return config_.local_size; }
   int node_count() const { return node_count_; }
+  // What tells this communicator's store keys and connections apart from every other's: the
+  // world's is 1, a split's follows from its parent's (comm/split.cpp).
+  uint64_t context() const { return context_; }
   const Config& config() const { return config_; }
 
   // Collectives. Each validates its arguments first (kolo::Error(kInvalidArgument), nothing sent,
@@ -153,6 +156,9 @@ class Communicator {
   std::vector<int> host_of_;             // per rank: a number shared by the ranks of one host
   std::shared_ptr<StoreServer> server_;  // shared with the sub-communicators of this process
   std::unique_ptr<StoreClient> store_;
+  // The store keys this rank wrote while a split or shrink connected it (the private
+  // constructor): a finished split erases them (comm/split.cpp).
+  std::vector<std::string> connect_keys_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Ring> ring_;
   std::shared_ptr<Lifeline> lifeline_;  // where the survivors meet if a rank is lost

@@ -17,7 +17,9 @@
 //   4. Outcome: an allreduce (max) on the parent of every rank's status, so that either every
 //      rank gets its new communicator, or every rank reports the failure (naming a rank that
 //      failed). This also keeps every rank in the call until every member is done with the store,
-//      after which the new communicator's rank 0 erases its keys there.
+//      after which each member erases the keys it wrote there to connect. Exactly those: keys
+//      under the new communicator's prefix that are written later (a GPU set-up's, by a member
+//      that has already returned) are not the split's to erase.
 //
 // Because each communicator has its own transport (its own sockets and progress), its own lock
 // and its own sequence numbers, operations on a parent, its children and their siblings never mix,
@@ -71,10 +73,12 @@ Communicator::Communicator(const Config& config, std::shared_ptr<StoreServer> se
     : config_(config), host_of_(host_of), server_(std::move(server)), context_(context) {
   node_count_ = HostMap(host_of_).shape().hosts;
   store_ = open_store(config_);
+  store_->remember_written_keys();
   Links links = connect_links(config_, *store_, context_, Waiter::kApplication);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
   lifeline_ = std::make_shared<Lifeline>(config_, *store_, context_);
+  connect_keys_ = store_->take_written_keys();
   place_allreduce();
   log::info("sub-communicator {:x} ready: rank {} of {}, local rank {} of {}, {} node(s)", context_,
             config_.rank, config_.size, config_.local_rank, config_.local_size, node_count_);
@@ -152,16 +156,19 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
                             outcome[1]));
   }
   // Every member is past its connect (the outcome above waited for all of them), so no rank reads
-  // the new communicator's keys again: its rank 0 erases them, so that a job that splits again
-  // and again does not fill the store. Keys written later (a GPU set-up) stay.
-  if (child && child->rank() == 0) {
+  // the keys written to connect again: each member erases its own, so that a job that splits
+  // again and again does not fill the store. Keys written later (a GPU set-up) stay.
+  if (child) {
     try {
-      const uint64_t erased = child->store_->erase_prefix(store_key(child->context_, ""));
-      log::info("split: erased the {} store key(s) of communicator {:x}", erased, child->context_);
+      const uint64_t erased = child->store_->erase(child->connect_keys_);
+      log::info("split: erased the {} store key(s) rank {} wrote to connect communicator {:x}",
+                erased, child->rank(), child->context_);
     } catch (const Error& error) {
-      log::warn("split: could not erase the store keys of communicator {:x}: {}", child->context_,
-                error.what());
+      log::warn("split: could not erase the store keys rank {} wrote to connect communicator "
+                "{:x}: {}",
+                child->rank(), child->context_, error.what());
     }
+    child->connect_keys_.clear();
   }
   return child;
 }
