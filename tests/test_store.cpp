@@ -757,6 +757,7 @@ TEST_CASE("store: the default limits are those the README states", "[store]") {
   CHECK(limits.unauthenticated == 64);
   CHECK(limits.keys == 1048576);
   CHECK(limits.bytes == 256u << 20);
+  CHECK(limits.park_seconds == 3600);
   CHECK(kolo::kStoreMaxValueBytes == 16u << 20);
   CHECK(kolo::kStoreMaxKeyBytes == 4096);
 }
@@ -972,6 +973,36 @@ TEST_CASE("store: a client remembers the keys it wrote while asked to", "[store]
   CHECK(client.take_written_keys() == std::vector<std::string>{"kolo/7/tcp/0", "kolo/7/count"});
   client.set_string("after", "not remembered");  // taking them stopped the remembering
   CHECK(client.take_written_keys().empty());
+}
+
+TEST_CASE("store: a parked request ends at the server's park limit with a timeout", "[store]") {
+  StoreLimits limits;
+  limits.park_seconds = 0.3;
+  StoreServer server({"127.0.0.1", 0}, kSecret, limits);
+  StoreClient client(server.endpoint(), kSecret, 0, 20.0);  // it would wait 20 s itself
+  auto start = std::chrono::steady_clock::now();
+  Error error = expect_error([&] { client.get("never"); });
+  CHECK(seconds_since(start) < 5.0);
+  CHECK(error.status() == Status::kTimeout);
+  CHECK_THAT(error.what(), Contains("'never' did not appear within 0.3 s"));
+  Error wait_error = expect_error([&] { client.wait({"never", "nor-this"}); });
+  CHECK(wait_error.status() == Status::kTimeout);
+  CHECK_THAT(wait_error.what(), Contains("keys 'never', 'nor-this' did not all appear"));
+  CHECK(eventually([&] { return server.stats().waiters == 0; }, 2.0));
+  // The connection goes on.
+  client.set_string("now", "here");
+  CHECK(client.get_string("now") == "here");
+
+  // A raw client that parks and never gives up is answered the same way, and nothing is left.
+  net::Socket raw = authenticated_raw_client(server.endpoint());
+  std::vector<uint8_t> request;
+  append_request(request, 2, "never");
+  net::send_all(raw, request.data(), request.size(), Deadline(2.0));
+  REQUIRE(eventually([&] { return server.stats().waiters == 1; }, 2.0));
+  uint8_t code = 0xff;
+  net::recv_all(raw, &code, 1, Deadline(5.0));
+  CHECK(code == 2);  // a timeout
+  CHECK(eventually([&] { return server.stats().waiters == 0; }, 2.0));
 }
 
 // Writes 64 KiB at a time to a socket whose peer reads nothing, until the kernel takes no more;

@@ -9,8 +9,9 @@
 // not yet authenticated are capped, the oldest dropped to make room for a new one, so strangers
 // cannot take rank 0's descriptors; warnings about strangers are rate-limited; the keys stored and
 // their bytes are capped, a SET or ADD beyond either refused with an error that says so; a parked
-// GET or WAIT is forgotten when its connection closes. Authenticated connections are not capped:
-// each belongs to a rank of the job.
+// GET or WAIT is forgotten when its connection closes, and answered with a timeout after
+// park_seconds if its keys have not appeared by then, so that a client that never gives up holds
+// nothing forever. Authenticated connections are not capped: each belongs to a rank of the job.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,9 @@ struct StoreLimits {
   size_t unauthenticated = 64;      // connections still in the handshake
   size_t keys = size_t{1} << 20;    // keys stored
   size_t bytes = size_t{256} << 20;  // keys and values together
+  // How long a GET or WAIT may wait for its keys on the server; longer than the clients' own
+  // timeouts (rank 0 makes it at least twice KOLO_TIMEOUT), which normally end a wait first.
+  double park_seconds = 3600;
 };
 
 // A snapshot of what the server holds, published by its thread after every round of events.
@@ -73,7 +77,7 @@ class StoreClient {
 
   void set(const std::string& key, const std::vector<uint8_t>& value);
   // Waits until key exists, then returns its value; kolo::Error(kTimeout) naming the key after
-  // the timeout given at construction.
+  // the timeout given at construction, or at the server's park_seconds if that comes first.
   std::vector<uint8_t> get(const std::string& key);
   // Waits until every key exists.
   void wait(const std::vector<std::string>& keys);

@@ -60,7 +60,8 @@ struct StoreClient::Impl {
   }
 
   // Sends one request and reads the reply's status byte within the call's timeout, then lets
-  // read_payload read the rest. Any failure leaves the connection in an unknown state, so it is
+  // read_payload read the rest. An error reply throws kInvalidArgument, a timeout reply (the
+  // server's park limit) kTimeout; the connection stays usable after either. Any failure leaves the connection in an unknown state, so it is
   // closed: after a timeout the next call reconnects (the server drops the parked request when
   // it sees the old connection go); after anything else the client stays broken.
   template <typename ReadPayload>
@@ -71,13 +72,13 @@ struct StoreClient::Impl {
     }
     Deadline deadline(timeout_s);
     std::string refusal;
+    uint8_t code = 0;
     try {
       if (!socket.valid()) connect(deadline);
       net::send_all(socket, request.data(), request.size(), deadline);
-      uint8_t code = 0;
       net::recv_all(socket, &code, 1, deadline);
       if (code == kReplyOk) return read_payload(deadline);
-      if (code != kReplyError) {
+      if (code != kReplyError && code != kReplyTimeout) {
         throw Error(Status::kMismatch,
                     fmt::format("{} answered with an unknown reply code {}", where, code));
       }
@@ -107,6 +108,9 @@ struct StoreClient::Impl {
       }
       broken = message;
       throw Error(error.status(), message);
+    }
+    if (code == kReplyTimeout) {
+      throw Error(Status::kTimeout, fmt::format("{} in {}: {}", what, where, refusal));
     }
     throw Error(Status::kInvalidArgument, fmt::format("{} refused {}: {}", where, what, refusal));
   }

@@ -13,6 +13,8 @@
 //   ok     u8 0, then for GET u32 value_bytes and the value, for ADD the i64 sum, for ERASE and
 //          DELETE the u64 number of keys erased, else nothing
 //   error  u8 1, u32 message_bytes, message  (ADD on a value that is not a counter, or overflow)
+//   timeout u8 2, u32 message_bytes, message  (a GET or WAIT whose keys did not all appear within
+//          the server's StoreLimits::park_seconds)
 // Keys are 1..kStoreMaxKeyBytes bytes, values at most kStoreMaxValueBytes; each length is checked
 // as soon as it has arrived, before its bytes are awaited or anything is allocated for them.
 #pragma once
@@ -32,6 +34,7 @@ namespace kolo::store_protocol {
 enum class Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kErase = 5, kDelete = 6 };
 inline constexpr uint8_t kReplyOk = 0;
 inline constexpr uint8_t kReplyError = 1;
+inline constexpr uint8_t kReplyTimeout = 2;
 
 // The most keys one WAIT or DELETE names.
 inline constexpr size_t kMaxWaitKeys = 1u << 16;

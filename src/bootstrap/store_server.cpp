@@ -6,6 +6,7 @@
 // its own input and output buffers. A GET or WAIT for a key that does not
 // exist yet is parked on the server and answered when a SET or ADD creates the key; the client
 // bounds how long it is prepared to wait, and when it gives up and closes, its waiters go with it.
+// A client that never gives up is answered with a timeout after StoreLimits::park_seconds.
 // While a connection has a parked request or unsent output, the server reads nothing more from it,
 // so its input buffer stays bounded by one request and a read's chunk.
 //
@@ -31,6 +32,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <set>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -69,6 +71,7 @@ struct StoreServer::Impl {
     std::vector<std::string> parked_missing;  // the keys this connection has waiters on
     size_t missing = 0;
     uint64_t park_generation = 0;
+    Clock::time_point park_deadline{};
   };
 
   struct Waiter {
@@ -94,6 +97,10 @@ struct StoreServer::Impl {
   std::map<std::string, std::vector<uint8_t>, std::less<>> data;  // in key order: see kErase
   std::unordered_map<std::string, std::vector<Waiter>> waiters;
   std::unordered_map<uint64_t, Connection> connections;
+  // When each parked request times out (Connection::park_deadline), and its connection; an entry
+  // leaves when its request is answered or its connection goes.
+  std::set<std::pair<Clock::time_point, uint64_t>> park_deadlines;
+  Clock::duration park_time{};  // StoreLimits::park_seconds
   std::vector<uint64_t> to_process;  // connections whose parked request was just answered
   std::vector<uint64_t> dead;        // closed connections to erase at the end of a round
   uint64_t next_id = 2;
@@ -163,9 +170,10 @@ struct StoreServer::Impl {
     dead.push_back(connection.id);
   }
 
-  // Removes a parked connection's entries from `waiters`, so that clients that give up and close
-  // (after a timeout, say) leave nothing behind.
+  // Removes a parked connection's entries from `waiters` and its deadline, so that clients that
+  // give up and close (after a timeout, say) leave nothing behind.
   void forget_waiters(Connection& connection) {
+    park_deadlines.erase({connection.park_deadline, connection.id});
     for (const std::string& key : connection.parked_missing) {
       auto it = waiters.find(key);
       if (it == waiters.end()) continue;
@@ -200,6 +208,7 @@ struct StoreServer::Impl {
         guarded(it->second, [&](Connection& c) { handle_event(c, events[i].events); });
       }
       admit();
+      expire_parks();
       while (!to_process.empty()) {
         std::vector<uint64_t> batch;
         batch.swap(to_process);
@@ -228,7 +237,15 @@ struct StoreServer::Impl {
     }
   }
 
-  int next_timeout_ms() const { return gate->timeout_ms(); }
+  int next_timeout_ms() const {
+    int timeout = gate->timeout_ms();
+    if (park_deadlines.empty()) return timeout;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(park_deadlines.begin()->first -
+                                                                   Clock::now())
+                          .count();
+    const int park_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
+    return timeout < 0 ? park_ms : std::min(timeout, park_ms);
+  }
 
   // Makes a client of every connection the gate admitted.
   void admit() {
@@ -355,6 +372,8 @@ struct StoreServer::Impl {
         }
         waiter_count += missing.size();
         connection.parked_missing = std::move(missing);
+        connection.park_deadline = Clock::now() + park_time;
+        park_deadlines.emplace(connection.park_deadline, connection.id);
         return;
       }
       case Op::kAdd: {
@@ -422,7 +441,11 @@ struct StoreServer::Impl {
   }
 
   void refuse(Connection& connection, const std::string& message) {
-    std::vector<uint8_t> reply{kReplyError};
+    reply_error(connection, kReplyError, message);
+  }
+
+  void reply_error(Connection& connection, uint8_t code, const std::string& message) {
+    std::vector<uint8_t> reply{code};
     size_t bytes = std::min(message.size(), kMaxErrorBytes);
     append_u32(reply, static_cast<uint32_t>(bytes));
     append_bytes(reply, message.data(), bytes);
@@ -472,9 +495,38 @@ struct StoreServer::Impl {
       if (--other.missing == 0) {
         other.state = State::kReady;
         other.parked_missing.clear();
+        park_deadlines.erase({other.park_deadline, other.id});
         answer_parked(other);
         to_process.push_back(other.id);  // it may have more input; handled after this round
       }
+    }
+  }
+
+  // Answers every parked request that has waited park_seconds with a timeout that names the
+  // keys still missing; the connection then goes on with its next request.
+  void expire_parks() {
+    const auto now = Clock::now();
+    while (!park_deadlines.empty() && park_deadlines.begin()->first <= now) {
+      auto it = connections.find(park_deadlines.begin()->second);
+      if (it == connections.end() || it->second.state != State::kParked) {
+        park_deadlines.erase(park_deadlines.begin());  // cannot happen: answers erase theirs
+        continue;
+      }
+      Connection& connection = it->second;
+      std::vector<std::string> missing;
+      for (const std::string& key : connection.parked_missing) {
+        if (data.count(key) == 0) missing.push_back(key);
+      }
+      forget_waiters(connection);  // erases the deadline too
+      connection.state = State::kReady;
+      const std::string message = fmt::format(
+          "{} {} {} appear within {:g} s (the store's limit for a waiting request)",
+          missing.size() == 1 ? "key" : "keys", quote_keys(missing),
+          missing.size() == 1 ? "did not" : "did not all",
+          std::chrono::duration<double>(park_time).count());
+      log::info("rendezvous store: {}: {}", connection.peer, message);
+      reply_error(connection, kReplyTimeout, message);
+      to_process.push_back(connection.id);  // sends the reply, then serves what came next
     }
   }
 
@@ -525,6 +577,10 @@ StoreServer::StoreServer(const net::Endpoint& endpoint, std::string secret, Stor
     : impl_(std::make_unique<Impl>()) {
   impl_->secret = std::move(secret);
   impl_->limits = limits;
+  // At most about 30 years, so that a deadline stays within the clock's range.
+  const double park_seconds = limits.park_seconds > 0 ? std::min(limits.park_seconds, 1e9) : 0.0;
+  impl_->park_time = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(park_seconds));
   try {
     impl_->gate = std::make_unique<net::Gate>(
         net::listen_on(endpoint), impl_->secret, "rendezvous store",

@@ -58,7 +58,7 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     // network address elsewhere: the store then listens on every interface at that port.
     net::Endpoint listen_endpoint = store_endpoint;
     if (!net::is_numeric_address(listen_endpoint.host)) listen_endpoint.host.clear();
-    server_ = std::make_unique<StoreServer>(listen_endpoint, config_.secret);
+    server_ = std::make_unique<StoreServer>(listen_endpoint, config_.secret, store_limits(config_));
     log::info("serving the rendezvous store at {}", server_->endpoint().to_string());
   }
   store_ = open_store(config_);

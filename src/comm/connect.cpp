@@ -1,6 +1,8 @@
 // Wiring store -> transport -> ring (comm/connect.hpp).
 #include "comm/connect.hpp"
 
+#include <algorithm>
+
 #include "bootstrap/store.hpp"
 #include "core/config.hpp"
 #include "core/host.hpp"
@@ -13,6 +15,12 @@ namespace kolo {
 std::unique_ptr<StoreClient> open_store(const Config& config) {
   return std::make_unique<StoreClient>(net::parse_endpoint(config.addr, "KOLO_ADDR"), config.secret,
                                        config.rank, config.timeout_s);
+}
+
+StoreLimits store_limits(const Config& config) {
+  StoreLimits limits;
+  limits.park_seconds = std::max(limits.park_seconds, 2 * config.timeout_s);
+  return limits;
 }
 
 TransportSettings transport_settings(const Config& config) {

@@ -17,11 +17,16 @@ namespace kolo {
 
 struct Config;
 class StoreClient;
+struct StoreLimits;
 struct TransportSettings;
 
 // A new connection to the store that rank 0 serves at config.addr, authenticated with the job's
 // secret. A store client is not thread-safe: each thread that connects a group opens its own.
 std::unique_ptr<StoreClient> open_store(const Config& config);
+
+// The limits of a store that a rank of this job serves: the defaults, with a parked request's
+// limit at least twice KOLO_TIMEOUT, so that a rank's own timeout always ends its wait first.
+StoreLimits store_limits(const Config& config);
 
 // What a transport is told of the configuration (transport/transport.hpp).
 TransportSettings transport_settings(const Config& config);

@@ -18,6 +18,7 @@
 
 #include "bootstrap/store.hpp"
 #include "comm/communicator.hpp"
+#include "comm/connect.hpp"
 #include "comm/lifeline.hpp"
 #include "core/log.hpp"
 #include "transport/transport.hpp"
@@ -39,7 +40,8 @@ std::unique_ptr<Communicator> Communicator::shrink() {
   std::unique_ptr<Communicator> member;
   Lifeline::Steps steps;
   steps.serve_store = [&] {
-    server = std::make_shared<StoreServer>(net::Endpoint{lifeline_->host(), 0}, config_.secret);
+    server = std::make_shared<StoreServer>(net::Endpoint{lifeline_->host(), 0}, config_.secret,
+                                           store_limits(config_));
     return server->endpoint().to_string();
   };
   steps.build = [&](const ShrinkDecision& decision) {
