@@ -1,6 +1,8 @@
 // The rendezvous store and what it stands on: endpoints, deadline-bounded sockets and the
 // authentication handshake. Everything runs over 127.0.0.1 / ::1 within a few seconds.
 #include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -1003,6 +1006,49 @@ TEST_CASE("store: a parked request ends at the server's park limit with a timeou
   net::recv_all(raw, &code, 1, Deadline(5.0));
   CHECK(code == 2);  // a timeout
   CHECK(eventually([&] { return server.stats().waiters == 0; }, 2.0));
+}
+
+// The options of the connected socket in this process whose local (or else peer) port is port.
+struct KeepaliveOptions {
+  int keepalive = -1;
+  int idle_s = -1;
+};
+std::optional<KeepaliveOptions> connection_options(uint16_t port, bool local) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = std::stoi(entry.path().filename().string());
+    sockaddr_storage mine{}, theirs{};
+    socklen_t mine_length = sizeof mine, theirs_length = sizeof theirs;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &mine_length) != 0 ||
+        ::getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &theirs_length) != 0 ||
+        mine.ss_family != AF_INET) {
+      continue;
+    }
+    const auto& address = local ? mine : theirs;
+    if (ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port) != port) continue;
+    KeepaliveOptions options;
+    socklen_t length = sizeof(int);
+    ::getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &options.keepalive, &length);
+    length = sizeof(int);
+    ::getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &options.idle_s, &length);
+    return options;
+  }
+  return std::nullopt;
+}
+
+TEST_CASE("store: both ends of a store connection probe a silent peer (TCP keepalive)",
+          "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient client(server.endpoint(), kSecret, 0, 5.0);
+  client.set_string("k", "v");  // authenticated, and served since
+  // Both ends are in this process: the client's leads to the server's port, the server's is on it.
+  std::optional<KeepaliveOptions> client_end = connection_options(server.endpoint().port, false);
+  std::optional<KeepaliveOptions> server_end = connection_options(server.endpoint().port, true);
+  REQUIRE(client_end);
+  REQUIRE(server_end);
+  CHECK(client_end->keepalive == 1);
+  CHECK(client_end->idle_s == 5);
+  CHECK(server_end->keepalive == 1);
+  CHECK(server_end->idle_s == 5);
 }
 
 // Writes 64 KiB at a time to a socket whose peer reads nothing, until the kernel takes no more;

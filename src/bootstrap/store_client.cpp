@@ -57,6 +57,7 @@ struct StoreClient::Impl {
     hello.purpose = net::kPurposeStore;
     hello.rank = rank;
     socket = net::connect_authenticated(endpoint, secret, hello, deadline);
+    net::enable_keepalive(socket);  // a parked request to a vanished rank 0 fails, not hangs
   }
 
   // Sends one request and reads the reply's status byte within the call's timeout, then lets

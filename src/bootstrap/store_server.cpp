@@ -257,6 +257,10 @@ struct StoreServer::Impl {
       connection.peer = fmt::format("rank {} ({})", admitted.hello.rank, admitted.peer);
       log::info("rendezvous store: {} connected", connection.peer);
       guarded(connection, [&](Connection& c) {
+        // A client's host may vanish without a FIN or RST (power loss, a cable): keepalive
+        // probes find that out, so that its connection, and a request it parked, do not stay
+        // for ever.
+        net::enable_keepalive(c.socket);
         watch(c.socket.fd(), c.id, 0);
         c.events = 0;
         update_interest(c);

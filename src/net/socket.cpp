@@ -451,6 +451,16 @@ void set_nodelay(const Socket& socket) {
   set_int_option(socket, IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY");
 }
 
+void enable_keepalive(const Socket& socket) {
+  // Silent for 5 s, then 5 probes 1 s apart; and data unacknowledged for 10 s fails the
+  // connection.
+  set_int_option(socket, SOL_SOCKET, SO_KEEPALIVE, 1, "SO_KEEPALIVE");
+  set_int_option(socket, IPPROTO_TCP, TCP_KEEPIDLE, 5, "TCP_KEEPIDLE");
+  set_int_option(socket, IPPROTO_TCP, TCP_KEEPINTVL, 1, "TCP_KEEPINTVL");
+  set_int_option(socket, IPPROTO_TCP, TCP_KEEPCNT, 5, "TCP_KEEPCNT");
+  set_int_option(socket, IPPROTO_TCP, TCP_USER_TIMEOUT, 10000, "TCP_USER_TIMEOUT");
+}
+
 void tune_for_bulk(const Socket& socket, int buffer_bytes) {
   if (buffer_bytes > 0) {
     // Best effort: the kernel caps these at net.core.{w,r}mem_max, and a smaller buffer is only
@@ -458,14 +468,7 @@ void tune_for_bulk(const Socket& socket, int buffer_bytes) {
     ::setsockopt(socket.fd(), SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
     ::setsockopt(socket.fd(), SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
   }
-  // A peer whose host vanished (power loss, cable) sends no FIN or RST; without these a blocked
-  // collective would wait for the kernel's two-hour defaults. Silent for 5 s, then 5 probes 1 s
-  // apart; and data unacknowledged for 10 s fails the connection.
-  set_int_option(socket, SOL_SOCKET, SO_KEEPALIVE, 1, "SO_KEEPALIVE");
-  set_int_option(socket, IPPROTO_TCP, TCP_KEEPIDLE, 5, "TCP_KEEPIDLE");
-  set_int_option(socket, IPPROTO_TCP, TCP_KEEPINTVL, 1, "TCP_KEEPINTVL");
-  set_int_option(socket, IPPROTO_TCP, TCP_KEEPCNT, 5, "TCP_KEEPCNT");
-  set_int_option(socket, IPPROTO_TCP, TCP_USER_TIMEOUT, 10000, "TCP_USER_TIMEOUT");
+  enable_keepalive(socket);
 }
 
 void limit_unsent(const Socket& socket, int bytes) {

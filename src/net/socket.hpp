@@ -69,8 +69,12 @@ void recv_all(const Socket& socket, void* data, size_t bytes, const Deadline& de
 // Socket options used for data connections.
 void set_nonblocking(const Socket& socket, bool nonblocking);
 void set_nodelay(const Socket& socket);
-// SO_SNDBUF/SO_RCVBUF (best effort), TCP keepalive probing a silent peer within ~10 s, and
-// TCP_USER_TIMEOUT so unacknowledged data to a vanished host fails within ~10 s.
+// TCP keepalive probing a silent peer within ~10 s, and TCP_USER_TIMEOUT so unacknowledged data
+// to a vanished host fails within ~10 s: a peer whose host vanished (power loss, a cable) sends
+// no FIN or RST, and without these a connection to it would wait for the kernel's two-hour
+// defaults. For every long-lived connection (data, control, the rendezvous store's).
+void enable_keepalive(const Socket& socket);
+// SO_SNDBUF/SO_RCVBUF (best effort), and enable_keepalive.
 void tune_for_bulk(const Socket& socket, int buffer_bytes);
 // TCP_NOTSENT_LOWAT: the socket takes new data only while less than `bytes` of what it holds is
 // still unsent, and reports itself writable only then. The rest of the send buffer holds data in
