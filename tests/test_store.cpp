@@ -1051,6 +1051,29 @@ TEST_CASE("store: both ends of a store connection probe a silent peer (TCP keepa
   CHECK(server_end->idle_s == 5);
 }
 
+TEST_CASE("store: pipelined requests with large replies are all answered", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient client(server.endpoint(), kSecret, 0, 5.0);
+  const std::vector<uint8_t> value(100'000, 0x42);  // one reply is over the server's batch
+  client.set("large", value);
+  net::Socket raw = authenticated_raw_client(server.endpoint());
+  constexpr int kGets = 10;
+  std::vector<uint8_t> requests;
+  for (int i = 0; i < kGets; ++i) append_request(requests, 2, "large");
+  // Every request arrives before the server answers the first: none waits for more input.
+  net::send_all(raw, requests.data(), requests.size(), Deadline(2.0));
+  std::vector<uint8_t> replies(kGets * (1 + 4 + value.size()));
+  std::string error;
+  try {
+    net::recv_all(raw, replies.data(), replies.size(), Deadline(5.0));
+  } catch (const Error& failure) {
+    error = failure.what();
+  }
+  INFO(error);
+  CHECK(error.empty());
+  CHECK(std::equal(value.begin(), value.end(), replies.end() - value.size()));
+}
+
 // Writes 64 KiB at a time to a socket whose peer reads nothing, until the kernel takes no more;
 // returns how much of it the socket holds unsent (SIOCOUTQNSD).
 int unsent_when_full(const net::Socket& socket) {

@@ -306,12 +306,35 @@ struct StoreServer::Impl {
     }
   }
 
-  // Executes complete requests for as long as the connection can take them, then sends the
-  // replies together and drops the executed prefix of the input once.
+  // Executes complete requests for as long as the connection can take them, sending the replies
+  // of each batch together and dropping the executed prefix of the input once a batch.
   void process_input(Connection& connection) {
+    for (;;) {
+      const bool batch_full = execute_requests(connection);
+      if (connection.closed) return;
+      if (connection.input_start == connection.input.size()) {
+        connection.input.clear();
+      } else if (connection.input_start > 0) {
+        connection.input.erase(connection.input.begin(),
+                               connection.input.begin() +
+                                   static_cast<ptrdiff_t>(connection.input_start));
+      }
+      connection.input_start = 0;
+      flush(connection);
+      // A full batch went out at once: requests that arrived with it are still in the input, and
+      // no event will announce them (they have all been read), so the next batch runs now.
+      if (connection.closed || !batch_full || connection.output_sent < connection.output.size()) {
+        return;
+      }
+    }
+  }
+
+  // Executes complete requests until the input holds none, the connection parks, or a batch of
+  // replies reaches kMaxPendingOutput; returns true in the last case.
+  bool execute_requests(Connection& connection) {
     while (!connection.closed && connection.state == State::kReady &&
-           connection.output.size() - connection.output_sent < kMaxPendingOutput &&
            connection.input_start < connection.input.size()) {
+      if (connection.output.size() - connection.output_sent >= kMaxPendingOutput) return true;
       const uint8_t* next = connection.input.data() + connection.input_start;
       size_t available = connection.input.size() - connection.input_start;
       RequestParser check(next, available, nullptr);
@@ -320,7 +343,7 @@ struct StoreServer::Impl {
       if (result == Parse::kMalformed) {
         log::warn("rendezvous store: {} sent {}; dropped", connection.peer, check.reason());
         drop(connection);
-        return;
+        return false;
       }
       Request request;
       RequestParser decode(next, available, &request);
@@ -328,16 +351,7 @@ struct StoreServer::Impl {
       connection.input_start += check.consumed();
       execute(connection, std::move(request));
     }
-    if (connection.closed) return;
-    if (connection.input_start == connection.input.size()) {
-      connection.input.clear();
-    } else if (connection.input_start > 0) {
-      connection.input.erase(connection.input.begin(),
-                             connection.input.begin() +
-                                 static_cast<ptrdiff_t>(connection.input_start));
-    }
-    connection.input_start = 0;
-    flush(connection);
+    return false;
   }
 
   void execute(Connection& connection, Request request) {
