@@ -1074,6 +1074,60 @@ TEST_CASE("store: pipelined requests with large replies are all answered", "[sto
   CHECK(std::equal(value.begin(), value.end(), replies.end() - value.size()));
 }
 
+TEST_CASE("store: a client that shuts down its sending side after its requests is served",
+          "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient reader(server.endpoint(), kSecret, 0, 2.0);
+  reader.set_string("present", "yes");
+  // A value that fits one read, and one that takes many (the end of the stream arrives while
+  // most of it is still unread).
+  const size_t value_bytes = GENERATE(size_t{5}, size_t{4} << 20);
+  std::vector<uint8_t> value(value_bytes, 0x5a);
+  net::Socket raw = authenticated_raw_client(server.endpoint());
+  std::vector<uint8_t> requests;
+  append_request(requests, 1, "half-closed");  // SET
+  append_u32(requests, static_cast<uint32_t>(value.size()));
+  requests.insert(requests.end(), value.begin(), value.end());
+  append_request(requests, 2, "present");  // GET, answered at once
+  std::string send_error;
+  std::thread sender([&] {
+    try {
+      net::send_all(raw, requests.data(), requests.size(), Deadline(10.0));
+    } catch (const Error& error) {
+      send_error = error.what();
+    }
+    ::shutdown(raw.fd(), SHUT_WR);
+  });
+  uint8_t replies[1 + 1 + 4 + 3] = {};
+  std::string receive_error;
+  try {
+    net::recv_all(raw, replies, sizeof replies, Deadline(10.0));
+  } catch (const Error& error) {
+    receive_error = error.what();
+  }
+  sender.join();
+  CHECK(send_error.empty());
+  CHECK(receive_error.empty());
+  CHECK(replies[0] == 0);  // the SET's
+  CHECK(replies[1] == 0);  // the GET's, with "yes"
+  CHECK(std::string(replies + 6, replies + 9) == "yes");
+  CHECK(closed_by_peer(raw, 5.0));  // then the server closes its end
+  CHECK(reader.get("half-closed") == value);
+  CHECK(eventually([&] { return server.stats().connections == 1; }, 2.0));
+
+  // A request that would wait is given up with the connection; what came before it is done.
+  net::Socket parker = authenticated_raw_client(server.endpoint());
+  std::vector<uint8_t> more;
+  append_request(more, 1, "set-before-waiting");
+  append_u32(more, 0);
+  append_request(more, 2, "never");
+  net::send_all(parker, more.data(), more.size(), Deadline(2.0));
+  ::shutdown(parker.fd(), SHUT_WR);
+  CHECK(closed_by_peer(parker, 5.0));
+  CHECK(reader.get("set-before-waiting").empty());
+  CHECK(eventually([&] { return server.stats().waiters == 0; }, 2.0));
+}
+
 // Writes 64 KiB at a time to a socket whose peer reads nothing, until the kernel takes no more;
 // returns how much of it the socket holds unsent (SIOCOUTQNSD).
 int unsent_when_full(const net::Socket& socket) {

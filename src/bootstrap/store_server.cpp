@@ -8,11 +8,15 @@
 // bounds how long it is prepared to wait, and when it gives up and closes, its waiters go with it.
 // A client that never gives up is answered with a timeout after StoreLimits::park_seconds.
 // While a connection has a parked request or unsent output, the server reads nothing more from it,
-// so its input buffer stays bounded by one request and a read's chunk.
+// so its input buffer stays bounded by one request and a read's chunk. A client that shuts down
+// its sending side (shutdown(SHUT_WR) after its last request) is still served what it sent, and
+// then closed; a request of its that would wait is given up with the connection, as when a
+// client closes.
 //
 // Bounds (StoreLimits): at most `unauthenticated` connections in the handshake (the Gate pushes out
 // the oldest, so a flood of silent strangers holds a fixed number of rank 0's descriptors and a
-// real client that answers at once still gets in; its warnings are throttled); SET and ADD that would take the store past its key or byte limit are refused with an error.
+// real client that answers at once still gets in; its warnings are throttled); SET and ADD that
+// would take the store past its key or byte limit are refused with an error.
 // Requests are consumed from the input by an offset, and the consumed prefix is dropped once per
 // read, so a client that pipelines many small requests costs linear time, not quadratic. Keys are
 // kept in order, so that an ERASE finds the keys under its prefix as one range: it costs what it
@@ -60,6 +64,8 @@ struct StoreServer::Impl {
     std::string peer;  // "host:port", and the rank once known, for log lines
     State state = State::kReady;
     bool closed = false;
+    bool peer_shut_down = false;  // the client shut down its sending side (EPOLLRDHUP)
+    bool input_ended = false;     // and everything it sent has been read
     uint32_t events = 0;  // what epoll is currently asked to report
     std::vector<uint8_t> input;
     size_t input_start = 0;  // input before this offset has been executed
@@ -142,14 +148,15 @@ struct StoreServer::Impl {
     ::epoll_ctl(epoll.fd(), EPOLL_CTL_MOD, fd, &event);
   }
 
-  // Reads while the connection may take a request, writes while output is pending, and always
-  // hears about a hang-up, also while a request is parked.
+  // Reads while the connection may take a request and there is more to read, writes while output
+  // is pending, and hears about a hang-up (also while a request is parked) until it has heard of
+  // one: EPOLLRDHUP, like the end of the input, is reported for as long as it is asked for.
   void update_interest(Connection& connection) {
     if (connection.closed) return;
-    uint32_t events = EPOLLRDHUP;
+    uint32_t events = connection.peer_shut_down ? 0u : static_cast<uint32_t>(EPOLLRDHUP);
     if (connection.output_sent < connection.output.size()) {
       events |= EPOLLOUT;
-    } else if (connection.state != State::kParked) {
+    } else if (connection.state != State::kParked && !connection.input_ended) {
       events |= EPOLLIN;
     }
     if (events != connection.events) {
@@ -269,7 +276,10 @@ struct StoreServer::Impl {
   }
 
   void handle_event(Connection& connection, uint32_t events) {
-    if (events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
+    // A ready client that shut down only its sending side is served what it sent first
+    // (close_when_served); any other end of a connection drops it at once.
+    const bool ready = connection.state == State::kReady;
+    if ((events & (EPOLLERR | EPOLLHUP)) || ((events & EPOLLRDHUP) && !ready)) {
       if (connection.state == State::kParked) {
         log::info("rendezvous store: {} disconnected while waiting for key '{}'", connection.peer,
                   connection.parked_key);
@@ -279,9 +289,10 @@ struct StoreServer::Impl {
       drop(connection);
       return;
     }
+    if (events & EPOLLRDHUP) connection.peer_shut_down = true;
     if (events & EPOLLOUT) flush(connection);
     if (connection.closed) return;
-    if (events & EPOLLIN) read_input(connection);
+    if (events & (EPOLLIN | EPOLLRDHUP)) read_input(connection);
     if (connection.closed) return;
     process_input(connection);
   }
@@ -293,8 +304,9 @@ struct StoreServer::Impl {
     ssize_t n = ::recv(connection.socket.fd(), connection.input.data() + old_size, want, 0);
     connection.input.resize(old_size + (n > 0 ? static_cast<size_t>(n) : 0));
     if (n == 0) {
-      log::info("rendezvous store: {} disconnected", connection.peer);
-      drop(connection);
+      // What it sent is served before the connection closes (close_when_served).
+      connection.peer_shut_down = true;
+      connection.input_ended = true;
       return;
     }
     if (n < 0) {
@@ -324,9 +336,27 @@ struct StoreServer::Impl {
       // A full batch went out at once: requests that arrived with it are still in the input, and
       // no event will announce them (they have all been read), so the next batch runs now.
       if (connection.closed || !batch_full || connection.output_sent < connection.output.size()) {
+        close_when_served(connection);
         return;
       }
     }
+  }
+
+  // Closes the connection of a client that shut down its sending side once everything it sent
+  // has been read and answered; what is left of its input then is part of a request that can
+  // never be completed. A request that parks is given up at once: a client that has stopped
+  // sending looks the same as one that has closed, whose waiters must not stay behind.
+  void close_when_served(Connection& connection) {
+    if (connection.closed || !connection.peer_shut_down) return;
+    if (connection.state == State::kParked) {
+      log::info("rendezvous store: {} disconnected while waiting for key '{}'", connection.peer,
+                connection.parked_key);
+      drop(connection);
+      return;
+    }
+    if (!connection.input_ended || connection.output_sent < connection.output.size()) return;
+    log::info("rendezvous store: {} disconnected", connection.peer);
+    drop(connection);
   }
 
   // Executes complete requests until the input holds none, the connection parks, or a batch of
