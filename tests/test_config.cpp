@@ -306,6 +306,7 @@ TEST_CASE("defaults", "[config]") {
   CHECK(config.stall_warning_s == 60.0);
   CHECK(config.stall_abort_s == 0.0);
   CHECK(config.timeline_path.empty());
+  CHECK(config.store_fd == -1);
 }
 
 TEST_CASE("a job of one rank has local rank 0 of 1", "[config]") {
@@ -316,6 +317,7 @@ TEST_CASE("a job of one rank has local rank 0 of 1", "[config]") {
 
 TEST_CASE("accepted spellings", "[config]") {
   CHECK(resolve(kolo_job({{"KOLO_TIMEOUT", "0.5"}})).timeout_s == 0.5);
+  CHECK(resolve(kolo_job({{"KOLO_STORE_FD", "3"}})).store_fd == 3);
   CHECK(resolve(kolo_job({{"KOLO_TIMEOUT", " 30 "}})).timeout_s == 30.0);
   CHECK(resolve(kolo_job({{"KOLO_TRANSPORT", "UCX"}})).transport == "ucx");
   CHECK(resolve(kolo_job({{"KOLO_TRANSPORT", "auto"}})).transport == "auto");
@@ -498,6 +500,8 @@ TEST_CASE("bad values name the variable and the value", "[config]") {
       {{{"KOLO_ADDR", "node0"}}, "KOLO_ADDR", "node0"},
       {{{"KOLO_ADDR", "node0:99999"}}, "KOLO_ADDR", "node0:99999"},
       {{{"KOLO_ADDR", ":29500"}}, "KOLO_ADDR", ":29500"},
+      {{{"KOLO_STORE_FD", "-1"}}, "KOLO_STORE_FD", "-1"},
+      {{{"KOLO_STORE_FD", "socket"}}, "KOLO_STORE_FD", "socket"},
       {{{"KOLO_CYCLE_TIME_MS", "0"}}, "KOLO_CYCLE_TIME_MS", "0"},
       {{{"KOLO_CACHE_CAPACITY", "-1"}}, "KOLO_CACHE_CAPACITY", "-1"},
       {{{"KOLO_FUSION_THRESHOLD", "8G"}}, "KOLO_FUSION_THRESHOLD", "8G"},
@@ -630,10 +634,11 @@ TEST_CASE("the table of known variables is complete and well formed", "[config]"
                            "KOLO_AUTOTUNE",
                            "KOLO_AUTOTUNE_LOG",
                            "KOLO_AUTOTUNE_WINDOW_MS",
-                           "KOLO_TCP_CONGESTION"}) {
+                           "KOLO_TCP_CONGESTION",
+                           "KOLO_STORE_FD"}) {
     CHECK(names.count(name) == 1);
   }
-  CHECK(names.size() == 30);
+  CHECK(names.size() == 31);
 }
 
 TEST_CASE("the README's table of variables lists exactly the known ones", "[config]") {

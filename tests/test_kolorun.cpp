@@ -200,6 +200,55 @@ TEST_CASE("kolorun gives every rank its place in the job and one shared secret",
   CHECK((port > 0 && port < 65536));
 }
 
+// Binds 127.0.0.1:port as kolo's store does (SO_REUSEADDR); returns errno, or 0 when it could.
+int bind_error(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  int error = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 ? 0 : errno;
+  ::close(fd);
+  return error;
+}
+
+TEST_CASE("kolorun binds the store's port itself and hands it to rank 0 alone", "[kolorun]") {
+  clear_job_environment();
+  // The ranks never serve the store: while they run, the port stays kolorun's (then rank 0's), and
+  // nothing else can take it.
+  Process kolorun({kolorun_path(), "-np", "2", "/bin/sh", "-c",
+                   "echo rank=$KOLO_RANK addr=$KOLO_ADDR fd=${KOLO_STORE_FD:-none}; sleep 1"},
+                  {});
+  REQUIRE(output_appears(kolorun, 2, "addr="));
+  std::smatch match;
+  std::string output = kolorun.output_so_far();
+  REQUIRE(std::regex_search(output, match, std::regex(R"(addr=127\.0\.0\.1:(\d+))")));
+  const int port = std::stoi(match[1]);
+  CHECK(bind_error(port) == EADDRINUSE);
+  ProcessResult result = kolorun.wait(10);
+  INFO("output: " << result.output);
+  CHECK(result.exit_code == 0);
+  CHECK(std::regex_search(result.output, std::regex(R"(\[0\] rank=0 addr=\S+ fd=\d+)")));
+  CHECK_THAT(result.output, Contains("[1] rank=1 addr=127.0.0.1:" + std::to_string(port) +
+                                     " fd=none"));
+}
+
+TEST_CASE("kolorun runs a kolo job whose rank 0 serves the store on kolorun's socket",
+          "[kolorun]") {
+  clear_job_environment();
+  Run run = run_kolorun({"-np", "3", kolo::test::built_program("tests/kolo_test_worker"), "barrier"},
+                        {{"KOLO_DEBUG", "INFO"}});
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK_THAT(run.result.output,
+               Contains("rank " + std::to_string(rank) + ": barrier checks passed"));
+  }
+  CHECK_THAT(run.result.output, Contains("on the socket its launcher bound (KOLO_STORE_FD)"));
+}
+
 TEST_CASE("kolorun keeps a KOLO_ADDR and KOLO_SECRET it was given", "[kolorun]") {
   clear_job_environment();
   std::string secret(64, 'a');

@@ -1,5 +1,6 @@
 // The rendezvous store and what it stands on: endpoints, deadline-bounded sockets and the
 // authentication handshake. Everything runs over 127.0.0.1 / ::1 within a few seconds.
+#include <fcntl.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -743,6 +744,26 @@ TEST_CASE("store: a client retries until the server is up", "[store]") {
   starter.join();
   client.set_string("up", "1");
   CHECK(client.get_string("up") == "1");
+}
+
+TEST_CASE("store: serves on a listening socket handed to it, refusing anything else", "[store]") {
+  net::Socket listener = net::listen_on({"127.0.0.1", 0});
+  const uint16_t port = net::local_endpoint(listener).port;
+  net::Socket adopted = net::adopt_listener(listener.release(), "KOLO_STORE_FD");
+  CHECK(::fcntl(adopted.fd(), F_GETFD) & FD_CLOEXEC);
+  StoreServer server(std::move(adopted), kSecret);
+  CHECK(server.endpoint().port == port);
+  StoreClient client(server.endpoint(), kSecret, 0, 5.0);
+  client.set_string("k", "v");
+  CHECK(client.get_string("k") == "v");
+
+  LoopbackPair pair = loopback_pair();  // connected, not listening
+  Error connected = expect_error([&] { net::adopt_listener(pair.client.fd(), "KOLO_STORE_FD"); });
+  CHECK(connected.status() == Status::kConfig);
+  CHECK_THAT(connected.what(), Contains("KOLO_STORE_FD=" + std::to_string(pair.client.fd())) &&
+                                   Contains("does not listen"));
+  Error closed = expect_error([&] { net::adopt_listener(999, "KOLO_STORE_FD"); });
+  CHECK_THAT(closed.what(), Contains("KOLO_STORE_FD=999: not a listening socket"));
 }
 
 TEST_CASE("store keys name the communicator's context in hex, the item and the rank", "[store]") {

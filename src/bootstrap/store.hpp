@@ -54,6 +54,9 @@ class StoreServer {
  public:
   // Binds endpoint (port 0 picks one). Throws kolo::Error(kSystem) naming the address on failure.
   StoreServer(const net::Endpoint& endpoint, std::string secret, StoreLimits limits = {});
+  // Serves on a socket that already listens: one its launcher bound and handed down, so that no
+  // other process could take the port between the launcher's choice and the server's start.
+  StoreServer(net::Socket listener, std::string secret, StoreLimits limits = {});
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;

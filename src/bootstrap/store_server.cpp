@@ -621,7 +621,22 @@ struct StoreServer::Impl {
   }
 };
 
+namespace {
+
+net::Socket listen_for_store(const net::Endpoint& endpoint) {
+  try {
+    return net::listen_on(endpoint);
+  } catch (const Error& error) {
+    throw Error(error.status(), fmt::format("cannot serve the rendezvous store: {}", error.what()));
+  }
+}
+
+}  // namespace
+
 StoreServer::StoreServer(const net::Endpoint& endpoint, std::string secret, StoreLimits limits)
+    : StoreServer(listen_for_store(endpoint), std::move(secret), limits) {}
+
+StoreServer::StoreServer(net::Socket listener, std::string secret, StoreLimits limits)
     : impl_(std::make_unique<Impl>()) {
   impl_->secret = std::move(secret);
   impl_->limits = limits;
@@ -631,7 +646,7 @@ StoreServer::StoreServer(const net::Endpoint& endpoint, std::string secret, Stor
       std::chrono::duration<double>(park_seconds));
   try {
     impl_->gate = std::make_unique<net::Gate>(
-        net::listen_on(endpoint), impl_->secret, "rendezvous store",
+        std::move(listener), impl_->secret, "rendezvous store",
         [](const net::Hello& hello) {
           return hello.purpose == net::kPurposeStore
                      ? std::string()

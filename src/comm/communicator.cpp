@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <vector>
 
@@ -28,6 +29,26 @@ namespace {
 // The world communicator's connections and store keys are told apart from those of others by
 // this number.
 constexpr uint64_t kWorldContext = 1;
+
+// The listening socket that rank 0's launcher bound at the store's port and handed down in
+// KOLO_STORE_FD (kolorun does), so that no other process could take the port before the store
+// starts; invalid when there is none. The first communicator of the process that serves at that
+// port takes it; a communicator at another address (one the caller chose) leaves it alone, and
+// one after the first (which closed it when destroyed) binds the port itself.
+net::Socket inherited_store_socket(const Config& config, const net::Endpoint& store) {
+  static std::atomic<bool> taken{false};
+  if (config.store_fd < 0 || taken.load()) return {};
+  net::Socket socket = net::adopt_listener(config.store_fd, "KOLO_STORE_FD");
+  const net::Endpoint bound = net::local_endpoint(socket);
+  if (bound.port != store.port || taken.exchange(true)) {
+    log::info("the socket of KOLO_STORE_FD={} listens at {}, not at the store's address {}: the "
+              "store binds its own",
+              config.store_fd, bound.to_string(), config.addr);
+    (void)socket.release();  // the launcher's, for another communicator
+    return {};
+  }
+  return socket;
+}
 
 }  // namespace
 
@@ -58,8 +79,17 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     // network address elsewhere: the store then listens on every interface at that port.
     net::Endpoint listen_endpoint = store_endpoint;
     if (!net::is_numeric_address(listen_endpoint.host)) listen_endpoint.host.clear();
-    server_ = std::make_unique<StoreServer>(listen_endpoint, config_.secret, store_limits(config_));
-    log::info("serving the rendezvous store at {}", server_->endpoint().to_string());
+    if (net::Socket inherited = inherited_store_socket(config_, store_endpoint); inherited.valid()) {
+      server_ = std::make_unique<StoreServer>(std::move(inherited), config_.secret,
+                                              store_limits(config_));
+      log::info("serving the rendezvous store at {} on the socket its launcher bound "
+                "(KOLO_STORE_FD)",
+                server_->endpoint().to_string());
+    } else {
+      server_ =
+          std::make_unique<StoreServer>(listen_endpoint, config_.secret, store_limits(config_));
+      log::info("serving the rendezvous store at {}", server_->endpoint().to_string());
+    }
   }
   store_ = open_store(config_);
   discover_hosts();

@@ -36,6 +36,8 @@ const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_LOCAL_RANK", "from the launcher, else by host", "this rank's index on its machine"},
     {"KOLO_LOCAL_SIZE", "from the launcher, else by host", "the number of ranks on this machine"},
     {"KOLO_ADDR", "MASTER_ADDR:MASTER_PORT", "host:port where rank 0 serves the rendezvous store"},
+    {"KOLO_STORE_FD", "(none: rank 0 binds KOLO_ADDR)",
+     "rank 0: an inherited descriptor that already listens at KOLO_ADDR's port (kolorun sets it)"},
     {"KOLO_SECRET", "(none: unauthenticated)", "the job secret every connection must prove"},
     {"KOLO_SECRET_FILE", "(none)",
      "a file holding the job secret, readable by its owner only (instead of KOLO_SECRET)"},
@@ -354,6 +356,10 @@ void resolve_identity(const ConfigOverrides& overrides, const Environment& env, 
 }
 
 void resolve_address(const ConfigOverrides& overrides, const Environment& env, Config& config) {
+  if (auto fd = from_env(env, "KOLO_STORE_FD")) {
+    config.store_fd =
+        integer_in_range(*fd, 0, std::numeric_limits<int>::max(), "a descriptor number >= 0");
+  }
   if (auto addr = first_of(from_override(overrides.addr, "addr"), from_env(env, "KOLO_ADDR"))) {
     check_host_port(*addr);
     config.addr = std::string(trim(addr->text));

@@ -58,6 +58,9 @@ struct Config {
   int local_rank = -1;
   int local_size = -1;
   std::string addr;                  // "host:port" of the rendezvous store served by rank 0
+  // KOLO_STORE_FD: a socket listening at addr's port that rank 0's launcher bound and handed down
+  // (kolorun does), which rank 0's store serves on instead of binding the port; -1: none.
+  int store_fd = -1;
   std::string secret;                // KOLO_SECRET; empty means unauthenticated-by-default (warned)
   double timeout_s = 300.0;          // KOLO_TIMEOUT
   int tcp_streams = 1;               // KOLO_TCP_STREAMS, 1..16

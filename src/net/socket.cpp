@@ -672,4 +672,23 @@ std::string host_name() {
   return name;
 }
 
+Socket adopt_listener(int fd, const std::string& what) {
+  int listening = 0;
+  socklen_t length = sizeof listening;
+  std::string why;
+  if (fd < 0) {
+    why = "not a descriptor";
+  } else if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &length) != 0) {
+    why = std::generic_category().message(errno);  // not open, or not a socket
+  } else if (listening != 1) {
+    why = "the socket does not listen";
+  }
+  if (!why.empty()) {
+    throw Error(Status::kConfig,
+                fmt::format("{}={}: not a listening socket of this process ({})", what, fd, why));
+  }
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  return Socket(fd);
+}
+
 }  // namespace kolo::net

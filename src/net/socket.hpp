@@ -44,6 +44,10 @@ class Socket {
 
 // A listening socket bound to endpoint (port 0: the kernel picks), SO_REUSEADDR, close-on-exec.
 Socket listen_on(const Endpoint& endpoint, int backlog = 128);
+// Takes ownership of fd, a listening TCP socket this process inherited (from its launcher), and
+// makes it close-on-exec. Throws kolo::Error(kConfig) naming `what` (e.g. "KOLO_STORE_FD") and
+// the descriptor when it is not open or not a listening socket.
+Socket adopt_listener(int fd, const std::string& what);
 // The address a socket is bound to (numeric host).
 Endpoint local_endpoint(const Socket& socket);
 // The address of the other end of a connected socket (numeric host).

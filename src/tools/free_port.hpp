@@ -1,5 +1,5 @@
 // A TCP port on 127.0.0.1 that was free a moment ago, for a rendezvous store that rank 0 binds a
-// little later (kolorun, the tests' jobs). Picked at random below the kernel's ephemeral range:
+// little later (the tests' jobs; kolorun binds its store's port itself instead). Picked at random below the kernel's ephemeral range:
 // inside it, any outgoing connection, and any listener bound to port 0 (another job's), may take
 // the port before rank 0 binds it; at random, so that jobs started at the same moment do not pick
 // the same one. Falls back to a port the kernel picks; -1 (errno set) when nothing can be bound.

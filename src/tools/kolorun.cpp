@@ -3,9 +3,13 @@
 //   kolorun -np N [--timeout S] [--grace S] [--elastic] [--verbose] [--] program [args...]
 //
 // Each rank runs with the environment plus KOLO_RANK=i, KOLO_SIZE=N, KOLO_LOCAL_RANK=i,
-// KOLO_LOCAL_SIZE=N, KOLO_ADDR=127.0.0.1:<a port that was free at launch>, where rank 0 serves the
-// rendezvous store, and KOLO_SECRET=<32 random bytes in hex>, which every rank shares and an
-// outsider cannot guess. A KOLO_ADDR or KOLO_SECRET already in the environment is kept.
+// KOLO_LOCAL_SIZE=N, KOLO_ADDR=127.0.0.1:<port>, where rank 0 serves the rendezvous store, and
+// KOLO_SECRET=<32 random bytes in hex>, which every rank shares and an outsider cannot guess. The
+// port is one kolorun binds and listens on itself before any rank starts, and hands to rank 0 as
+// an inherited descriptor named by KOLO_STORE_FD (rank 0's store serves on it), so that no other
+// process can take the port between its choice and the store's start; the other ranks may connect
+// at once, and are answered once rank 0 serves. A KOLO_ADDR or KOLO_SECRET already in the
+// environment is kept (and no descriptor handed down).
 //
 // Every line a rank writes is passed on whole, as "[i] line", to kolorun's stdout or stderr,
 // matching the stream it came from. A rank runs in its own process group, so that a signal reaches
@@ -52,8 +56,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include "tools/free_port.hpp"
 
 namespace {
 
@@ -140,10 +142,34 @@ std::string describe(int status) {
   return "killed by signal " + signal_name(WTERMSIG(status));
 }
 
-std::optional<std::string> free_local_address() {
-  int port = kolo::tools::pick_free_local_port();  // free now, for rank 0 to bind in a moment
-  if (port < 0) return std::nullopt;
-  return fmt::format("127.0.0.1:{}", port);
+// A socket listening on 127.0.0.1 at a port the kernel picks, for rank 0's store (KOLO_STORE_FD):
+// close-on-exec, and above the standard descriptors, which a rank's own set-up replaces. -1 (errno
+// set) when none can be had.
+int listen_for_store(int* port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (fd <= STDERR_FILENO) {  // kolorun was started with a standard descriptor closed
+    int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+    ::close(fd);
+    if (moved < 0) return -1;
+    fd = moved;
+  }
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  auto* generic = reinterpret_cast<sockaddr*>(&address);
+  if (::bind(fd, generic, length) != 0 || ::listen(fd, 128) != 0 ||
+      ::getsockname(fd, generic, &length) != 0) {
+    int error = errno;
+    ::close(fd);
+    errno = error;
+    return -1;
+  }
+  *port = ntohs(address.sin_port);
+  return fd;
 }
 
 std::string make_secret() {
@@ -175,6 +201,7 @@ Clock::time_point seconds_from_now(double seconds) {
 
 struct Job {
   std::vector<std::string> command;
+  int store_fd = -1;  // the store's listening socket, until rank 0 has inherited it
   double timeout_s = 0, grace_s = 5;
   bool verbose = false;
   bool elastic = false;
@@ -187,11 +214,18 @@ struct Job {
   Clock::time_point kill_at = kNever, timeout_at = kNever;
 
   // Forks rank `index`, whose environment is ours (KOLO_SIZE, ADDR, SECRET set by main) plus its
-  // rank. The child runs the program or exits 127. False (errno set) when it cannot be started;
-  // the job is then stopped, and kolorun exits soon, so the pipes of that failure stay open.
+  // rank, and for rank 0 the store's socket. The child runs the program or exits 127. False
+  // (errno set) when it cannot be started; the job is then stopped, and kolorun exits soon, so the
+  // pipes of that failure stay open.
   bool start(int index) {
     ::setenv("KOLO_RANK", std::to_string(index).c_str(), 1);
     ::setenv("KOLO_LOCAL_RANK", std::to_string(index).c_str(), 1);
+    const bool hand_down = index == 0 && store_fd >= 0;
+    if (hand_down) {
+      ::setenv("KOLO_STORE_FD", std::to_string(store_fd).c_str(), 1);
+    } else {
+      ::unsetenv("KOLO_STORE_FD");
+    }
     std::vector<char*> argv;
     for (std::string& arg : command) argv.push_back(arg.data());
     argv.push_back(nullptr);
@@ -211,12 +245,17 @@ struct Job {
       ::dup2(::open("/dev/null", O_RDONLY), STDIN_FILENO);
       ::dup2(out_pipe[1], STDOUT_FILENO);
       ::dup2(err_pipe[1], STDERR_FILENO);
+      if (hand_down) ::fcntl(store_fd, F_SETFD, 0);  // inherited across exec by rank 0 alone
       ::execvp(argv[0], argv.data());
       std::string error = std::strerror(errno);
       write_all(STDERR_FILENO, fmt::format("kolorun: cannot run {}: {}\n", command[0], error));
       _exit(127);
     }
     ::setpgid(pid, pid);  // as in the child: whichever runs first, no kill finds the group missing
+    if (hand_down) {  // rank 0 holds it now: when rank 0 is gone, nothing answers at the port
+      ::close(store_fd);
+      store_fd = -1;
+    }
     ::close(out_pipe[1]);
     ::close(err_pipe[1]);
     for (int fd : {out_pipe[0], err_pipe[0]}) ::fcntl(fd, F_SETFL, O_NONBLOCK);
@@ -411,12 +450,14 @@ int main(int argc, char** argv) {
   // The ranks inherit kolorun's environment: what they share is set here, their rank by start().
   const char* address = std::getenv("KOLO_ADDR");
   if (!address || !*address) {
-    std::optional<std::string> picked = free_local_address();
-    if (!picked) {
-      say("cannot pick a free port on 127.0.0.1: {}", std::strerror(errno));
+    int port = 0;
+    job.store_fd = listen_for_store(&port);
+    if (job.store_fd < 0) {
+      say("cannot listen on a port of 127.0.0.1 for the rendezvous store: {}",
+          std::strerror(errno));
       return 1;
     }
-    ::setenv("KOLO_ADDR", picked->c_str(), 1);
+    ::setenv("KOLO_ADDR", fmt::format("127.0.0.1:{}", port).c_str(), 1);
   }
   const char* secret = std::getenv("KOLO_SECRET");
   if (!secret || !*secret) {
