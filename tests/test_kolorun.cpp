@@ -398,6 +398,45 @@ TEST_CASE("kolorun forwards SIGUSR1 and SIGUSR2 and the job goes on", "[kolorun]
   CHECK(result.exit_code == 128 + SIGTERM);
 }
 
+// The state letter of a process in /proc/<pid>/stat ('T' when stopped); '?' when it is gone.
+char process_state(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!stat || !std::getline(stat, line)) return '?';
+  size_t state = line.rfind(')') + 2;  // the command name in parentheses may contain spaces
+  return state < line.size() ? line[state] : '?';
+}
+
+bool all_in_state_within(const std::vector<pid_t>& pids, char state, double seconds) {
+  Clock::time_point start = Clock::now();
+  for (;;) {
+    if (std::all_of(pids.begin(), pids.end(), [&](pid_t pid) { return process_state(pid) == state; }))
+      return true;
+    if (seconds_since(start) > seconds) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+TEST_CASE("kolorun passes job control on: SIGTSTP stops the ranks and itself, SIGCONT resumes",
+          "[kolorun]") {
+  Process kolorun({kolorun_path(), "-np", "2", "/bin/sh", "-c",
+                   "echo pid=$$; sleep 1; echo rank $KOLO_RANK done"},
+                  {});
+  REQUIRE(output_appears(kolorun, 2, "pid="));
+  std::vector<pid_t> ranks = reported_pids(kolorun.output_so_far());
+  REQUIRE(ranks.size() == 2);
+  kolorun.kill(SIGTSTP);  // as a shell's Ctrl-Z does to kolorun's process group
+  CHECK(all_in_state_within(ranks, 'T', 3));
+  CHECK(all_in_state_within({kolorun.pid()}, 'T', 3));  // the shell gets its prompt back
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // longer than the ranks' work
+  CHECK_THAT(kolorun.output_so_far(), !Contains("done"));
+  kolorun.kill(SIGCONT);  // as fg or bg does
+  ProcessResult result = kolorun.wait(10);
+  INFO("output: " << result.output);
+  CHECK(result.exit_code == 0);
+  CHECK_THAT(result.output, Contains("[0] rank 0 done") && Contains("[1] rank 1 done"));
+}
+
 TEST_CASE("nothing the ranks started outlives the job", "[kolorun]") {
   SECTION("a child left in the group of a rank that failed") {
     Run run = run_kolorun({"-np", "2", "/bin/sh", "-c",

@@ -17,7 +17,10 @@
 // kolorun adopts (as child subreaper) and reaps what stopped ranks leave behind, so no zombie is
 // left even where init reaps nothing, as in many containers.
 // SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to kolorun are forwarded to every rank and stop the
-// job; SIGUSR1 and SIGUSR2 are forwarded and the job goes on.
+// job; SIGUSR1 and SIGUSR2 are forwarded and the job goes on. Job control is passed on too: the
+// ranks lead process groups of their own, which a shell's Ctrl-Z does not reach, so SIGTSTP is
+// forwarded to them, after which kolorun stops itself (the shell then has its prompt back), and
+// the SIGCONT of fg or bg is forwarded when kolorun continues.
 //
 // Nothing the ranks started outlives the job: a rank's process group is signalled for as long as
 // any process is left in it (its leader may have exited), and what escaped the group but was
@@ -360,8 +363,11 @@ struct Job {
         int signal = static_cast<int>(info.ssi_signo);
         if (signal == SIGCHLD) continue;  // reap() finds every exited child, however many SIGCHLDs
         if (verbose) say("forwarding {} to the ranks", signal_name(signal));
-        if (signal == SIGUSR1 || signal == SIGUSR2) {
+        if (signal == SIGUSR1 || signal == SIGUSR2 || signal == SIGCONT) {
           signal_ranks(signal);
+        } else if (signal == SIGTSTP) {
+          signal_ranks(signal);
+          ::raise(SIGSTOP);  // continues here on SIGCONT, which then reaches the ranks too
         } else {
           stop(signal);
         }
@@ -473,7 +479,9 @@ int main(int argc, char** argv) {
   // Signals arrive through a signalfd, so that Job::run handles them between two polls.
   sigset_t handled;
   sigemptyset(&handled);
-  for (int signal : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) {
+  // A blocked SIGCONT still continues kolorun; the signalfd then reports it, to pass it on.
+  for (int signal :
+       {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGTSTP, SIGCONT}) {
     sigaddset(&handled, signal);
   }
   ::sigprocmask(SIG_BLOCK, &handled, nullptr);
