@@ -129,7 +129,8 @@ typedef struct kolo_config {
   int local_rank;        /* -1: KOLO_LOCAL_RANK or the launcher's equivalent */
   int local_size;        /* -1: KOLO_LOCAL_SIZE or the launcher's equivalent */
   const char *addr;      /* NULL: KOLO_ADDR, or MASTER_ADDR:MASTER_PORT; "host:port" of the store */
-  const char *secret;    /* NULL: KOLO_SECRET; the job secret every connection must prove */
+  const char *secret;    /* NULL: KOLO_SECRET; the job secret every connection must prove, "" or
+                            at least 16 characters (else KOLO_ERR_CONFIG) */
   double timeout_s;      /* <= 0: KOLO_TIMEOUT (default 300); bound on every wait */
   int tcp_streams;       /* 0: KOLO_TCP_STREAMS (default 1); sockets per peer for data */
   const char *socket_ifname; /* NULL: KOLO_SOCKET_IFNAME; interface to listen on */

@@ -263,26 +263,26 @@ TEST_CASE("precedence: overrides > KOLO_* > launcher > defaults", "[config]") {
     env["KOLO_TIMEOUT"] = "10";
     env["KOLO_TCP_STREAMS"] = "4";
     env["KOLO_SEGMENT_BYTES"] = "64K";
-    env["KOLO_SECRET"] = "from-env";
+    env["KOLO_SECRET"] = "from-env-0123456789";
     env["KOLO_SOCKET_IFNAME"] = "eth0";
     Config from_env = resolve(env);
     CHECK(from_env.timeout_s == 10.0);
     CHECK(from_env.tcp_streams == 4);
     CHECK(from_env.segment_bytes == 64 * 1024);
-    CHECK(from_env.secret == "from-env");
+    CHECK(from_env.secret == "from-env-0123456789");
     CHECK(from_env.socket_ifname == "eth0");
 
     ConfigOverrides overrides;
     overrides.timeout_s = 2.5;
     overrides.tcp_streams = 2;
     overrides.segment_bytes = 8192;
-    overrides.secret = "from-config";
+    overrides.secret = "from-config-0123456789";
     overrides.socket_ifname = "ib0";
     Config from_config = resolve(env, overrides);
     CHECK(from_config.timeout_s == 2.5);
     CHECK(from_config.tcp_streams == 2);
     CHECK(from_config.segment_bytes == 8192);
-    CHECK(from_config.secret == "from-config");
+    CHECK(from_config.secret == "from-config-0123456789");
     CHECK(from_config.socket_ifname == "ib0");
   }
 }
@@ -379,13 +379,14 @@ TEST_CASE("KOLO_SECRET_FILE: the secret from a file only its owner can read", "[
     CHECK(resolve(kolo_job({{"KOLO_SECRET_FILE", file.path}})).secret == "0123abcd-job-secret");
   }
   SECTION("the config struct's secret still wins") {
-    SecretFile file("from-file", 0400);
+    SecretFile file("from-file-0123456789", 0400);
     ConfigOverrides overrides;
-    overrides.secret = "from-config";
-    CHECK(resolve(kolo_job({{"KOLO_SECRET_FILE", file.path}}), overrides).secret == "from-config");
+    overrides.secret = "from-config-0123456789";
+    CHECK(resolve(kolo_job({{"KOLO_SECRET_FILE", file.path}}), overrides).secret ==
+          "from-config-0123456789");
   }
   SECTION("refused, naming the file and why") {
-    SecretFile open_to_group("secret", 0640);
+    SecretFile open_to_group("secret-0123456789", 0640);
     SecretFile empty(" \n", 0600);
     SecretFile too_long(std::string(5000, 'x'), 0600);
     struct Case {
@@ -414,6 +415,34 @@ TEST_CASE("KOLO_SECRET_FILE: the secret from a file only its owner can read", "[
 }
 
 // ---- Errors ----------------------------------------------------------------------------------
+
+TEST_CASE("a job secret shorter than 16 characters is refused, naming where it came from",
+          "[config]") {
+  SecretFile short_file("  fifteen-chars!\n", 0600);
+  ConfigOverrides short_override;
+  short_override.secret = "short";
+  struct Case {
+    Environment env;
+    ConfigOverrides overrides;
+    std::string source;
+  };
+  std::vector<Case> cases = {
+      {kolo_job({{"KOLO_SECRET", "only-15-chars!!"}}), {}, "KOLO_SECRET"},
+      {kolo_job({{"KOLO_SECRET_FILE", short_file.path}}), {}, "KOLO_SECRET_FILE=" + short_file.path},
+      {kolo_job(), short_override, "kolo_config_t.secret"},
+  };
+  for (const Case& c : cases) {
+    Failure failure = resolve_failure(c.env, c.overrides);
+    INFO(failure.message);
+    CHECK(failure.thrown);
+    CHECK(failure.status == Status::kConfig);
+    CHECK_THAT(failure.message, Contains(c.source) && Contains("at least 16"));
+    CHECK_THAT(failure.message, !Contains("only-15-chars") && !Contains("fifteen"));  // not shown
+  }
+  // 16 is enough; no secret at all is still allowed (and warned about by the communicator).
+  CHECK(resolve(kolo_job({{"KOLO_SECRET", std::string(16, 's')}})).secret.size() == 16);
+  CHECK(resolve(kolo_job({{"KOLO_SECRET", ""}})).secret.empty());
+}
 
 TEST_CASE("no rank anywhere: the message says what to set", "[config]") {
   Failure failure = resolve_failure({{"HOME", "/root"}, {"KOLO_ADDR", "node0:1"}});

@@ -117,7 +117,7 @@ TEST_CASE("strangers without the job secret are dropped and the job goes on", "[
                                {{"KOLO_RANK", "1"},
                                 {"KOLO_SIZE", "2"},
                                 {"KOLO_ADDR", "127.0.0.1:" + std::to_string(job.port)},
-                                {"KOLO_SECRET", "not-the-secret"},
+                                {"KOLO_SECRET", "not-the-job-secret"},
                                 {"KOLO_TIMEOUT", "5"}});
   auto intruder_result = intruder.wait(30);
   INFO("intruder output:\n" << intruder_result.output);

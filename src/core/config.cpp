@@ -38,7 +38,8 @@ const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_ADDR", "MASTER_ADDR:MASTER_PORT", "host:port where rank 0 serves the rendezvous store"},
     {"KOLO_STORE_FD", "(none: rank 0 binds KOLO_ADDR)",
      "rank 0: an inherited descriptor that already listens at KOLO_ADDR's port (kolorun sets it)"},
-    {"KOLO_SECRET", "(none: unauthenticated)", "the job secret every connection must prove"},
+    {"KOLO_SECRET", "(none: unauthenticated)",
+     "the job secret every connection must prove, at least 16 characters"},
     {"KOLO_SECRET_FILE", "(none)",
      "a file holding the job secret, readable by its owner only (instead of KOLO_SECRET)"},
     {"KOLO_TIMEOUT", "300", "seconds any single wait may last (decimals allowed)"},
@@ -432,14 +433,25 @@ std::string read_secret_file(const std::string& path) {
 
 void resolve_tuning(const ConfigOverrides& overrides, const Environment& env, Config& config) {
   auto secret_file = from_env(env, "KOLO_SECRET_FILE");
+  std::string secret_source;
   if (auto secret =
           first_of(from_override(overrides.secret, "secret"), from_env(env, "KOLO_SECRET"))) {
     if (secret_file && secret->source == "KOLO_SECRET") {
       fail("kolo: KOLO_SECRET and KOLO_SECRET_FILE are both set: set one of them");
     }
     config.secret = secret->text;
+    secret_source = secret->source;
   } else if (secret_file) {
     config.secret = read_secret_file(secret_file->text);
+    secret_source = "KOLO_SECRET_FILE=" + secret_file->text;
+  }
+  // A short secret can be guessed from one recorded handshake, however slow its key derivation
+  // (net/auth.hpp). No secret at all stays possible, and is warned about.
+  if (!config.secret.empty() && config.secret.size() < kMinSecretLength) {
+    fail(fmt::format("kolo: {} gives a job secret of {} characters; it must have at least {} "
+                     "(use a random one, e.g. head -c 32 /dev/urandom | od -An -tx1 | tr -d ' "
+                     "\\n'; kolorun makes one itself)",
+                     secret_source, config.secret.size(), kMinSecretLength));
   }
   if (auto ifname = first_of(from_override(overrides.socket_ifname, "socket_ifname"),
                              from_env(env, "KOLO_SOCKET_IFNAME"))) {

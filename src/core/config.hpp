@@ -48,6 +48,9 @@ inline constexpr size_t kMaxHostIdBytes = 128;
 // Linux's TCP_CA_NAME_MAX: a congestion control's name and its terminating zero.
 inline constexpr size_t kMaxCongestionNameBytes = 16;
 
+// The shortest job secret resolve_config accepts (an empty one aside).
+inline constexpr size_t kMinSecretLength = 16;
+
 struct Config {
   int rank = -1;
   int size = -1;
@@ -61,7 +64,9 @@ struct Config {
   // KOLO_STORE_FD: a socket listening at addr's port that rank 0's launcher bound and handed down
   // (kolorun does), which rank 0's store serves on instead of binding the port; -1: none.
   int store_fd = -1;
-  std::string secret;                // KOLO_SECRET; empty means unauthenticated-by-default (warned)
+  // KOLO_SECRET (or KOLO_SECRET_FILE's): empty means unauthenticated (warned), else at least
+  // kMinSecretLength characters.
+  std::string secret;
   double timeout_s = 300.0;          // KOLO_TIMEOUT
   int tcp_streams = 1;               // KOLO_TCP_STREAMS, 1..16
   std::string socket_ifname;         // KOLO_SOCKET_IFNAME
