@@ -6,9 +6,11 @@
 #include <netinet/tcp.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sodium.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -456,8 +458,30 @@ TEST_CASE("authentication rejects a stranger's bytes and a different protocol ve
     Error error = server.get();
     CHECK(error.status() == Status::kMismatch);
     CHECK_THAT(error.what(), Contains(client_address));
-    CHECK_THAT(error.what(), Contains("version 2"));
+    CHECK_THAT(error.what(), Contains("version 3"));
   }
+}
+
+TEST_CASE("the MAC key comes from a salted, slow derivation of the secret, not a plain hash",
+          "[auth]") {
+  // What the key was before: BLAKE2b-256 of the secret, without salt, computed here by hand.
+  std::array<uint8_t, 32> plain_hash{};
+  crypto_generichash(plain_hash.data(), plain_hash.size(),
+                     reinterpret_cast<const uint8_t*>(kSecret.data()), kSecret.size(), nullptr, 0);
+  const net::AuthKey& key = net::auth_key(kSecret);
+  CHECK(key != plain_hash);
+  CHECK(&net::auth_key(kSecret) == &key);  // derived once, then kept
+  CHECK(net::auth_key(kSecret + "!") != key);
+  // Slow for a guesser, yet cheap once per process: the faster of two fresh secrets.
+  double fastest = 1e9;
+  for (const char* secret : {"a fresh secret for timing, one", "a fresh secret for timing, two"}) {
+    auto start = std::chrono::steady_clock::now();
+    (void)net::auth_key(secret);
+    fastest = std::min(fastest, seconds_since(start));
+  }
+  INFO("deriving a key took " << fastest * 1e3 << " ms");
+  CHECK(fastest > 0.001);
+  CHECK(fastest < 0.1);
 }
 
 TEST_CASE("authenticate_as_server times out on a silent peer", "[auth]") {

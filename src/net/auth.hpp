@@ -2,8 +2,8 @@
 //
 // Challenge and response, both ways: the accepting side sends a fresh random 32-byte nonce; the
 // connecting side answers with a hello (protocol magic and version, its purpose and identity), an
-// HMAC-SHA-512/256 under a key hashed from the secret over both nonces and the hello, and a fresh
-// nonce of its own. The acceptor checks the tag in constant time and drops the connection
+// HMAC-SHA-512/256 under a key derived from the secret (auth_key) over both nonces and the hello,
+// and a fresh nonce of its own. The acceptor checks the tag in constant time and drops the connection
 // otherwise; if it is good, it proves the secret in turn with a tag over the same bytes under
 // another role byte, which the connector checks before it sends anything else. So neither side
 // talks to a process that does not know the secret: a stranger that took the store's port first
@@ -32,6 +32,14 @@ inline constexpr uint32_t kPurposeStore = 1;
 inline constexpr uint32_t kPurposeData = 2;
 inline constexpr uint32_t kPurposeControl = 3;
 inline constexpr uint32_t kPurposeLifeline = 4;  // comm/lifeline.hpp
+
+// The MAC key of a secret: Argon2id (libsodium's crypto_pwhash) of the secret under kolo's fixed
+// salt, with a cost of about 12 ms and 16 MiB, so that whoever records one handshake must pay that
+// for every secret guessed offline, where an unsalted hash would cost them next to nothing. The
+// config refuses secrets shorter than 16 characters (core/config.hpp). Derived once per secret and
+// process, then kept; thread-safe. Throws kolo::Error(kSystem) when the memory is not there.
+using AuthKey = std::array<uint8_t, 32>;
+const AuthKey& auth_key(const std::string& secret);
 
 // Connecting side. Throws kolo::Error(kPeerLost) if the acceptor drops the connection (for
 // example because the secret is wrong), kMismatch naming the acceptor when its own proof is wrong
