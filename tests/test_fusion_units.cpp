@@ -14,14 +14,21 @@
 #include <new>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <span>
+#include <thread>
 
+#include "comm/communicator.hpp"
+#include "core/config.hpp"
 #include "fusion/autotune.hpp"
 #include "fusion/cache.hpp"
 #include "fusion/coordinator.hpp"
+#include "fusion/engine.hpp"
 #include "fusion/fused_layout.hpp"
 #include "fusion/fusion_cost.hpp"
 #include "fusion/timeline.hpp"
 #include "fusion/wire.hpp"
+#include "job.hpp"
+#include "process.hpp"
 
 using namespace kolo;
 using namespace kolo::fusion;
@@ -1174,4 +1181,48 @@ TEST_CASE("a window's score is its median step's, so one slow step does not deci
   std::filesystem::remove(path);
   // The total would be 750 MB / 1.5 s = 0.5 GB/s; the median step ran at 1 GB/s.
   CHECK(row == "1,1048576,5,1048576,750000000,1.500000,1000000000,kept");
+}
+
+// ---- the engine's own thread -------------------------------------------------------------------
+
+TEST_CASE("shutdown from the engine's own thread (a completion callback) does not join itself",
+          "[fusion_units]") {
+  ConfigOverrides overrides;
+  overrides.rank = 0;
+  overrides.size = 1;
+  overrides.addr = "127.0.0.1:" + std::to_string(kolo::test::free_tcp_port());
+  overrides.secret = kolo::test::kTestSecret;
+  overrides.timeout_s = 30;
+  auto communicator = std::make_unique<Communicator>(overrides);
+  FusionEngine& engine = communicator->fusion();
+
+  std::thread::id callback_thread;
+  std::string shutdown_error = "the callback did not run";
+  float value = 1;
+  NamedTensor tensor{"stops-its-engine", &value, &value, 1};
+  SubmitOptions options;
+  options.callback = [&](Status) {
+    callback_thread = std::this_thread::get_id();
+    try {
+      engine.shutdown();  // as kolo_comm_destroy would from a callback
+      shutdown_error.clear();
+    } catch (const std::exception& error) {
+      shutdown_error = error.what();
+    }
+  };
+  std::shared_ptr<Request> request =
+      engine.allreduce(std::span(&tensor, 1), DataType::kFloat32, ReduceOp::kSum, options);
+  CHECK(request->wait() == Status::kSuccess);
+  CHECK(callback_thread != std::this_thread::get_id());  // it ran on the engine's thread
+  INFO("shutdown() in the callback threw: " << shutdown_error);
+  CHECK(shutdown_error.empty());
+  // The engine has stopped, as after any shutdown: what comes later is refused.
+  NamedTensor later{"after-shutdown", &value, &value, 1};
+  try {
+    engine.allreduce(std::span(&later, 1), DataType::kFloat32, ReduceOp::kSum, {});
+    FAIL("a submission after shutdown was accepted");
+  } catch (const Error& error) {
+    CHECK(error.status() == Status::kCancelled);
+  }
+  communicator.reset();  // shuts the engine down again: nothing left to do
 }

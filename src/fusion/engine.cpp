@@ -408,6 +408,8 @@ std::string FusionEngine::report() const {
 }
 
 void FusionEngine::shutdown() {
+  // A completion callback runs on the engine's thread, and may destroy the communicator.
+  const bool own_thread = std::this_thread::get_id() == thread_.get_id();
   bool connecting;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -415,6 +417,7 @@ void FusionEngine::shutdown() {
     shut_down_ = true;
     stop_ = true;
     connecting = state_ == State::kConnecting;
+    if (own_thread) cancel_when_stopped_ = true;  // written and read by the engine's thread alone
     if (!failure_) {
       failure_.emplace(Status::kCancelled,
                        fmt::format("the communicator was destroyed on rank {}", rank_));
@@ -424,16 +427,23 @@ void FusionEngine::shutdown() {
   signal();
   if (thread_.joinable()) {
     // Connecting waits for every peer and cannot be interrupted: the thread finishes it on its
-    // own (within KOLO_TIMEOUT), sees the stop request and exits, holding the engine alive.
-    if (connecting) {
+    // own (within KOLO_TIMEOUT), sees the stop request and exits, holding the engine alive. On
+    // its own thread the engine cannot wait for itself: it stops once the callback has returned,
+    // and cancels what is left then (run()), since the batch it is completing still uses its
+    // units.
+    if (connecting || own_thread) {
       thread_.detach();
     } else {
       thread_.join();
     }
   }
+  if (!own_thread) cancel_remaining(/*pending=*/!connecting);
+}
+
+void FusionEngine::cancel_remaining(bool pending) {
   const std::string why =
       fmt::format("the communicator was destroyed on rank {} before the request completed", rank_);
-  if (!connecting) {
+  if (pending) {
     std::vector<std::string> keys;
     for (const auto& [key, unit] : pending_) keys.emplace_back(key);
     for (const std::string& key : keys) {
@@ -489,6 +499,7 @@ void FusionEngine::run() {
     if (transport_) transport_->abort(internal);
     fail_everything(internal);
   }
+  if (cancel_when_stopped_) cancel_remaining(/*pending=*/true);  // shutdown() on this thread
   set_activity("finished");
   executor_.attach(nullptr, nullptr);
   channel_.reset();

@@ -136,7 +136,9 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
 
   // Stops the engine thread (at the end of the collective it may be running; connecting is not
   // waited for), then fails every request still pending with kCancelled. Called when the
-  // communicator is destroyed; idempotent.
+  // communicator is destroyed; idempotent. Called on the engine's own thread (from a completion
+  // callback) it waits for nothing: the thread stops once the callback has returned, and fails
+  // what is still pending itself.
   void shutdown();
 
  private:
@@ -156,6 +158,9 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
 
   // Starts the engine thread on the first submission or join (under mutex_).
   void start_thread();
+  // shutdown()'s last step: fails the queued requests, and the pending ones if `pending` (those
+  // belong to the engine's thread, which must have stopped), with kCancelled.
+  void cancel_remaining(bool pending);
   void run();
   void connect();
   void loop();
@@ -209,6 +214,9 @@ class FusionEngine : public std::enable_shared_from_this<FusionEngine> {
   State state_ = State::kNotStarted;
   bool stop_ = false;
   bool shut_down_ = false;
+  // shutdown() was called on the engine's own thread (from a completion callback), which then
+  // cancels what is left itself once it has stopped.
+  bool cancel_when_stopped_ = false;
   bool idle_waiting_ = false;          // asleep in idle_wait(), and nothing has signalled it since
   bool joining_ = false;               // join() was called and not every rank has joined
   std::optional<int> join_result_;     // the last rank to join, once every rank has
