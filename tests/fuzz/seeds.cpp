@@ -50,6 +50,11 @@ void store_seeds() {
   Bytes erase{static_cast<uint8_t>(Op::kErase)};
   append_key(erase, "kolo/2a/");
   seed("store_request", "erase", erase);
+  Bytes erase_keys{static_cast<uint8_t>(Op::kDelete)};
+  append_u32(erase_keys, 2);
+  append_key(erase_keys, "kolo/2a/tcp/0");
+  append_key(erase_keys, "kolo/2a/lifeline/0");
+  seed("store_request", "delete", erase_keys);
 }
 
 fusion::UnitSpec allreduce(const std::string& name, uint64_t count, DataType dtype) {

@@ -23,8 +23,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Request request;
     RequestParser decode(front, left, &request);
     FUZZ_REQUIRE(decode.parse() == Parse::kComplete && decode.consumed() == consumed);
-    FUZZ_REQUIRE(request.op == Op::kWait ? request.keys.size() <= kMaxWaitKeys
-                                         : request.keys.size() == 1);
+    FUZZ_REQUIRE(request.op == Op::kWait || request.op == Op::kDelete
+                     ? request.keys.size() <= kMaxWaitKeys
+                     : request.keys.size() == 1);
     for (const std::string& key : request.keys) {
       FUZZ_REQUIRE(!key.empty() && key.size() <= kStoreMaxKeyBytes);
     }
