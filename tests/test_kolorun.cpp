@@ -38,8 +38,8 @@ double seconds_since(Clock::time_point start) {
 
 // kolorun must pick the address and secret itself unless a test hands them over.
 void clear_job_environment() {
-  for (const char* name : {"KOLO_ADDR", "KOLO_SECRET", "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK",
-                           "KOLO_LOCAL_SIZE"}) {
+  for (const char* name : {"KOLO_ADDR", "KOLO_SECRET", "KOLO_SECRET_FILE", "KOLO_RANK",
+                           "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE"}) {
     ::unsetenv(name);
   }
 }
@@ -263,6 +263,24 @@ TEST_CASE("kolorun keeps a KOLO_ADDR and KOLO_SECRET it was given", "[kolorun]")
   std::sort(lines.begin(), lines.end());
   CHECK(lines == std::vector<std::string>{"[0] 0/2 10.1.2.3:4567 " + secret,
                                           "[1] 1/2 10.1.2.3:4567 " + secret});
+}
+
+TEST_CASE("kolorun leaves the secret to a KOLO_SECRET_FILE it was given", "[kolorun]") {
+  // kolorun must not generate KOLO_SECRET beside it: the ranks would refuse both.
+  clear_job_environment();
+  char path[] = "/tmp/kolo-secret-XXXXXX";
+  const int fd = ::mkstemp(path);  // mode 600, as the file must be
+  REQUIRE(fd >= 0);
+  const std::string secret = "kolorun-secret-file-0123456789";
+  REQUIRE(::write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size()));
+  ::close(fd);
+  Run run = run_kolorun({"-np", "2", kolo::test::built_program("tests/kolo_test_worker"), "barrier"},
+                        {{"KOLO_SECRET_FILE", path}});
+  ::unlink(path);
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 0);
+  CHECK_THAT(run.result.output, Contains("rank 1: barrier checks passed"));
+  CHECK_THAT(run.result.output, !Contains("both set"));
 }
 
 TEST_CASE("kolorun prefixes each line and keeps stdout and stderr apart", "[kolorun]") {

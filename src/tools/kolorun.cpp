@@ -9,7 +9,8 @@
 // an inherited descriptor named by KOLO_STORE_FD (rank 0's store serves on it), so that no other
 // process can take the port between its choice and the store's start; the other ranks may connect
 // at once, and are answered once rank 0 serves. A KOLO_ADDR or KOLO_SECRET already in the
-// environment is kept (and no descriptor handed down).
+// environment is kept (and no descriptor handed down); with KOLO_SECRET_FILE set, no secret is
+// generated and the ranks read that file.
 //
 // Every line a rank writes is passed on whole, as "[i] line", to kolorun's stdout or stderr,
 // matching the stream it came from. A rank runs in its own process group, so that a signal reaches
@@ -465,8 +466,11 @@ int main(int argc, char** argv) {
     }
     ::setenv("KOLO_ADDR", fmt::format("127.0.0.1:{}", port).c_str(), 1);
   }
+  // The job's own secret, where it has one, wins: KOLO_SECRET, or KOLO_SECRET_FILE (which the
+  // ranks read; kolorun setting KOLO_SECRET beside it would make them refuse both).
   const char* secret = std::getenv("KOLO_SECRET");
-  if (!secret || !*secret) {
+  const char* secret_file = std::getenv("KOLO_SECRET_FILE");
+  if ((!secret || !*secret) && (!secret_file || !*secret_file)) {
     if (sodium_init() < 0) {
       say("cannot initialise libsodium");
       return 1;
