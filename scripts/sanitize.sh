@@ -76,7 +76,8 @@ if [ "$which" != tsan ]; then
 fi
 
 if [ "$which" != asan ]; then
-  tsan_tests="test_store test_gate test_config test_fusion_units split fault_sigkill_split"
+  tsan_tests="test_store test_gate test_config test_fusion_units test_split split"
+  tsan_tests="$tsan_tests fault_sigkill_split"
   tsan_tests="$tsan_tests shrink_fused"
   tsan_tests="$tsan_tests shrink_during tcp_shm_fusion_threads tcp_shm_fusion_peerlost"
   for tag in orders many bitwise large mixed cache group broadcast duplicate mismatch badargs \
@@ -87,7 +88,7 @@ if [ "$which" != asan ]; then
   if build build-tsan -Dbuildtype=debugoptimized -Db_sanitize=thread -- \
     src/kolorun tests/test_fusion tests/kolo_fusion_worker tests/test_fusion_units \
     tests/test_more_collectives tests/kolo_test_collectives tests/test_store tests/test_gate \
-    tests/test_config \
+    tests/test_config tests/test_split \
     tests/test_elastic tests/kolo_test_elastic; then
     # shellcheck disable=SC2086
     TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tests/sanitizers/tsan.supp" \
