@@ -77,9 +77,8 @@ fi
 
 if [ "$which" != asan ]; then
   tsan_tests="test_store test_gate test_config test_fusion_units test_split split"
-  tsan_tests="$tsan_tests fault_sigkill_split"
-  tsan_tests="$tsan_tests shrink_fused"
-  tsan_tests="$tsan_tests shrink_during tcp_shm_fusion_threads tcp_shm_fusion_peerlost"
+  tsan_tests="$tsan_tests fault_sigkill_split shrink_fused shrink_during tcp_shm_fusion_threads"
+  tsan_tests="$tsan_tests tcp_shm_fusion_peerlost"
   for tag in orders many bitwise large mixed cache group broadcast duplicate mismatch badargs \
     peerlost destroy leave stall threads idle late allgather allgather_errors join autotune \
     measured one_ring; do
