@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "kolo.h"
 #include "process.hpp"
 
 namespace {
@@ -263,6 +264,16 @@ TEST_CASE("kolorun keeps a KOLO_ADDR and KOLO_SECRET it was given", "[kolorun]")
   std::sort(lines.begin(), lines.end());
   CHECK(lines == std::vector<std::string>{"[0] 0/2 10.1.2.3:4567 " + secret,
                                           "[1] 1/2 10.1.2.3:4567 " + secret});
+}
+
+TEST_CASE("kolorun --version says which kolo it belongs to and starts nothing", "[kolorun]") {
+  Run run = run_kolorun({"--version", "-np", "2", "/bin/sh", "-c", "echo started"});
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 0);
+  // The version kolo.h declares, which the build's version must match.
+  CHECK(run.result.output == "kolorun (kolo) " + std::to_string(KOLO_VERSION_MAJOR) + "." +
+                                 std::to_string(KOLO_VERSION_MINOR) + "." +
+                                 std::to_string(KOLO_VERSION_PATCH) + "\n");
 }
 
 TEST_CASE("kolorun leaves the secret to a KOLO_SECRET_FILE it was given", "[kolorun]") {

@@ -61,6 +61,8 @@
 #include <string_view>
 #include <vector>
 
+#include "kolo_build_config.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -425,6 +427,7 @@ int main(int argc, char** argv) {
   app.add_flag("--elastic", job.elastic,
                "a rank killed by a signal does not stop the others (for kolo_comm_shrink)");
   app.add_flag("-v,--verbose", job.verbose, "say what kolorun does");
+  app.set_version_flag("--version", "kolorun (kolo) " KOLO_VERSION_STRING);
   app.prefix_command();  // the program and everything after it are left in remaining()
   app.failure_message([](const CLI::App*, const CLI::Error& error) {
     return fmt::format("kolorun: {}\n{}\n", error.what(), kUsage);
