@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -250,19 +251,27 @@ void pause_before_retry(std::chrono::milliseconds& pause, const Deadline& deadli
 Socket connect_authenticated(const Endpoint& endpoint, const std::string& secret,
                              const Hello& hello, const Deadline& deadline) {
   auto pause = kFirstRetry;
+  // Why the acceptor last closed the connection unadmitted: what the caller gets when the
+  // deadline ends the tries, also when it runs out in the middle of a later attempt.
+  std::optional<Error> closed;
   for (;;) {
-    Socket socket = connect_to(endpoint, deadline);
     try {
+      Socket socket = connect_to(endpoint, deadline);
       authenticate_as_client(socket, secret, hello, deadline);
       return socket;
     } catch (const Error& error) {
       // Closed before the acceptor proved the secret: pushed out by strangers, or refused (a
-      // wrong secret): either way nothing was said, so trying again is safe; the last reason is
-      // what the caller gets at the deadline.
-      if (error.status() != Status::kPeerLost) throw;
-      pause_before_retry(pause, deadline);
-      if (deadline.expired()) throw;
+      // wrong secret): either way nothing was said, so trying again is safe.
+      if (error.status() == Status::kPeerLost) {
+        closed = error;
+      } else if (error.status() == Status::kTimeout && closed) {
+        throw *closed;
+      } else {
+        throw;
+      }
     }
+    pause_before_retry(pause, deadline);
+    if (deadline.expired()) throw *closed;
   }
 }
 
