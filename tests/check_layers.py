@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The layer check: fails when a file of kolo includes a layer it may not depend on.
 
-kolo's code is in layers, one folder each (the README's "Architecture" section draws them). A
+kolo's code is in layers, one folder each (docs/architecture.md draws them). A
 layer may include its own files and those of the layers LAYERS lists for it, never one above it:
 this table is the one place where the allowed directions are written down. The check reads every
 `#include "..."` line under src/, capi/ and bench/ (tests may include anything); it also checks
@@ -9,7 +9,7 @@ that the library includes the third-party headers of one layer's business (UCX, 
 nowhere else, and that the sub-folders of a layer (transport/tcp/, transport/ucx/, ...) do not
 include one another, but for those SHARED_SUBFOLDERS names as building blocks.
 
-The README's "Architecture" section has the same table, for readers; the check fails when the two
+docs/architecture.md has the same table, for readers; the check fails when the two
 differ, so the picture cannot drift from what is enforced.
 
 Usage: check_layers.py [SOURCE_ROOT]; prints every violation and exits 1 if there is one.
@@ -127,9 +127,9 @@ README_ROW = re.compile(r"^\| (\w+) \| `([^`]+)/` \| ([^|]*) \|$")
 
 
 def check_readme(root):
-    """The README's table of layers, against LAYERS and FOLDERS."""
+    """docs/architecture.md's table of layers, against LAYERS and FOLDERS."""
     table = {}
-    with open(os.path.join(root, "README.md"), encoding="utf-8") as readme:
+    with open(os.path.join(root, "docs", "architecture.md"), encoding="utf-8") as readme:
         for line in readme:
             match = README_ROW.match(line.strip())
             if match:
@@ -143,7 +143,7 @@ def check_readme(root):
     problems = []
     for name in sorted(set(table) | set(expected)):
         if table.get(name) != expected.get(name):
-            problems.append(f"README.md: the layer table says {name}: {table.get(name)}, "
+            problems.append(f"docs/architecture.md: the layer table says {name}: {table.get(name)}, "
                             f"check_layers.py says {expected.get(name)}")
     return problems
 

@@ -29,7 +29,7 @@ extern char** environ;
 namespace kolo {
 namespace {
 
-// The one list of KOLO_* variables; the README's table is checked against it.
+// The one list of KOLO_* variables; docs/environment.md's table is checked against it.
 const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_RANK", "from the launcher", "this process's rank, 0 <= rank < size"},
     {"KOLO_SIZE", "from the launcher", "the number of ranks in the job"},
@@ -75,7 +75,7 @@ const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_AUTOTUNE_LOG", "(off)", "CSV file where rank 0 logs every autotuning trial"},
     {"KOLO_AUTOTUNE_WINDOW_MS", "1000",
      "busy milliseconds of the engine measured per autotuning trial, > 0 and <= 600000"},
-    {"KOLO_LIBRARY", "(see the README)",
+    {"KOLO_LIBRARY", "(see docs/environment.md)",
      "the libkolo.so that the Python package loads; the library itself does not read it"},
 };
 

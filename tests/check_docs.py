@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""Docs that cannot rot: runs every runnable snippet of README.md and docs/*.md, and checks that
+every environment variable kolo reads and every function kolo.h exports is documented.
+
+Usage: check_docs.py SOURCE_ROOT BUILD_DIR [--self-test] [FILE.md ...]
+
+A fenced block runs when its info string is exactly one of
+  sh       a shell script (bash -e), run from the repository root, where build/ holds the build;
+  c, cpp   a whole program, compiled against capi/kolo.h and BUILD_DIR/capi/libkolo.so, then run
+           as 2 ranks under BUILD_DIR/src/kolorun;
+  python   a script run as 2 ranks under kolorun by /usr/bin/python3, with PYTHONPATH=python
+           and KOLO_LIBRARY set.
+Any other info string (`sh norun`, `python norun`, `text`, `cmake`, ...) is not run. A shell
+block that installs packages or runs the whole test suite (apt-get, scripts/test.sh,
+scripts/bench.sh, ...) is recognised, reported and skipped: it takes far longer than this test.
+A shell block may start at most 4 ranks (-np, --np, --nproc_per_node).
+
+The variables: the KOLO_* names in src/core/config.cpp's table (kKnownVariables), the ones that
+python/kolo reads (os.environ) or kolorun and the benchmarks read or set (getenv, setenv,
+os.environ, $KOLO_... in shell) must each be a row of docs/environment.md's table exactly once,
+and every row must name one of them. The functions: every `KOLO_API ... kolo_name(` declaration
+of capi/kolo.h must be named in some page of docs/.
+
+--self-test checks the checker on broken inputs (a failing snippet of each language, a variable
+left out of the table or listed twice, too many ranks) and exits 0 only when it catches each.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+RUNNABLE = {"sh", "c", "cpp", "python"}
+SKIPPED = "skipped"  # what Runner.check returns for a block it recognised and did not run
+SNIPPET_TIMEOUT_S = 90  # one snippet, compile and run; the whole run is kept to a minute or two
+MAX_RANKS = 4
+DEBIAN_PYTHON = "/usr/bin/python3"
+
+# A shell block that installs or runs the whole suite: recognised and skipped, never run here.
+INSTALL_OR_SUITE = re.compile(
+    r"(^|[\s;&|(])(apt-get|apt|dpkg|sudo|pip3?|python3 -m pip)\s|"
+    r"scripts/(test|bench|install-deps|fresh-machine|sanitize)\.sh|"
+    r"(^|\s)\.ci/run|"
+    r"meson test -C \S+\s*($|[;&|]|--(num-processes|print-errorlogs)\b)")
+RANKS = re.compile(r"(?:^|\s)(?:-np|--np|-n|--nproc_per_node|--nproc-per-node)[ =](\d+)")
+
+
+class Snippet:
+    def __init__(self, path, line, lang, text):
+        self.path, self.line, self.lang, self.text = path, line, lang, text
+
+    def where(self):
+        return f"{self.path}:{self.line}"
+
+
+def fenced_blocks(path, text):
+    """Every fenced block of a Markdown text: (line of the fence, info string, body)."""
+    blocks = []
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        match = re.match(r"^(\s*)(`{3,}|~{3,})(.*)$", lines[i])
+        if not match:
+            i += 1
+            continue
+        indent, fence, info = match.groups()
+        body = []
+        j = i + 1
+        while j < len(lines) and not (lines[j].strip().startswith(fence) and
+                                      lines[j].strip().strip(fence[0]) == ""):
+            line = lines[j]
+            body.append(line[len(indent):] if line.startswith(indent) else line.lstrip())
+            j += 1
+        if j == len(lines):
+            raise ValueError(f"{path}:{i + 1}: a fenced block that never closes")
+        blocks.append((i + 1, info.strip(), "\n".join(body) + "\n"))
+        i = j + 1
+    return blocks
+
+
+def snippets_of(path, text):
+    return [Snippet(path, line, info, body) for line, info, body in fenced_blocks(path, text)
+            if info in RUNNABLE]
+
+
+def tail(text, lines=25):
+    return "\n".join("    " + line for line in text.rstrip().split("\n")[-lines:])
+
+
+class Runner:
+    def __init__(self, root, build):
+        self.root, self.build = root, build
+        self.kolorun = os.path.join(build, "src", "kolorun")
+        self.capi = os.path.join(build, "capi")
+        self.env = dict(os.environ)
+        self.env.pop("MALLOC_PERTURB_", None)  # meson test sets it; users do not have it
+        self.env["PYTHONPATH"] = os.path.join(root, "python")
+        self.env["KOLO_LIBRARY"] = os.path.join(self.capi, "libkolo.so")
+        self.env.setdefault("KOLO_TIMEOUT", "60")  # every wait of a snippet bounded well inside
+
+    def run(self, argv, cwd, stdin=None):
+        started = time.monotonic()
+        try:
+            done = subprocess.run(argv, cwd=cwd, env=self.env, input=stdin, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  timeout=SNIPPET_TIMEOUT_S, start_new_session=True)
+            return done.returncode, done.stdout, time.monotonic() - started
+        except subprocess.TimeoutExpired as expired:
+            out = expired.stdout or ""
+            if isinstance(out, bytes):
+                out = out.decode(errors="replace")
+            return None, out, time.monotonic() - started
+
+    def check(self, snippet):
+        """None when it ran and passed, SKIPPED when it was recognised and not run, else what
+        went wrong."""
+        if snippet.lang == "sh":
+            return self.check_shell(snippet)
+        with tempfile.TemporaryDirectory(prefix="kolo-docs-") as scratch:
+            if snippet.lang in ("c", "cpp"):
+                source = os.path.join(scratch, "snippet." + snippet.lang)
+                program = os.path.join(scratch, "snippet")
+                with open(source, "w") as out:
+                    out.write(snippet.text)
+                compiler = (["cc", "-std=c11"] if snippet.lang == "c" else ["c++", "-std=c++17"])
+                argv = compiler + ["-Wall", "-Wextra", "-Werror", "-I", os.path.join(
+                    self.root, "capi"), "-I", self.capi, source, "-o", program, "-L", self.capi,
+                    "-lkolo", "-Wl,-rpath," + self.capi]
+                code, out, _ = self.run(argv, scratch)
+                if code != 0:
+                    return f"does not compile ({' '.join(argv[:2])}):\n{tail(out)}"
+                command = [program]
+            else:
+                script = os.path.join(scratch, "snippet.py")
+                with open(script, "w") as out:
+                    out.write(snippet.text)
+                command = [DEBIAN_PYTHON, script]
+            argv = [self.kolorun, "-np", "2", "--timeout", str(SNIPPET_TIMEOUT_S - 10)] + command
+            code, out, seconds = self.run(argv, self.root)
+            if code != 0:
+                what = "timed out" if code in (None, 124) else f"exited {code}"
+                return f"{what} after {seconds:.1f} s as 2 ranks under kolorun:\n{tail(out)}"
+            return None
+
+    def check_shell(self, snippet):
+        if INSTALL_OR_SUITE.search(snippet.text):
+            print(f"skip  {snippet.where()}: installs packages or runs the whole test suite")
+            return SKIPPED
+        for match in RANKS.finditer(snippet.text):
+            if int(match.group(1)) > MAX_RANKS:
+                return (f"starts {match.group(1)} ranks; a runnable example starts at most "
+                        f"{MAX_RANKS} (mark it `sh norun` if it must show more)")
+        if os.path.realpath(os.path.join(self.root, "build")) != os.path.realpath(self.build):
+            print(f"skip  {snippet.where()}: shell snippets need the build in "
+                  f"{self.root}/build, and it is in {self.build}")
+            return SKIPPED
+        code, out, seconds = self.run(["bash", "-e", "-o", "pipefail", "-s"], self.root,
+                                      stdin=snippet.text)
+        if code != 0:
+            what = "timed out" if code is None else f"exited {code}"
+            return f"{what} after {seconds:.1f} s (bash -e, from the repository root):\n{tail(out)}"
+        return None
+
+
+# ---- what the code reads, and what the docs say ---------------------------------------------
+
+def read(path):
+    with open(path, encoding="utf-8") as source:
+        return source.read()
+
+
+def files_under(folder, suffixes):
+    for base, _, names in os.walk(folder):
+        for name in sorted(names):
+            if name.endswith(suffixes):
+                yield os.path.join(base, name)
+
+
+ENV_ACCESS = [
+    re.compile(r'\b(?:getenv|setenv|unsetenv)\(\s*"(KOLO_[A-Z0-9_]+)"'),             # C, C++
+    re.compile(r'environ(?:\.get|\.setdefault|\.pop)?\s*[\[(]\s*["\'](KOLO_[A-Z0-9_]+)'),  # Python
+    re.compile(r'\$\{?(KOLO_[A-Z0-9_]+)'),                                            # shell
+    re.compile(r'(?:^|[\s;])(?:export\s+)?(KOLO_[A-Z0-9_]+)='),                        # shell
+]
+
+
+def variables_in_code(root):
+    """Every KOLO_* environment variable kolo reads or sets, with where it was found."""
+    found = {}
+    config = read(os.path.join(root, "src", "core", "config.cpp"))
+    table = re.search(r"kKnownVariables\s*=\s*\{(.*?)\n\};", config, re.S)
+    if not table:
+        raise RuntimeError("src/core/config.cpp: kKnownVariables not found")
+    for name in re.findall(r'\{\s*"(KOLO_[A-Z0-9_]+)"', table.group(1)):
+        found.setdefault(name, "src/core/config.cpp (kKnownVariables)")
+    sources = list(files_under(os.path.join(root, "python", "kolo"), (".py",)))
+    sources.append(os.path.join(root, "src", "tools", "kolorun.cpp"))
+    sources += list(files_under(os.path.join(root, "bench"), (".c", ".cpp", ".hpp", ".py", ".sh")))
+    for path in sources:
+        text = read(path)
+        for pattern in ENV_ACCESS:
+            for name in pattern.findall(text):
+                found.setdefault(name, os.path.relpath(path, root))
+    # python/kolo/_secret.py names the secret's variables in a tuple, read through it.
+    secret = read(os.path.join(root, "python", "kolo", "_secret.py"))
+    listed = re.search(r"SECRET_VARIABLES\s*=\s*\(([^)]*)\)", secret)
+    if listed:
+        for name in re.findall(r'"(KOLO_[A-Z0-9_]+)"', listed.group(1)):
+            found.setdefault(name, "python/kolo/_secret.py")
+    return found
+
+
+ENV_ROW = re.compile(r"^\|\s*`(KOLO_[A-Z0-9_]+)`\s*\|")
+
+
+def check_environment(root, text, path="docs/environment.md"):
+    problems = []
+    rows = {}
+    for number, line in enumerate(text.split("\n"), 1):
+        match = ENV_ROW.match(line)
+        if match:
+            rows.setdefault(match.group(1), []).append(number)
+    code = variables_in_code(root)
+    for name, where in sorted(code.items()):
+        if name not in rows:
+            problems.append(f"{path}: {name} (read in {where}) has no row in the table")
+        elif len(rows[name]) > 1:
+            problems.append(f"{path}: {name} has {len(rows[name])} rows (lines "
+                            f"{', '.join(map(str, rows[name]))}); one each")
+    for name in sorted(set(rows) - set(code)):
+        problems.append(f"{path}:{rows[name][0]}: {name} is in the table but kolo does not read it")
+    return problems, len(code)
+
+
+def exported_functions(root):
+    header = read(os.path.join(root, "capi", "kolo.h"))
+    return sorted(set(re.findall(r"^KOLO_API\b[^(;]*?\b(kolo_\w+)\s*\(", header, re.M)))
+
+
+def check_symbols(root, pages):
+    text = "\n".join(read(page) for page in pages)
+    missing = [name for name in exported_functions(root)
+               if not re.search(r"\b" + re.escape(name) + r"\b", text)]
+    problems = [f"docs/: {name} (exported by capi/kolo.h) is named on no page" for name in missing]
+    if missing and not os.path.exists(os.path.join(root, "docs", "c-api.md")):
+        problems.append("docs/c-api.md, the C API's page, does not exist yet")
+    return problems
+
+
+# ---- the checker checking itself ------------------------------------------------------------
+
+def self_test(root, build):
+    runner = Runner(root, build)
+    failures = []
+
+    def expect(what, got_problem):
+        print(("ok    " if got_problem else "FAIL  ") + "self-test: " + what)
+        if not got_problem:
+            failures.append(what)
+
+    broken = {
+        "a shell command that fails": ("sh", "true\nfalse\necho not reached\n"),
+        "a C program that does not compile": ("c", "int main(void) { return undefined_name; }\n"),
+        "a C program whose rank fails": (
+            "c", "#include <kolo.h>\nint main(void) { return kolo_version() > 0 ? 3 : 0; }\n"),
+        "a C++ program that fails": ("cpp", "#include <kolo.h>\nint main() { return 1; }\n"),
+        "a Python script that raises": ("python", "import kolo\nkolo.no_such_function()\n"),
+        "a shell example with 8 ranks": ("sh", "build/src/kolorun -np 8 true\n"),
+    }
+    for what, (lang, text) in broken.items():
+        expect(what + " is reported",
+               runner.check(Snippet("self-test.md", 1, lang, text)) not in (None, SKIPPED))
+    expect("a passing C program passes", runner.check(Snippet("self-test.md", 1, "c", (
+        "#include <kolo.h>\n#include <stdio.h>\n"
+        "int main(void) { printf(\"%d\\n\", kolo_version()); return 0; }\n"))) is None)
+    expect("an apt-get block is skipped, not run",
+           runner.check(Snippet("self-test.md", 1, "sh", "apt-get install -y nothing\nfalse\n"))
+           == SKIPPED)
+    blocks = snippets_of("self-test.md", "```sh norun\nfalse\n```\n```text\nx\n```\n```sh\ntrue\n```\n")
+    expect("only exactly `sh` runs, not `sh norun` or `text`", [b.line for b in blocks] == [5])
+
+    table = read(os.path.join(root, "docs", "environment.md"))
+    problems, _ = check_environment(root, table)
+    expect("docs/environment.md as it is passes", not problems)
+    without = "\n".join(line for line in table.split("\n")
+                        if not line.startswith("| `KOLO_TIMEOUT`"))
+    problems, _ = check_environment(root, without)
+    expect("a variable left out of the table is reported",
+           any("KOLO_TIMEOUT" in problem for problem in problems))
+    twice = table + "\n| `KOLO_SHM` | `auto` | again |\n"
+    problems, _ = check_environment(root, twice)
+    expect("a variable listed twice is reported", any("KOLO_SHM has 2" in p for p in problems))
+    stale = table + "\n| `KOLO_NOT_READ_ANYWHERE` | `1` | stale |\n"
+    problems, _ = check_environment(root, stale)
+    expect("a variable kolo does not read is reported",
+           any("KOLO_NOT_READ_ANYWHERE" in problem for problem in problems))
+    return 1 if failures else 0
+
+
+def main(argv):
+    if len(argv) < 3:
+        print(__doc__)
+        return 2
+    root, build = os.path.abspath(argv[1]), os.path.abspath(argv[2])
+    rest = argv[3:]
+    if "--self-test" in rest:
+        return self_test(root, build)
+    docs = os.path.join(root, "docs")
+    pages = sorted(os.path.join(docs, name) for name in os.listdir(docs) if name.endswith(".md"))
+    files = [os.path.abspath(name) for name in rest] or [os.path.join(root, "README.md")] + pages
+    for tool in ("cc", "c++", DEBIAN_PYTHON, "bash"):
+        if not shutil.which(tool):
+            print(f"check_docs: {tool} is missing")
+            return 77
+    problems = []
+    env_problems, variables = check_environment(root, read(os.path.join(docs, "environment.md")))
+    problems += env_problems
+    symbol_problems = check_symbols(root, pages)
+    problems += symbol_problems
+    print(f"variables: {variables} read by kolo, "
+          f"{'all' if not env_problems else 'not all'} in docs/environment.md once")
+    print(f"functions: {len(exported_functions(root))} exported by kolo.h, "
+          f"{'all' if not symbol_problems else 'not all'} named in docs/")
+
+    runner = Runner(root, build)
+    ran = 0
+    started = time.monotonic()
+    for path in files:
+        shown = os.path.relpath(path, root)
+        for snippet in snippets_of(shown, read(path)):
+            began = time.monotonic()
+            problem = runner.check(snippet)
+            if problem == SKIPPED:
+                continue
+            ran += 1
+            if problem:
+                problems.append(f"{snippet.where()}: the `{snippet.lang}` block {problem}")
+                print(f"FAIL  {snippet.where()} ({snippet.lang})")
+            else:
+                print(f"ok    {snippet.where()} ({snippet.lang}, {time.monotonic() - began:.1f} s)")
+    print(f"snippets: {ran} run in {len(files)} file(s), {time.monotonic() - started:.0f} s")
+    for problem in problems:
+        print(problem)
+    print(f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
