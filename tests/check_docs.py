@@ -2,7 +2,7 @@
 """Docs that cannot rot: runs every runnable snippet of README.md and docs/*.md, and checks that
 every environment variable kolo reads and every function kolo.h exports is documented.
 
-Usage: check_docs.py SOURCE_ROOT BUILD_DIR [--self-test] [FILE.md ...]
+Usage: check_docs.py SOURCE_ROOT BUILD_DIR [--self-test] [--verbose] [FILE.md ...]
 
 A fenced block runs when its info string is exactly one of
   sh       a shell script (bash -e), run from the repository root, where build/ holds the build;
@@ -21,7 +21,7 @@ os.environ, $KOLO_... in shell) must each be a row of docs/environment.md's tabl
 and every row must name one of them. The functions: every `KOLO_API ... kolo_name(` declaration
 of capi/kolo.h must be named in some page of docs/.
 
---self-test checks the checker on broken inputs (a failing snippet of each language, a variable
+--verbose prints what each snippet printed. --self-test checks the checker on broken inputs (a failing snippet of each language, a variable
 left out of the table or listed twice, too many ranks) and exits 0 only when it catches each.
 """
 
@@ -99,7 +99,8 @@ class Runner:
         self.env.pop("MALLOC_PERTURB_", None)  # meson test sets it; users do not have it
         self.env["PYTHONPATH"] = os.path.join(root, "python")
         self.env["KOLO_LIBRARY"] = os.path.join(self.capi, "libkolo.so")
-        self.env.setdefault("KOLO_TIMEOUT", "60")  # every wait of a snippet bounded well inside
+        self.env.setdefault("KOLO_TIMEOUT", "60")
+        self.last_output = ""  # every wait of a snippet bounded well inside
 
     def run(self, argv, cwd, stdin=None):
         started = time.monotonic()
@@ -107,6 +108,7 @@ class Runner:
             done = subprocess.run(argv, cwd=cwd, env=self.env, input=stdin, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   timeout=SNIPPET_TIMEOUT_S, start_new_session=True)
+            self.last_output = done.stdout
             return done.returncode, done.stdout, time.monotonic() - started
         except subprocess.TimeoutExpired as expired:
             out = expired.stdout or ""
@@ -280,7 +282,7 @@ def self_test(root, build):
            runner.check(Snippet("self-test.md", 1, "sh", "apt-get install -y nothing\nfalse\n"))
            == SKIPPED)
     blocks = snippets_of("self-test.md", "```sh norun\nfalse\n```\n```text\nx\n```\n```sh\ntrue\n```\n")
-    expect("only exactly `sh` runs, not `sh norun` or `text`", [b.line for b in blocks] == [5])
+    expect("only exactly `sh` runs, not `sh norun` or `text`", [b.line for b in blocks] == [7])
 
     table = read(os.path.join(root, "docs", "environment.md"))
     problems, _ = check_environment(root, table)
@@ -306,6 +308,8 @@ def main(argv):
         return 2
     root, build = os.path.abspath(argv[1]), os.path.abspath(argv[2])
     rest = argv[3:]
+    verbose = "--verbose" in rest
+    rest = [arg for arg in rest if arg != "--verbose"]
     if "--self-test" in rest:
         return self_test(root, build)
     docs = os.path.join(root, "docs")
@@ -341,6 +345,8 @@ def main(argv):
                 print(f"FAIL  {snippet.where()} ({snippet.lang})")
             else:
                 print(f"ok    {snippet.where()} ({snippet.lang}, {time.monotonic() - began:.1f} s)")
+                if verbose:
+                    print(tail(runner.last_output, 10))
     print(f"snippets: {ran} run in {len(files)} file(s), {time.monotonic() - started:.0f} s")
     for problem in problems:
         print(problem)
