@@ -28,6 +28,7 @@ left out of the table or listed twice, too many ranks) and exits 0 only when it 
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ RUNNABLE = {"sh", "c", "cpp", "python"}
 SKIPPED = "skipped"  # what Runner.check returns for a block it recognised and did not run
 SNIPPET_TIMEOUT_S = 90  # one snippet, compile and run; the whole run is kept to a minute or two
 MAX_RANKS = 4
+NESTED = "CHECK_DOCS_NESTED"
 DEBIAN_PYTHON = "/usr/bin/python3"
 
 # A shell block that installs or runs the whole suite: recognised and skipped, never run here.
@@ -99,22 +101,31 @@ class Runner:
         self.env.pop("MALLOC_PERTURB_", None)  # meson test sets it; users do not have it
         self.env["PYTHONPATH"] = os.path.join(root, "python")
         self.env["KOLO_LIBRARY"] = os.path.join(self.capi, "libkolo.so")
-        self.env.setdefault("KOLO_TIMEOUT", "60")
-        self.last_output = ""  # every wait of a snippet bounded well inside
+        self.env.setdefault("KOLO_TIMEOUT", "60")  # every wait of a snippet bounded well inside
+        self.env[NESTED] = "1"  # a snippet that runs this test again must not recurse
+        self.last_output = ""
 
     def run(self, argv, cwd, stdin=None):
+        """Runs argv in a session of its own; on the timeout every process of that session goes."""
         started = time.monotonic()
+        process = subprocess.Popen(argv, cwd=cwd, env=self.env, text=True,
+                                   stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
         try:
-            done = subprocess.run(argv, cwd=cwd, env=self.env, input=stdin, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  timeout=SNIPPET_TIMEOUT_S, start_new_session=True)
-            self.last_output = done.stdout
-            return done.returncode, done.stdout, time.monotonic() - started
-        except subprocess.TimeoutExpired as expired:
-            out = expired.stdout or ""
-            if isinstance(out, bytes):
-                out = out.decode(errors="replace")
-            return None, out, time.monotonic() - started
+            out, _ = process.communicate(stdin, timeout=SNIPPET_TIMEOUT_S)
+            code = process.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # what a snippet left behind, too
+            except ProcessLookupError:
+                pass
+        if code is None:
+            out, _ = process.communicate()
+        self.last_output = out or ""
+        return code, self.last_output, time.monotonic() - started
 
     def check(self, snippet):
         """None when it ran and passed, SKIPPED when it was recognised and not run, else what
@@ -271,10 +282,19 @@ def self_test(root, build):
         "a C++ program that fails": ("cpp", "#include <kolo.h>\nint main() { return 1; }\n"),
         "a Python script that raises": ("python", "import kolo\nkolo.no_such_function()\n"),
         "a shell example with 8 ranks": ("sh", "build/src/kolorun -np 8 true\n"),
+        "a snippet that runs this test again": (
+            "sh", "python3 tests/check_docs.py . build README.md\n"),
     }
     for what, (lang, text) in broken.items():
         expect(what + " is reported",
                runner.check(Snippet("self-test.md", 1, lang, text)) not in (None, SKIPPED))
+    global SNIPPET_TIMEOUT_S
+    saved, SNIPPET_TIMEOUT_S = SNIPPET_TIMEOUT_S, 3
+    began = time.monotonic()
+    problem = runner.check(Snippet("self-test.md", 1, "sh", "sleep 60 &\nsleep 60\n"))
+    SNIPPET_TIMEOUT_S = saved
+    expect("a snippet that hangs is stopped at the timeout, with what it started",
+           problem is not None and "timed out" in problem and time.monotonic() - began < 10)
     expect("a passing C program passes", runner.check(Snippet("self-test.md", 1, "c", (
         "#include <kolo.h>\n#include <stdio.h>\n"
         "int main(void) { printf(\"%d\\n\", kolo_version()); return 0; }\n"))) is None)
@@ -306,6 +326,9 @@ def main(argv):
     if len(argv) < 3:
         print(__doc__)
         return 2
+    if os.environ.get(NESTED):
+        print("check_docs: run from one of its own snippets; skipped")
+        return 77
     root, build = os.path.abspath(argv[1]), os.path.abspath(argv[2])
     rest = argv[3:]
     verbose = "--verbose" in rest
@@ -320,7 +343,11 @@ def main(argv):
             print(f"check_docs: {tool} is missing")
             return 77
     problems = []
-    env_problems, variables = check_environment(root, read(os.path.join(docs, "environment.md")))
+    environment = os.path.join(docs, "environment.md")
+    if not os.path.exists(environment):
+        print("check_docs: docs/environment.md, the table of variables, does not exist")
+        return 1
+    env_problems, variables = check_environment(root, read(environment))
     problems += env_problems
     symbol_problems = check_symbols(root, pages)
     problems += symbol_problems

@@ -57,7 +57,7 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   config_ = resolve_config(overrides, process_environment(), &unknown);
   log::set_rank(config_.rank);
   for (const auto& name : unknown) {
-    log::warn("unknown variable {} ignored (see the README for the KOLO_* variables)", name);
+    log::warn("unknown variable {} ignored (docs/environment.md lists the KOLO_* variables)", name);
   }
   if (config_.secret.empty()) {
     // Once per job, at WARN: without a secret, anyone who reaches the job's ports can join it.
