@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Docs that cannot rot: runs every runnable snippet of README.md and docs/*.md, and checks that
-every environment variable kolo reads and every function kolo.h exports is documented.
+"""Docs that cannot rot: runs every runnable snippet of README.md and docs/*.md, checks that
+every environment variable kolo reads and every function kolo.h exports is documented, and that
+every relative link leads to a file and heading that exist.
 
 Usage: check_docs.py SOURCE_ROOT BUILD_DIR [--self-test] [--verbose] [FILE.md ...]
 
@@ -20,6 +21,10 @@ python/kolo reads (os.environ) or kolorun and the benchmarks read or set (getenv
 os.environ, $KOLO_... in shell) must each be a row of docs/environment.md's table exactly once,
 and every row must name one of them. The functions: every `KOLO_API ... kolo_name(` declaration
 of capi/kolo.h must be named in some page of docs/.
+
+Links: a relative link must name a file that exists, or a page that docs/README.md's index lists
+(another change may still be writing it: reported as a note), and its #anchor a heading of that
+page (GitHub's anchors). README.md stays under README_MAX_LINES lines.
 
 --verbose prints what each snippet printed. --self-test checks the checker on broken inputs (a failing snippet of each language, a variable
 left out of the table or listed twice, too many ranks) and exits 0 only when it catches each.
@@ -263,6 +268,64 @@ def check_symbols(root, pages):
     return problems
 
 
+# ---- links between the pages -----------------------------------------------------------------
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+README_MAX_LINES = 200
+
+
+def slug(heading):
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = heading.strip().lower()
+    text = "".join(ch for ch in text if ch.isalnum() or ch in " -_")
+    return text.replace(" ", "-")
+
+
+def anchors(text):
+    found = set()
+    in_code = False
+    for line in text.split("\n"):
+        if re.match(r"^\s*(```|~~~)", line):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            found.add(slug(line.lstrip("#")))
+    return found
+
+
+def check_links(root, files):
+    """Every relative link names a file that exists (or a page docs/README.md lists, which
+    another change may still be writing) and, with #anchor, a heading of that page."""
+    problems, notes = [], set()
+    index = os.path.join(root, "docs", "README.md")
+    listed = set(re.findall(r"\]\(([\w./-]+\.md)\)", read(index))) if os.path.exists(index) else set()
+    for path in files:
+        text = read(path)
+        shown = os.path.relpath(path, root)
+        body = re.sub(r"```.*?```", "", text, flags=re.S)
+        for target in LINK.findall(body):
+            if re.match(r"^[a-z]+:", target):
+                continue  # http:, https:, mailto:
+            name, _, anchor = target.partition("#")
+            where = os.path.normpath(os.path.join(os.path.dirname(path), name)) if name else path
+            if not os.path.exists(where):
+                page = os.path.relpath(where, os.path.join(root, "docs"))
+                if page in listed:
+                    notes.add(page)
+                else:
+                    problems.append(f"{shown}: the link ({target}) leads nowhere")
+                continue
+            if anchor and where.endswith(".md") and anchor not in anchors(read(where)):
+                problems.append(f"{shown}: the link ({target}) names no heading of "
+                                f"{os.path.relpath(where, root)}")
+    readme = os.path.join(root, "README.md")
+    if readme in files:
+        count = read(readme).count("\n")
+        if count > README_MAX_LINES:
+            problems.append(f"README.md: {count} lines; the front door stays under "
+                            f"{README_MAX_LINES} (the rest belongs in docs/)")
+    return problems, sorted(notes)
+
+
 # ---- the checker checking itself ------------------------------------------------------------
 
 def self_test(root, build):
@@ -319,6 +382,27 @@ def self_test(root, build):
     problems, _ = check_environment(root, stale)
     expect("a variable kolo does not read is reported",
            any("KOLO_NOT_READ_ANYWHERE" in problem for problem in problems))
+    with tempfile.TemporaryDirectory(prefix="kolo-docs-") as scratch:
+        os.makedirs(os.path.join(scratch, "docs"))
+        with open(os.path.join(scratch, "docs", "README.md"), "w") as out:
+            out.write("# Index\n\n[a](a.md) [later](later.md)\n")
+        with open(os.path.join(scratch, "docs", "a.md"), "w") as out:
+            out.write("# A page\n\n## Its part: one\n\n[ok](#its-part-one) [gone](#no-such-part)"
+                      " [missing](missing.md) [up](../README.md)\n```sh\n# not a heading\n```\n")
+        with open(os.path.join(scratch, "README.md"), "w") as out:
+            out.write("# kolo\n" + "line\n" * (README_MAX_LINES + 1))
+        files = [os.path.join(scratch, name) for name in ("README.md", "docs/a.md", "docs/README.md")]
+        problems, notes = check_links(scratch, files)
+        expect("a link to a heading that does not exist is reported",
+               any("#no-such-part" in problem for problem in problems))
+        expect("a link to a page that exists nowhere is reported",
+               any("missing.md" in problem for problem in problems))
+        expect("a page the index lists but nobody wrote yet is a note, not a failure",
+               notes == ["later.md"] and not any("later.md" in p for p in problems))
+        expect("a link to an existing heading passes",
+               not any("its-part-one" in problem for problem in problems))
+        expect("a README over the line limit is reported",
+               any("README.md:" in problem and "lines" in problem for problem in problems))
     return 1 if failures else 0
 
 
@@ -351,6 +435,11 @@ def main(argv):
     problems += env_problems
     symbol_problems = check_symbols(root, pages)
     problems += symbol_problems
+    link_problems, unwritten = check_links(root, files)
+    problems += link_problems
+    print(f"links: {'all lead somewhere' if not link_problems else 'some lead nowhere'}"
+          + (f"; pages the index lists that are not written yet: {', '.join(unwritten)}"
+             if unwritten else ""))
     print(f"variables: {variables} read by kolo, "
           f"{'all' if not env_problems else 'not all'} in docs/environment.md once")
     print(f"functions: {len(exported_functions(root))} exported by kolo.h, "
