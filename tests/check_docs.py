@@ -26,8 +26,9 @@ Links: a relative link must name a file that exists, or a page that docs/README.
 (another change may still be writing it: reported as a note), and its #anchor a heading of that
 page (GitHub's anchors). README.md stays under README_MAX_LINES lines.
 
---verbose prints what each snippet printed. --self-test checks the checker on broken inputs (a failing snippet of each language, a variable
-left out of the table or listed twice, too many ranks) and exits 0 only when it catches each.
+--verbose prints what each snippet printed. --self-test checks the checker on broken inputs (a
+failing snippet of each language, a hanging one, too many ranks, a variable left out of the
+table or listed twice, a broken link) and exits 0 only when it catches each.
 """
 
 import os
