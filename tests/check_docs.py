@@ -53,7 +53,11 @@ INSTALL_OR_SUITE = re.compile(
     r"scripts/(test|bench|install-deps|fresh-machine|sanitize)\.sh|"
     r"(^|\s)\.ci/run|"
     r"meson test -C \S+\s*($|[;&|]|--(num-processes|print-errorlogs)\b)")
-RANKS = re.compile(r"(?:^|\s)(?:-np|--np|-n|--nproc_per_node|--nproc-per-node)[ =](\d+)")
+# The rank count a launcher is given: its options up to the first that names the count.
+RANKS = re.compile(r"\b(?:kolorun|mpirun|mpiexec|srun|torchrun|torch\.distributed\.run)\b"
+                   r"(?:\s+(?!-np\b|--np\b|-n\b|--ntasks\b|--nproc[_-]per[_-]node\b)-[-\w]+"
+                   r"(?:[ =](?!-)\S+)?)*"
+                   r"\s+(?:-np|--np|-n|--ntasks|--nproc[_-]per[_-]node)[ =](\d+)")
 
 
 class Snippet:
@@ -346,6 +350,8 @@ def self_test(root, build):
         "a C++ program that fails": ("cpp", "#include <kolo.h>\nint main() { return 1; }\n"),
         "a Python script that raises": ("python", "import kolo\nkolo.no_such_function()\n"),
         "a shell example with 8 ranks": ("sh", "build/src/kolorun -np 8 true\n"),
+        "a torchrun example with 5 ranks": (
+            "sh", "python3 -m torch.distributed.run --redirects 1 --tee 1 --nproc_per_node 5 x\n"),
         "a snippet that runs this test again": (
             "sh", "python3 tests/check_docs.py . build README.md\n"),
     }
@@ -359,6 +365,11 @@ def self_test(root, build):
     SNIPPET_TIMEOUT_S = saved
     expect("a snippet that hangs is stopped at the timeout, with what it started",
            problem is not None and "timed out" in problem and time.monotonic() - began < 10)
+    counted = [RANKS.findall(line) for line in (
+        "build/src/kolorun -np 2 build/bench/allreduce_perf -b 8 -e 1M -n 200",
+        "build/src/kolorun --timeout 9 -np 3 x", "mpirun --bind-to none -np 4 x", "x -n 500")]
+    expect("ranks are counted from the launcher's options, not the program's",
+           counted == [["2"], ["3"], ["4"], []])
     expect("a passing C program passes", runner.check(Snippet("self-test.md", 1, "c", (
         "#include <kolo.h>\n#include <stdio.h>\n"
         "int main(void) { printf(\"%d\\n\", kolo_version()); return 0; }\n"))) is None)
