@@ -394,12 +394,20 @@ class Comm {
 
   template <class Send, class Recv, detail::if_range<Recv> = 0>
   void allreduce(const Send& send, Recv&& recv, kolo_op_t op) {
-    allreduce_scaled(send, std::forward<Recv>(recv), op, 1.0, 1.0);
+    auto in = detail::in(send);
+    auto out = detail::out(recv);
+    same_size("allreduce", in.size(), out.size());
+    call_typed(in, out, [&](auto element) {
+      return kolo_allreduce(handle_, in.data(), out.data(), in.size(), element, op);
+    });
   }
   // In place.
   template <class Buffer, detail::if_range<Buffer> = 0>
   void allreduce(Buffer&& buffer, kolo_op_t op) {
-    allreduce_scaled(buffer, op, 1.0, 1.0);
+    auto both = detail::out(buffer);
+    detail::check(
+        kolo_allreduce(handle_, both.data(), both.data(), both.size(), detail::dtype_in(both), op),
+        handle_);
   }
 
   template <class Send, class Recv, detail::if_range<Recv> = 0>
@@ -704,7 +712,13 @@ class Comm {
 
   template <class Send, class Recv, detail::if_range<Recv> = 0>
   void allreduce_on_stream(const Send& send, Recv&& recv, kolo_op_t op, void* stream) {
-    allreduce_scaled_on_stream(send, std::forward<Recv>(recv), op, 1.0, 1.0, stream);
+    auto in = detail::in(send);
+    auto out = detail::out(recv);
+    same_size("allreduce_on_stream", in.size(), out.size());
+    call_typed(in, out, [&](auto element) {
+      return kolo_allreduce_on_stream(handle_, in.data(), out.data(), in.size(), element, op,
+                                      stream);
+    });
   }
   template <class Send, class Recv, detail::if_range<Recv> = 0>
   void allreduce_scaled_on_stream(const Send& send, Recv&& recv, kolo_op_t op, double prescale,

@@ -193,7 +193,7 @@ TEST_CASE("the blocking collectives of kolo.hpp give what the C calls define", "
     int rank = -1, size = -1, local_rank = -1, local_size = -1;
     std::vector<float> allreduce_sum;
     std::vector<std::int32_t> allreduce_max_in_place;
-    std::vector<double> scaled;
+    std::vector<double> scaled, scaled_in_place;
     std::vector<std::int64_t> broadcast;
     std::vector<double> allgather, allgather_in_place, allgatherv;
     std::vector<float> reduce_scatter, reduce_scatterv;
@@ -227,6 +227,8 @@ TEST_CASE("the blocking collectives of kolo.hpp give what the C calls define", "
 
     out.scaled.resize(count);
     comm.allreduce_scaled(base, out.scaled, KOLO_SUM, 2.0, 0.5);
+    out.scaled_in_place = base;
+    comm.allreduce_scaled(out.scaled_in_place, KOLO_SUM, 1.0, 2.0);
 
     out.broadcast.assign(count, rank == 1 ? 42 : -1);
     comm.broadcast(out.broadcast, 1);
@@ -311,6 +313,7 @@ TEST_CASE("the blocking collectives of kolo.hpp give what the C calls define", "
       CHECK(out.allreduce_sum[i] == static_cast<float>(sum));
       CHECK(out.allreduce_max_in_place[i] == static_cast<std::int32_t>(maximum));
       CHECK(out.scaled[i] == sum);  // 2 * each input, summed, times 0.5
+      CHECK(out.scaled_in_place[i] == 2 * sum);
       CHECK(out.broadcast[i] == 42);
       CHECK(out.reduce_scatter[i] == static_cast<float>(
                                          contribution(0, rank * count + i) +
@@ -401,7 +404,7 @@ TEST_CASE("kolo.hpp's size checks refuse before calling kolo, and kolo's refusal
     after[rank] = four;
   });
   const std::vector<std::string> expected = {
-      "kolo::Comm::allreduce_scaled: recvbuf has 3 elements where sendbuf has 4 elements",
+      "kolo::Comm::allreduce: recvbuf has 3 elements where sendbuf has 4 elements",
       "kolo::Comm::allgather: recvbuf has 6 elements, not 2 times sendbuf's 4 elements",
       "kolo::Comm::reduce_scatter: sendbuf has 6 elements, not 2 times recvbuf's 4 elements",
       "kolo::Comm::alltoall: sendbuf has 3 elements and recvbuf 3 elements: both must hold 2 "
@@ -511,7 +514,7 @@ TEST_CASE("shrink gives a communicator of the ranks that are left", "[cpp_api]")
 TEST_CASE("named asynchronous operations return requests to wait on and test", "[cpp_api]") {
   const int size = 3;
   struct Outcome {
-    std::vector<float> out_of_place, in_place, group_a, group_b, group_c;
+    std::vector<float> out_of_place, in_place, group_a, group_b, group_c, group_d, group_e;
     std::vector<std::int64_t> broadcast;
     std::vector<double> gathered;
     std::vector<std::uint64_t> gathered_counts;
@@ -549,6 +552,12 @@ TEST_CASE("named asynchronous operations return requests to wait on and test", "
         std::vector<kolo::Span<const float>>{send_a, send_b, out.group_c},
         std::vector<kolo::Span<float>>{out.group_a, out.group_b, out.group_c}, KOLO_MAX);
     group.wait();
+    // A group in place.
+    out.group_d.assign(2, static_cast<float>(rank));
+    out.group_e.assign(4, 1.0f);
+    comm.allreduce_group_async({"group.d", "group.e"},
+                               std::vector<kolo::Span<float>>{out.group_d, out.group_e}, KOLO_SUM)
+        .wait();
 
     // Horovod's allgather: rank r sends r + 1 elements.
     std::vector<double> mine(static_cast<size_t>(rank + 1), rank * 1.5);
@@ -578,6 +587,8 @@ TEST_CASE("named asynchronous operations return requests to wait on and test", "
     CHECK(out.group_a == std::vector<float>(2, 1.0f));
     CHECK(out.group_b == std::vector<float>(3, 2.0f));
     CHECK(out.group_c == std::vector<float>(1, 2.0f));
+    CHECK(out.group_d == std::vector<float>(2, 3.0f));
+    CHECK(out.group_e == std::vector<float>(4, 3.0f));
     CHECK(out.gathered_counts == std::vector<std::uint64_t>{1, 2, 3});
     CHECK(out.gathered == std::vector<double>{0, 1.5, 1.5, 3, 3, 3, 0, 0, 0, 0});
     CHECK(out.mismatch.status == KOLO_ERR_MISMATCH);
@@ -586,7 +597,7 @@ TEST_CASE("named asynchronous operations return requests to wait on and test", "
     CHECK(out.bad_name.status == KOLO_ERR_INVALID_ARGUMENT);
     CHECK_FALSE(out.bad_name.message.empty());
     CHECK(out.bad_threshold.status == KOLO_ERR_INVALID_ARGUMENT);
-    CHECK(out.stats.requests_completed == 5);
+    CHECK(out.stats.requests_completed == 6);
     CHECK(out.stats.requests_failed == 1);
     CHECK(out.last_joined >= 0);
     CHECK(out.last_joined == outcomes[0].last_joined);
