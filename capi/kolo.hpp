@@ -25,8 +25,9 @@
 // and the blocking collectives on GPU buffers) goes in as kolo::Span(pointer, count).
 //
 // Element types: float, double, the 8-bit integer types (char, signed char, unsigned char,
-// std::byte), the 32- and 64-bit signed integer types, and kolo::float16 / kolo::bfloat16 (bit
-// containers: kolo reads and writes their bits, the arithmetic is kolo's). A type of your own
+// std::byte), the 32- and 64-bit signed integer types (and the 16-bit ones where kolo.h has
+// KOLO_INT16), and kolo::float16 / kolo::bfloat16 (bit containers: kolo reads and writes their
+// bits, the arithmetic is kolo's). A type of your own
 // (a half type of a framework, say) gets a dtype by a specialization of kolo::dtype_traits:
 //   template <> struct kolo::dtype_traits<my_half> { static constexpr kolo_dtype_t value =
 //   KOLO_FLOAT16; };
@@ -135,19 +136,37 @@ struct dtype_traits<std::byte> {
 
 namespace detail {
 
+// KOLO_INT16, where the kolo.h beside this header has it (kolo.h of 0.2 does not): looked up
+// through the enum type, so that its absence is a substitution failure and not an error.
+template <class Dtype, class = void>
+struct int16_dtype : std::false_type {};
+template <class Dtype>
+struct int16_dtype<Dtype, std::void_t<decltype(Dtype::KOLO_INT16)>> : std::true_type {
+  static constexpr Dtype dtype = Dtype::KOLO_INT16;
+};
+
 // Integer types by width and signedness (int64_t is long here and long long elsewhere; both are
 // 64-bit signed). bool and the wide character types are not numbers kolo reduces.
 template <class T>
 constexpr bool is_kolo_integer =
     std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, wchar_t> &&
     !std::is_same_v<T, char16_t> && !std::is_same_v<T, char32_t> &&
-    (sizeof(T) == 1 || (std::is_signed_v<T> && (sizeof(T) == 4 || sizeof(T) == 8)));
+    (sizeof(T) == 1 ||
+     (std::is_signed_v<T> && (sizeof(T) == 4 || sizeof(T) == 8 ||
+                              (sizeof(T) == 2 && int16_dtype<kolo_dtype_t>::value))));
 
-template <class T>
+// Dtype is a parameter so that int16_dtype<Dtype>::dtype is looked up only where T needs it.
+template <class T, class Dtype = kolo_dtype_t>
 constexpr kolo_dtype_t integer_dtype() {
-  if constexpr (sizeof(T) == 1) return std::is_signed_v<T> ? KOLO_INT8 : KOLO_UINT8;
-  if constexpr (sizeof(T) == 4) return KOLO_INT32;
-  return KOLO_INT64;
+  if constexpr (sizeof(T) == 1) {
+    return std::is_signed_v<T> ? KOLO_INT8 : KOLO_UINT8;
+  } else if constexpr (sizeof(T) == 2) {
+    return int16_dtype<Dtype>::dtype;
+  } else if constexpr (sizeof(T) == 4) {
+    return KOLO_INT32;
+  } else {
+    return KOLO_INT64;
+  }
 }
 
 template <class T, class = void>
@@ -519,8 +538,9 @@ class Comm {
     });
   }
 
-  // The arrays have size() entries; every block [displacement, displacement + count) lies
-  // inside its buffer (negative displacements are left to kolo, which refuses them).
+  // The arrays have size() entries; every block [displacement, displacement + count) of a
+  // non-zero count lies inside its buffer (negative displacements are left to kolo, which
+  // refuses them).
   template <class Send, class SendCounts, class SendDispls, class Recv, class RecvCounts,
             class RecvDispls, detail::if_range<Recv> = 0>
   void alltoallv(const Send& send, const SendCounts& send_counts, const SendDispls& send_displs,
@@ -775,7 +795,7 @@ class Comm {
   static void blocks_inside(const char* call, const char* buffer, Span<const std::uint64_t> counts,
                             Span<const std::int64_t> displs, std::size_t size) {
     for (std::size_t peer = 0; peer < counts.size(); ++peer) {
-      if (displs[peer] < 0) continue;
+      if (counts[peer] == 0 || displs[peer] < 0) continue;
       const auto start = static_cast<std::uint64_t>(displs[peer]);
       detail::require(counts[peer] <= size && start <= size - counts[peer], call,
                       std::string(buffer) + " has " + detail::elements(size) + ", and the block of rank " +

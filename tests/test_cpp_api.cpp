@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -74,6 +75,22 @@ Thrown thrown_by(Call&& call) {
   return result;
 }
 
+// An int16 sum that wraps, where kolo.h has KOLO_INT16: rank r contributes 30000 + r at every
+// element. Returns false (and does nothing) where it has not. A template, so that the call on
+// int16 buffers is compiled only where it compiles.
+template <class Int16 = std::int16_t>
+bool int16_sum(kolo::Comm& comm, std::vector<Int16>* result) {
+  if constexpr (kolo::detail::has_dtype<Int16>::value) {
+    result->assign(5, static_cast<Int16>(30000 + comm.rank()));
+    comm.allreduce(*result, KOLO_SUM);
+    return true;
+  } else {
+    (void)comm;
+    (void)result;
+    return false;
+  }
+}
+
 // The value rank r contributes at element i of the collectives below: distinct per rank and
 // element, small enough to be exact in every dtype used.
 double contribution(int rank, size_t i) { return rank * 100.0 + static_cast<double>(i % 50); }
@@ -94,7 +111,10 @@ TEST_CASE("element types map to kolo dtypes at compile time", "[cpp_api]") {
   static_assert(kolo::dtype_of<long long>() == KOLO_INT64);
   static_assert(!kolo::detail::has_dtype<unsigned>::value);
   static_assert(!kolo::detail::has_dtype<std::uint64_t>::value);
-  static_assert(!kolo::detail::has_dtype<short>::value);
+  // 16-bit integers where kolo.h has KOLO_INT16 (a later kolo.h), else refused.
+  static_assert(kolo::detail::has_dtype<short>::value ==
+                kolo::detail::int16_dtype<kolo_dtype_t>::value);
+  static_assert(!kolo::detail::has_dtype<unsigned short>::value);
   static_assert(!kolo::detail::has_dtype<bool>::value);
   static_assert(!kolo::detail::has_dtype<wchar_t>::value);
   static_assert(!kolo::detail::has_dtype<long double>::value);
@@ -142,7 +162,12 @@ TEST_CASE("kolo::Comm and kolo::Request are move-only and own their handle", "[c
     kolo::Comm owner = std::move(comm);  // comm is now empty
     const int rank = owner.rank();
     moved_from[rank] = thrown_by([&] { comm.barrier(); });
-    // Released and adopted again: the same communicator, still working.
+    // get() lends the handle to C calls; released and adopted again, it is the same
+    // communicator, still working.
+    int c_size = 0;
+    if (kolo_comm_size(owner.get(), &c_size) != KOLO_SUCCESS || c_size != 2) {
+      throw std::runtime_error("kolo_comm_size(owner.get()) did not give 2");
+    }
     kolo::Comm adopted(owner.release());
     std::vector<int> value = {rank + 1};
     adopted.allreduce(value, KOLO_SUM);
@@ -159,6 +184,7 @@ TEST_CASE("kolo::Comm and kolo::Request are move-only and own their handle", "[c
   }
   kolo::Comm empty(nullptr);
   CHECK_FALSE(empty);
+  CHECK(empty.get() == nullptr);
   kolo::Request none;
   CHECK_FALSE(none);
   Thrown waited = thrown_by([&] { none.wait(); });
@@ -200,6 +226,8 @@ TEST_CASE("the blocking collectives of kolo.hpp give what the C calls define", "
     std::vector<std::int32_t> alltoall, alltoallv;
     std::vector<double> reduce, reduce_in_place;
     std::vector<std::uint8_t> received;
+    bool has_int16 = false;
+    std::vector<std::int16_t> int16;
   };
   std::vector<Outcome> outcomes(size);
   const std::vector<std::uint64_t> v_counts = {2, 0, 5};
@@ -295,6 +323,7 @@ TEST_CASE("the blocking collectives of kolo.hpp give what the C calls define", "
       comm.send(message, next, 9);
     }
     out.received = message;
+    out.has_int16 = int16_sum(comm, &out.int16);
   });
 
   for (int rank = 0; rank < size; ++rank) {
@@ -363,6 +392,10 @@ TEST_CASE("the blocking collectives of kolo.hpp give what the C calls define", "
       expected_message.push_back(static_cast<std::uint8_t>(byte + increments));
     }
     CHECK(out.received == expected_message);
+    if (out.has_int16) {  // the sum modulo 2^16, as two's complement
+      const std::uint32_t sum = 3 * 30000 + 0 + 1 + 2;
+      CHECK(out.int16 == std::vector<std::int16_t>(5, static_cast<std::int16_t>(sum & 0xffff)));
+    }
   }
 }
 
@@ -536,7 +569,8 @@ TEST_CASE("named asynchronous operations return requests to wait on and test", "
     halve.postscale = 0.5;
     kolo::Request a = comm.allreduce_async("grad.a", send, out.out_of_place, KOLO_SUM);
     kolo::Request b = comm.allreduce_async("grad.b", out.in_place, KOLO_SUM, &halve);
-    kolo::Request c = comm.broadcast_async("weights", out.broadcast, 2);
+    // A request released to C and adopted back.
+    kolo::Request c(comm.broadcast_async("weights", out.broadcast, 2).release());
     a.wait();
     b.wait();
     while (!c.test()) std::this_thread::yield();
@@ -606,23 +640,31 @@ TEST_CASE("named asynchronous operations return requests to wait on and test", "
 
 TEST_CASE("the GPU calls throw kolo's refusal of host buffers", "[cpp_api]") {
   std::vector<std::string> backend(1);
-  std::vector<Thrown> on_stream(1), broadcast(1);
+  std::vector<Thrown> on_stream(1), scaled(1), broadcast(1), synchronize(1);
   std::vector<std::string> last_error(1);
   on_ranks(1, [&](kolo::Comm& comm) {
     backend[0] = comm.gpu_backend();
     std::vector<float> host(4, 1.0f), result(4);
     on_stream[0] = thrown_by([&] { comm.allreduce_on_stream(host, result, KOLO_SUM, nullptr); });
     last_error[0] = comm.last_error();
+    scaled[0] = thrown_by(
+        [&] { comm.allreduce_scaled_on_stream(host, result, KOLO_SUM, 1.0, 2.0, nullptr); });
     broadcast[0] = thrown_by([&] { comm.broadcast_on_stream(host, 0, nullptr); });
+    // With a GPU, synchronizing the default stream succeeds; without, it is refused.
+    synchronize[0] = thrown_by([&] { comm.stream_synchronize(nullptr); });
   });
   CHECK(backend[0] == "none");
   // Without CUDA or a GPU: KOLO_ERR_UNSUPPORTED; with one, host memory is an invalid argument.
-  for (const Thrown& thrown : {on_stream[0], broadcast[0]}) {
+  for (const Thrown& thrown : {on_stream[0], scaled[0], broadcast[0]}) {
     CHECK(thrown.thrown);
     CHECK((thrown.status == KOLO_ERR_UNSUPPORTED || thrown.status == KOLO_ERR_INVALID_ARGUMENT));
     CHECK_FALSE(thrown.message.empty());
   }
   CHECK(on_stream[0].message == last_error[0]);
+  if (synchronize[0].thrown) {
+    CHECK(synchronize[0].status == KOLO_ERR_UNSUPPORTED);
+    CHECK(on_stream[0].status == KOLO_ERR_UNSUPPORTED);
+  }
 }
 
 TEST_CASE("the C++ example runs as a job of real processes", "[cpp_api]") {
