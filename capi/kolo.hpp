@@ -27,8 +27,8 @@
 // Element types: float, double, the 8-bit integer types (char, signed char, unsigned char,
 // std::byte), the 32- and 64-bit signed integer types (and the 16-bit ones where kolo.h has
 // KOLO_INT16), and kolo::float16 / kolo::bfloat16 (bit containers: kolo reads and writes their
-// bits, the arithmetic is kolo's). A type of your own
-// (a half type of a framework, say) gets a dtype by a specialization of kolo::dtype_traits:
+// bits, the arithmetic is kolo's). A type of your own (a half type of a framework, say) gets a
+// dtype by a specialization of kolo::dtype_traits:
 //   template <> struct kolo::dtype_traits<my_half> { static constexpr kolo_dtype_t value =
 //   KOLO_FLOAT16; };
 // Any other element type is refused at compile time.

@@ -21,6 +21,15 @@
 #include "kolo.hpp"
 #include "process.hpp"
 
+// A half type of an application's own, given a dtype as docs/cpp.md shows.
+struct ApplicationHalf {
+  std::uint16_t bits;
+};
+template <>
+struct kolo::dtype_traits<ApplicationHalf> {
+  static constexpr kolo_dtype_t value = KOLO_FLOAT16;
+};
+
 // Defined in cpp_api_pedantic.cpp, compiled as C++17 with -Wall -Wextra -Wpedantic -Werror.
 int pedantic_translation_unit_version();
 
@@ -109,6 +118,7 @@ TEST_CASE("element types map to kolo dtypes at compile time", "[cpp_api]") {
   static_assert(kolo::dtype_of<std::int32_t>() == KOLO_INT32);
   static_assert(kolo::dtype_of<std::int64_t>() == KOLO_INT64);
   static_assert(kolo::dtype_of<long long>() == KOLO_INT64);
+  static_assert(kolo::dtype_of<ApplicationHalf>() == KOLO_FLOAT16);
   static_assert(!kolo::detail::has_dtype<unsigned>::value);
   static_assert(!kolo::detail::has_dtype<std::uint64_t>::value);
   // 16-bit integers where kolo.h has KOLO_INT16 (a later kolo.h), else refused.
@@ -228,6 +238,7 @@ TEST_CASE("the blocking collectives of kolo.hpp give what the C calls define", "
     std::vector<std::uint8_t> received;
     bool has_int16 = false;
     std::vector<std::int16_t> int16;
+    std::vector<std::uint16_t> half_bits, bfloat_bits;
   };
   std::vector<Outcome> outcomes(size);
   const std::vector<std::uint64_t> v_counts = {2, 0, 5};
@@ -324,6 +335,14 @@ TEST_CASE("the blocking collectives of kolo.hpp give what the C calls define", "
     }
     out.received = message;
     out.has_int16 = int16_sum(comm, &out.int16);
+    // Half types as bits: 1.0 on every rank sums to 3.0 (binary16 0x3c00 -> 0x4200, bfloat16
+    // 0x3f80 -> 0x4040).
+    std::vector<ApplicationHalf> halves(4, ApplicationHalf{0x3c00});
+    comm.allreduce(halves, KOLO_SUM);
+    std::array<kolo::bfloat16, 2> bfloats = {kolo::bfloat16{0x3f80}, kolo::bfloat16{0x3f80}};
+    comm.allreduce(bfloats, KOLO_SUM);
+    for (const auto& half : halves) out.half_bits.push_back(half.bits);
+    for (const auto& bfloat : bfloats) out.bfloat_bits.push_back(bfloat.bits);
   });
 
   for (int rank = 0; rank < size; ++rank) {
@@ -392,6 +411,8 @@ TEST_CASE("the blocking collectives of kolo.hpp give what the C calls define", "
       expected_message.push_back(static_cast<std::uint8_t>(byte + increments));
     }
     CHECK(out.received == expected_message);
+    CHECK(out.half_bits == std::vector<std::uint16_t>(4, 0x4200));
+    CHECK(out.bfloat_bits == std::vector<std::uint16_t>(2, 0x4040));
     if (out.has_int16) {  // the sum modulo 2^16, as two's complement
       const std::uint32_t sum = 3 * 30000 + 0 + 1 + 2;
       CHECK(out.int16 == std::vector<std::int16_t>(5, static_cast<std::int16_t>(sum & 0xffff)));
