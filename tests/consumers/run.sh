@@ -2,7 +2,9 @@
 # Installs kolo into a scratch DESTDIR and builds tests/consumers/consumer.c against that install
 # twice, as projects outside kolo would: with CMake (find_package(kolo), kolo::kolo) and with
 # pkg-config; runs each under the installed kolorun with two ranks. A find_package request for a
-# version the install does not satisfy must fail.
+# version the install does not satisfy must fail. Then the C++ example (examples/cpp/, kolo.hpp)
+# the same two ways, each with its own build files: its CMakeLists.txt, and its meson.build as a
+# standalone Meson project that finds kolo.pc.
 # Usage: run.sh BUILD_DIR [CMAKE]
 set -eu
 build=$(cd "$1" && pwd)
@@ -15,8 +17,9 @@ meson install -C "$build" --destdir "$scratch/root" --no-rebuild --quiet
 config=$(find "$scratch/root" -name koloConfig.cmake)
 pc_file=$(find "$scratch/root" -name kolo.pc)
 kolorun=$(find "$scratch/root" -path '*/bin/kolorun')
-[ -n "$config" ] && [ -n "$pc_file" ] && [ -n "$kolorun" ] || {
-  echo "FAIL: the install lacks koloConfig.cmake, kolo.pc or kolorun: $(find "$scratch/root" -type f)"
+hpp=$(find "$scratch/root" -path '*/kolo/kolo.hpp')
+[ -n "$config" ] && [ -n "$pc_file" ] && [ -n "$kolorun" ] && [ -n "$hpp" ] || {
+  echo "FAIL: the install lacks koloConfig.cmake, kolo.pc, kolorun or kolo.hpp: $(find "$scratch/root" -type f)"
   exit 1
 }
 prefix=$(sed -n 's/^prefix=//p' "$pc_file")
@@ -53,4 +56,18 @@ flags=$(PKG_CONFIG_PATH="$(dirname "$pc_file")" PKG_CONFIG_SYSROOT_DIR="$scratch
   pkg-config --cflags --libs kolo)
 cc -std=c11 -Wall -Werror "$here/consumer.c" $flags -o "$scratch/pkgconfig-consumer"
 run_two_ranks "$scratch/pkgconfig-consumer" pkg-config
-echo "both consumers passed"
+
+example=$(cd "$here/../../examples/cpp" && pwd)
+echo "== the C++ example with CMake: $example/CMakeLists.txt"
+"$cmake" -G Ninja -S "$example" -B "$scratch/cpp-cmake" -DCMAKE_PREFIX_PATH="$scratch/root$prefix" \
+  >"$scratch/cpp-cmake.log" 2>&1 && "$cmake" --build "$scratch/cpp-cmake" >>"$scratch/cpp-cmake.log" 2>&1 ||
+  { cat "$scratch/cpp-cmake.log"; echo "FAIL: the C++ example did not build with CMake"; exit 1; }
+run_two_ranks "$scratch/cpp-cmake/allreduce_broadcast" "C++ example (CMake)"
+
+echo "== the C++ example with Meson: $example/meson.build"
+PKG_CONFIG_PATH="$(dirname "$pc_file")" PKG_CONFIG_SYSROOT_DIR="$scratch/root" \
+  meson setup "$scratch/cpp-meson" "$example" >"$scratch/cpp-meson.log" 2>&1 &&
+  ninja -C "$scratch/cpp-meson" >>"$scratch/cpp-meson.log" 2>&1 ||
+  { cat "$scratch/cpp-meson.log"; echo "FAIL: the C++ example did not build with Meson"; exit 1; }
+run_two_ranks "$scratch/cpp-meson/allreduce_broadcast" "C++ example (Meson)"
+echo "all consumers passed"
