@@ -117,7 +117,7 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   if (config_.rank == 0) {
     // One line per job that says what ran, for bug reports and for comparing runs (rank 0 only).
     log::info("kolo {} (commit {}): {} rank(s) on {} node(s), transport {}, allreduce {} "
-              "(KOLO_ALLREDUCE={}), segments of {} bytes, shared memory {}, {} TCP stream(s), "
+              "(KOLO_ALLREDUCE={}), segments of {} bytes, KOLO_SHM={}, {} TCP stream(s), "
               "started by {}",
               build_version(), build_commit(), config_.size, node_count_, transport_->name(),
               allreduce_choice, config_.allreduce, config_.segment_bytes, config_.shm,
