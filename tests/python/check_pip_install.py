@@ -9,6 +9,7 @@ must load the libkolo.so inside the installed package, and an allreduce must giv
 this script computes itself.
 Usage: check_pip_install.py BUILD_DIR SOURCE_ROOT. Exit 0 when it all holds, 1 saying what did not.
 """
+import ast
 import os
 import re
 import shutil
@@ -95,7 +96,7 @@ def main():
                          rf"torch-module (\S+)", output)
         if not line:
             return fail(f"rank {rank} printed no result", result)
-        if eval(line.group(1)) != expected:
+        if ast.literal_eval(line.group(1)) != expected:
             return fail(f"rank {rank}: allreduce gave {line.group(1)}, expected {expected}")
         for what, path in (("libkolo", line.group(2)), ("kolo.torch", line.group(4))):
             if not os.path.realpath(path).startswith(site + os.sep):
