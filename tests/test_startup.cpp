@@ -66,7 +66,8 @@ TEST_CASE("rank 0 logs one start-up line with the version, commit, transport and
                               std::to_string(KOLO_VERSION_PATCH);
   const std::regex line("kolo " + version +
                         " \\(commit ([0-9a-f]{12}(-dirty)?|unknown)\\): 2 rank\\(s\\) on 1 "
-                        "node\\(s\\), transport tcp, allreduce flat \\(KOLO_ALLREDUCE=ring\\), "
+                        "node\\(s\\), transport tcp, allreduce flat \\(KOLO_ALLREDUCE=ring; flat: "
+                        "recursive doubling up to [0-9]+ bytes, ring above\\), "
                         "segments of [0-9]+ bytes, KOLO_SHM=[a-z0-9]+, 1 TCP stream\\(s\\), "
                         "started by [a-z]+");
   for (size_t rank = 0; rank < results.size(); ++rank) {

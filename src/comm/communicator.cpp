@@ -117,11 +117,13 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   if (config_.rank == 0) {
     // One line per job that says what ran, for bug reports and for comparing runs (rank 0 only).
     log::info("kolo {} (commit {}): {} rank(s) on {} node(s), transport {}, allreduce {} "
-              "(KOLO_ALLREDUCE={}), segments of {} bytes, KOLO_SHM={}, {} TCP stream(s), "
-              "started by {}",
+              "(KOLO_ALLREDUCE={}; flat: recursive doubling up to {} bytes, ring above), "
+              "segments of {} bytes, KOLO_SHM={}, {} TCP stream(s), started by {}",
               build_version(), build_commit(), config_.size, node_count_, transport_->name(),
-              allreduce_choice, config_.allreduce, config_.segment_bytes, config_.shm,
-              config_.tcp_streams, config_.launcher.empty() ? "config" : config_.launcher);
+              allreduce_choice, config_.allreduce,
+              kRecursiveDoublingMaxBytesPerRank * static_cast<uint64_t>(config_.size),
+              config_.segment_bytes, config_.shm, config_.tcp_streams,
+              config_.launcher.empty() ? "config" : config_.launcher);
   }
   report_on(this);
 }
