@@ -3,8 +3,10 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "job.hpp"
 #include "kolo.h"
@@ -55,6 +57,34 @@ TEST_CASE("a rank that never joins is named, with the store it was awaited at", 
                                "; was it started, with the same KOLO_ADDR and KOLO_SIZE=2?";
   CHECK(result.output.find(expected) != std::string::npos);
   CHECK(result.output.find("waiting for key") == std::string::npos);
+}
+
+TEST_CASE("a rank that waits with rank 0 for a rank that never joins names it too", "[startup]") {
+  // Ranks 0 and 2 of 3: rank 1 is never started. Rank 0 times out and its store closes; rank 2,
+  // whose own timeout has not yet come, says which rank it was waiting for when the store went.
+  const int port = kolo::test::free_tcp_port();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  std::vector<kolo::test::Process> ranks;
+  for (const char* rank : {"0", "2"}) {
+    ranks.emplace_back(
+        std::vector<std::string>{kolo::test::built_program("tests/kolo_test_worker"), "loop", "1"},
+        std::map<std::string, std::string>{{"KOLO_RANK", rank},
+                                           {"KOLO_SIZE", "3"},
+                                           {"KOLO_ADDR", address},
+                                           {"KOLO_SECRET", kolo::test::kTestSecret},
+                                           {"KOLO_TIMEOUT", rank == std::string("0") ? "3" : "30"}});
+  }
+  auto rank0 = ranks[0].wait(30);
+  auto rank2 = ranks[1].wait(30);
+  INFO("rank 0 output:\n" << rank0.output << "\nrank 2 output:\n" << rank2.output);
+  CHECK(rank0.exit_code == 4);
+  CHECK(rank0.output.find("rank 1 of 3 never joined: rank 0 waited 3 s (KOLO_TIMEOUT) for it at "
+                          "the rendezvous store at " + address) != std::string::npos);
+  CHECK(rank2.exit_code == 4);
+  CHECK(rank2.output.find("KOLO_ERR_PEER_LOST") != std::string::npos);
+  CHECK(rank2.output.find("rank 1 of 3 had not joined when the rendezvous store at " + address +
+                          " closed (rank 2 waited for it; rank 0, which serves the store, gave "
+                          "up waiting for it or was lost)") != std::string::npos);
 }
 
 TEST_CASE("rank 0 logs one start-up line with the version, commit, transport and schedules",

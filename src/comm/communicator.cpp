@@ -163,6 +163,15 @@ void Communicator::discover_hosts() {
     try {
       return store_->get_string(store_key(kWorldContext, "host", rank));
     } catch (const Error& error) {
+      // Rank 0 times out first (it started first) and its store goes with it: the other ranks
+      // that waited then see the store close.
+      if (error.status() == Status::kPeerLost && config_.rank != 0) {
+        throw Error(Status::kPeerLost,
+                    fmt::format("kolo: rank {} of {} had not joined when the rendezvous store at "
+                                "{} closed (rank {} waited for it; rank 0, which serves the "
+                                "store, gave up waiting for it or was lost) [{}]",
+                                rank, config_.size, config_.addr, config_.rank, error.what()));
+      }
       if (error.status() != Status::kTimeout) throw;
       throw Error(Status::kTimeout,
                   fmt::format("kolo: rank {} of {} never joined: rank {} waited {:g} s "
