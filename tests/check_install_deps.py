@@ -136,13 +136,13 @@ PIP_ROUTE_MODULES = ["ensurepip", "pip"]
 
 
 def required_python_modules(source_root):
-    """('pyproject.toml', module) for the build backend and the pip route's modules."""
+    """(where, module) for pyproject.toml's build backend and the pip route's modules."""
     pyproject = os.path.join(source_root, "pyproject.toml")
     if not os.path.exists(pyproject):
         return []
     match = re.search(r"^build-backend\s*=\s*['\"]([\w.]+)['\"]", open(pyproject).read(), re.M)
-    modules = ([match.group(1).split(".")[0]] if match else []) + PIP_ROUTE_MODULES
-    return [("pyproject.toml", module) for module in modules]
+    backend = [("pyproject.toml", match.group(1).split(".")[0])] if match else []
+    return backend + [("tests/python/check_pip_install.py", module) for module in PIP_ROUTE_MODULES]
 
 
 def module_file(name):
