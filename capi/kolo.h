@@ -56,7 +56,7 @@ extern "C" {
 /* ---- Versions ------------------------------------------------------------------------------ */
 
 #define KOLO_VERSION_MAJOR 0
-#define KOLO_VERSION_MINOR 2
+#define KOLO_VERSION_MINOR 3
 #define KOLO_VERSION_PATCH 0
 /* One integer, major * 10000 + minor * 100 + patch, as returned by kolo_version(). */
 #define KOLO_VERSION (KOLO_VERSION_MAJOR * 10000 + KOLO_VERSION_MINOR * 100 + KOLO_VERSION_PATCH)

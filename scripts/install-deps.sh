@@ -11,6 +11,9 @@ libucx-dev"
 # multi-process tests call, and Python with numpy, torch and pytest for the Python package.
 packages="$packages catch2 nlohmann-json3-dev cmake iproute2 procps python3 python3-numpy \
 python3-torch python3-pytest python3-sklearn"
+# pip install . (pyproject.toml's meson-python backend) into a venv with pip, as
+# tests/python/check_pip_install.py does.
+packages="$packages python3-mesonpy python3-venv python3-pip"
 # Fuzzing (tests/fuzz/run.sh): clang and the libFuzzer runtime that -fsanitize=fuzzer links.
 packages="$packages clang-14 libclang-rt-14-dev"
 # Benchmarks: Open MPI beside kolo in bench/compare_mpi.sh.

@@ -1,39 +1,58 @@
 #!/bin/sh
-# Installs what is missing, builds, runs the whole test suite, and ends with the line
-# "N passed, N failed" (CI reads that line), which counts the tests of every build. Each test runs
-# once: kolo's C tests under AddressSanitizer and UndefinedBehaviorSanitizer (scripts/sanitize.sh
-# asan, which lists them), the rest (the Python package, the soak, the fuzz suite, the install and
-# layering checks) in the plain build; then the ThreadSanitizer
-# run of the fusion engine, splits and threaded unit tests. What each part costs is in the README
-# (Development).
-#   sh scripts/test.sh                     everything (what .ci/run does)
-#   sh scripts/test.sh --no-sanitizers     the whole suite in the plain build, no sanitizer
-#   sh scripts/test.sh [...] NAMES/OPTIONS passed to `meson test` of the plain build; with any,
-#                                          the sanitizer runs are left out
+# Installs what is missing, builds, runs tests, and ends with the line "N passed, N failed" (CI
+# reads that line). What each part costs is in docs/contributing.md.
+#   sh scripts/test.sh                   the plain suite (about 15 minutes on 2 cores): every test
+#                                        of the plain build but the long ones named in LONG below
+#   sh scripts/test.sh --all             everything (what .ci/run does): the long tests too, and
+#                                        the sanitizer builds. Each test runs once: kolo's C tests
+#                                        under AddressSanitizer and UndefinedBehaviorSanitizer
+#                                        (scripts/sanitize.sh asan, which lists them), the rest (the
+#                                        Python package, the soak, the fuzz suite, pip install, the
+#                                        install and layering checks) in the plain build; then the
+#                                        ThreadSanitizer run of the fusion engine, splits and
+#                                        threaded unit tests. The last line counts every build.
+#   sh scripts/test.sh --no-sanitizers   every test of the plain build, long ones included
+#   sh scripts/test.sh NAMES/OPTIONS     passed to `meson test` of the plain build
 set -eu
 cd "$(dirname "$0")/.."
-sanitizers=yes
-if [ "${1:-}" = "--no-sanitizers" ]; then
-  sanitizers=no
-  shift
-fi
-[ $# -eq 0 ] || sanitizers=no
+# The long tests, left to --all: the soak (2 minutes of load), the fuzz suite (a build of its
+# own), `pip install .` in a venv (a build of its own), the simulated cluster, the strangers at
+# every listener, and the repeats of the multi-process tests over other transport flavours (UCX
+# through its TCP, shared-memory and stream paths, the fusion engine over UCX, TCP beside kolo's
+# rings); the plain suite keeps each test over TCP and UCX as kolo picks them by default.
+LONG='^(soak|fuzz_.*|pip_install|cluster_.*|(ucx_)?strangers|ucx_(tcp|shm|stream|fusion)_.*|tcp_shm_.*)$'
+mode=quick
+case "${1:-}" in
+  --all) mode=all; shift ;;
+  --no-sanitizers) mode=plain; shift ;;
+esac
+[ $# -eq 0 ] || mode=plain
 sh scripts/install-deps.sh
 sh scripts/build.sh
 status=0
 logs=build/meson-logs/testlog.json
-if [ "$sanitizers" = yes ]; then
-  under_asan=$(sh scripts/sanitize.sh --list-asan build)
-  plain_tests=$(meson test -C build --no-rebuild --list 2>/dev/null | grep " / " |
-    sed 's|.* / ||' | grep -v -x -F "$under_asan")
-  # shellcheck disable=SC2086
-  meson test -C build --print-errorlogs --num-processes 1 $plain_tests || status=$?
-  sh scripts/sanitize.sh asan || status=$?
-  sh scripts/sanitize.sh tsan || status=$?
-  logs="$logs build-asan/meson-logs/testlog.json build-tsan/meson-logs/testlog.json"
-else
-  meson test -C build --print-errorlogs --num-processes 1 "$@" || status=$?
-fi
+all_tests() {
+  meson test -C build --no-rebuild --list 2>/dev/null | grep " / " | sed 's|.* / ||'
+}
+case "$mode" in
+  quick)
+    tests=$(all_tests | grep -v -E "$LONG")
+    # shellcheck disable=SC2086
+    meson test -C build --print-errorlogs --num-processes 1 $tests || status=$?
+    ;;
+  all)
+    under_asan=$(sh scripts/sanitize.sh --list-asan build)
+    tests=$(all_tests | grep -v -x -F "$under_asan")
+    # shellcheck disable=SC2086
+    meson test -C build --print-errorlogs --num-processes 1 $tests || status=$?
+    sh scripts/sanitize.sh asan || status=$?
+    sh scripts/sanitize.sh tsan || status=$?
+    logs="$logs build-asan/meson-logs/testlog.json build-tsan/meson-logs/testlog.json"
+    ;;
+  plain)
+    meson test -C build --print-errorlogs --num-processes 1 "$@" || status=$?
+    ;;
+esac
 # shellcheck disable=SC2086
 python3 scripts/test_summary.py $logs
 exit $status

@@ -4,8 +4,11 @@ A fresh machine has only what install-deps.sh installs, so every dependency that
 require must come from a package in its list. This check reads the required dependencies from
 Meson's own introspection of the source tree (a feature option that is not 'disabled' counts as
 required: kolo builds with it wherever it is found), and the required programs from the
-`find_program(...)` calls in every meson.build. For each it finds the file that provides it on
-this machine (the pkg-config file, a CMake package file, or the program in Debian's directories)
+`find_program(...)` calls in every meson.build, and the Python modules that `pip install .` needs
+(pyproject.toml's build backend; venv's ensurepip and pip, which tests/python/check_pip_install.py
+uses with Debian's interpreter). For each it finds the file that provides it on
+this machine (the pkg-config file, a CMake package file, the program in Debian's directories, or the module's
+file as Debian's /usr/bin/python3 imports it)
 and asks dpkg which package owns that file.
 
 Usage: check_install_deps.py [--self-test] SOURCE_ROOT [INSTALL_DEPS_SCRIPT]
@@ -127,11 +130,36 @@ def program_file(name):
     return None
 
 
+# Modules of Debian's interpreter that the pip route needs beside pyproject.toml's build backend:
+# `python3 -m venv` makes a venv with pip only where ensurepip is installed (python3-venv).
+PIP_ROUTE_MODULES = ["ensurepip", "pip"]
+
+
+def required_python_modules(source_root):
+    """(where, module) for pyproject.toml's build backend and the pip route's modules."""
+    pyproject = os.path.join(source_root, "pyproject.toml")
+    if not os.path.exists(pyproject):
+        return []
+    match = re.search(r"^build-backend\s*=\s*['\"]([\w.]+)['\"]", open(pyproject).read(), re.M)
+    backend = [("pyproject.toml", match.group(1).split(".")[0])] if match else []
+    return backend + [("tests/python/check_pip_install.py", module) for module in PIP_ROUTE_MODULES]
+
+
+def module_file(name):
+    result = run(["/usr/bin/python3", "-c",
+                  "import importlib.util, sys; spec = importlib.util.find_spec(sys.argv[1]); "
+                  "print(spec.origin if spec else '')", name])
+    path = result.stdout.strip() if result.returncode == 0 else ""
+    return path or None
+
+
 def resolve(source_root):
     """(kind, where, name, file or None, package or None) for every required dependency and program."""
     wanted = [("dependency", "meson.build files", name, dependency_file(name))
               for name in required_dependencies(source_root)]
     wanted += [("program", where, name, program_file(name)) for where, name in required_programs(source_root)]
+    wanted += [("Python module", where, name, module_file(name))
+               for where, name in required_python_modules(source_root)]
     return [(kind, where, name, path, owning_package(path) if path else None)
             for kind, where, name, path in wanted]
 

@@ -161,8 +161,9 @@ class LibraryNotFound(ImportError):
 
 def candidate_paths():
     """Where libkolo.so is looked for, in order: KOLO_LIBRARY, the library directory that
-    `meson install` recorded beside the installed package, the package's own directory, and the
-    build tree of a source checkout (build/capi/ at the top of it)."""
+    `meson install` recorded beside the installed package, the package's own directory (where
+    `pip install .` puts libkolo.so), and the build tree of a source checkout (build/capi/ at the
+    top of it)."""
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = []
     explicit = os.environ.get("KOLO_LIBRARY")
@@ -175,7 +176,7 @@ def candidate_paths():
                            os.path.join(_install.LIBDIR, "libkolo.so.0")))
     except ImportError:
         pass
-    candidates.append(("beside the package", os.path.join(here, "libkolo.so.0")))
+    candidates.append(("inside the package", os.path.join(here, "libkolo.so")))
     checkout = os.path.dirname(os.path.dirname(here))
     candidates.append(("build tree of the checkout",
                        os.path.join(checkout, "build", "capi", "libkolo.so")))

@@ -13,6 +13,7 @@
 #include "comm/lifeline.hpp"
 #include "comm/report.hpp"
 #include "core/arguments.hpp"
+#include "core/build_info.hpp"
 #include "core/host.hpp"
 #include "core/log.hpp"
 #include "core/topology.hpp"
@@ -100,7 +101,7 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
   lifeline_ = std::make_shared<Lifeline>(config_, *store_, kWorldContext);
-  place_allreduce();
+  const std::string allreduce_choice = place_allreduce();
 
   // Rank 0 serves the store: it stays until every rank is done with it.
   store_->set_string(store_key(kWorldContext, "ready", config_.rank), "1");
@@ -113,6 +114,17 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   log::info("communicator ready: rank {} of {}, local rank {} of {}, {} node(s), transport {}",
             config_.rank, config_.size, config_.local_rank, config_.local_size, node_count_,
             transport_->name());
+  if (config_.rank == 0) {
+    // One line per job that says what ran, for bug reports and for comparing runs (rank 0 only).
+    log::info("kolo {} (commit {}): {} rank(s) on {} node(s), transport {}, allreduce {} "
+              "(KOLO_ALLREDUCE={}; flat: recursive doubling up to {} bytes, ring above), "
+              "segments of {} bytes, KOLO_SHM={}, {} TCP stream(s), started by {}",
+              build_version(), build_commit(), config_.size, node_count_, transport_->name(),
+              allreduce_choice, config_.allreduce,
+              kRecursiveDoublingMaxBytesPerRank * static_cast<uint64_t>(config_.size),
+              config_.segment_bytes, config_.shm, config_.tcp_streams,
+              config_.launcher.empty() ? "config" : config_.launcher);
+  }
   report_on(this);
 }
 
@@ -145,6 +157,30 @@ fusion::FusionEngine& Communicator::fusion() {
 // every rank finds the same disagreement; rank 0, whose process serves the store, waits until
 // every rank has read before it fails, so that each reports the disagreement itself.
 void Communicator::discover_hosts() {
+  // The first thing every rank publishes: a rank whose key never comes never started, or started
+  // with another KOLO_ADDR or KOLO_SIZE, and the timeout says so rather than naming a store key.
+  auto host_of_rank = [&](int rank) {
+    try {
+      return store_->get_string(store_key(kWorldContext, "host", rank));
+    } catch (const Error& error) {
+      // Rank 0 times out first (it started first) and its store goes with it: the other ranks
+      // that waited then see the store close.
+      if (error.status() == Status::kPeerLost && config_.rank != 0) {
+        throw Error(Status::kPeerLost,
+                    fmt::format("kolo: rank {} of {} had not joined when the rendezvous store at "
+                                "{} closed (rank {} waited for it; rank 0, which serves the "
+                                "store, gave up waiting for it or was lost) [{}]",
+                                rank, config_.size, config_.addr, config_.rank, error.what()));
+      }
+      if (error.status() != Status::kTimeout) throw;
+      throw Error(Status::kTimeout,
+                  fmt::format("kolo: rank {} of {} never joined: rank {} waited {:g} s "
+                              "(KOLO_TIMEOUT) for it at the rendezvous store at {}; was it "
+                              "started, with the same KOLO_ADDR and KOLO_SIZE={}?",
+                              rank, config_.size, config_.rank, config_.timeout_s, config_.addr,
+                              config_.size));
+    }
+  };
   const std::string host = host_identity(config_);
   store_->set_string(store_key(kWorldContext, "host", config_.rank),
                      config_.allreduce + "\n" + host);
@@ -154,9 +190,8 @@ void Communicator::discover_hosts() {
   std::vector<std::string> modes;
   host_of_.clear();
   for (int rank = 0; rank < config_.size; ++rank) {
-    std::string other = rank == config_.rank
-                            ? config_.allreduce + "\n" + host
-                            : store_->get_string(store_key(kWorldContext, "host", rank));
+    std::string other = rank == config_.rank ? config_.allreduce + "\n" + host
+                                             : host_of_rank(rank);
     const size_t newline = other.find('\n');
     modes.push_back(other.substr(0, newline));
     other = newline == std::string::npos ? std::string() : other.substr(newline + 1);
@@ -186,7 +221,7 @@ void Communicator::discover_hosts() {
   if (config_.local_size < 0) config_.local_size = local_size;
 }
 
-void Communicator::place_allreduce() {
+std::string Communicator::place_allreduce() {
   const AllreduceMode mode = config_.allreduce == "ring"           ? AllreduceMode::kRing
                              : config_.allreduce == "hierarchical" ? AllreduceMode::kHierarchical
                                                                    : AllreduceMode::kAuto;
@@ -215,6 +250,7 @@ void Communicator::place_allreduce() {
       config_.allreduce, choice, shape.hosts, fmt::join(hosts.leaders(), ","), shape.largest_host,
       shape.hierarchical_network_steps, shape.flat_network_steps);
   ring_->set_allreduce_placement(mode, std::move(hosts));
+  return choice;
 }
 
 template <typename Body>

@@ -133,8 +133,9 @@ class Communicator {
   void discover_hosts();
   // The collective run() started (running) or finished, for report().
   void set_activity(const OpDescriptor& op, bool running, bool failed = false);
-  // Hands KOLO_ALLREDUCE and the host map to the allreduce dispatcher (ring/algorithms.hpp).
-  void place_allreduce();
+  // Hands KOLO_ALLREDUCE and the host map to the allreduce dispatcher (ring/algorithms.hpp);
+  // returns the schedules it chose, in words ("flat", "hierarchical up to N bytes, flat above").
+  std::string place_allreduce();
   // The communicator broke: the fusion engine fails its requests too.
   void tell_fusion_engine(const Error& error);
   // The GPU path of allreduce() and broadcast() (comm/communicator_gpu.cpp), and the backend that

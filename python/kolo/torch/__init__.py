@@ -28,6 +28,7 @@ from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from . import elastic
 from . import process_group as _process_group
+from kolo import __version__  # the version of libkolo, as hvd.__version__ is Horovod's
 
 _process_group.register()
 
