@@ -382,8 +382,8 @@ TEST_CASE("kolorun stops the job when a rank fails and exits with its status", "
     INFO("output: " << run.result.output);
     CHECK(run.result.exit_code == 3);
     CHECK(std::regex_search(run.result.output,
-                            std::regex("kolorun: rank 1 \\(pid (\\d+) on " + this_host() +
-                                       "\\) exited with status 3\n")));
+                            std::regex("kolorun: rank 1 exited with status 3 \\(pid \\d+ on " +
+                                       this_host() + "\\)\n")));
     CHECK(run.seconds < 3);  // the other ranks were stopped, not waited for
     CHECK(reported_pids(run.result.output).size() == 3);
     CHECK(all_gone_within(reported_pids(run.result.output), 1));
@@ -393,9 +393,9 @@ TEST_CASE("kolorun stops the job when a rank fails and exits with its status", "
                            "if [ $KOLO_RANK = 1 ]; then kill -KILL $$; fi; exec sleep 30"});
     INFO("output: " << run.result.output);
     CHECK(run.result.exit_code == 128 + SIGKILL);
-    CHECK_THAT(run.result.output,
-               Contains("kolorun: rank 1 (pid ") &&
-                   Contains(" on " + this_host() + ") killed by signal SIGKILL\n"));
+    CHECK(std::regex_search(run.result.output,
+                            std::regex("kolorun: rank 1 killed by signal SIGKILL \\(pid \\d+ on " +
+                                       this_host() + "\\)\n")));
     CHECK(run.seconds < 3);
   }
   SECTION("--elastic: a rank killed by a signal does not stop the others") {
@@ -404,9 +404,9 @@ TEST_CASE("kolorun stops the job when a rank fails and exits with its status", "
                            "echo rank $KOLO_RANK done"});
     INFO("output: " << run.result.output);
     CHECK(run.result.exit_code == 0);
-    CHECK_THAT(run.result.output,
-               Contains(") killed by signal SIGKILL; --elastic: the other ranks go on"));
-    CHECK_THAT(run.result.output, Contains("kolorun: rank 1 (pid "));
+    CHECK(std::regex_search(run.result.output,
+                            std::regex("kolorun: rank 1 killed by signal SIGKILL \\(pid \\d+ on " +
+                                       this_host() + "\\); --elastic: the other ranks go on")));
     CHECK_THAT(run.result.output, Contains("rank 0 done"));
     CHECK_THAT(run.result.output, Contains("rank 2 done"));
   }
@@ -573,12 +573,12 @@ TEST_CASE("kolorun exits 127 when the program cannot be run", "[kolorun]") {
   Run run = run_kolorun({"-np", "2", "/nonexistent/program"});
   INFO("output: " << run.result.output);
   CHECK(run.result.exit_code == 127);
-  // Each rank says which it is and where it ran.
-  for (const char* rank : {"0", "1"}) {
-    CHECK_THAT(run.result.output,
-               Contains(std::string("kolorun: rank ") + rank + " on " + this_host() +
-                        ": cannot run /nonexistent/program: No such file or directory"));
-  }
+  // The rank that could not run says which it is and where it ran (the first one's failure stops
+  // the others, which may not have reached exec yet).
+  CHECK(std::regex_search(run.result.output,
+                          std::regex("kolorun: rank [01] on " + this_host() +
+                                     ": cannot run /nonexistent/program: No such file or "
+                                     "directory\n")));
 }
 
 TEST_CASE("kolorun leaves the program's own arguments alone", "[kolorun]") {

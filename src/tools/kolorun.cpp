@@ -317,9 +317,11 @@ struct Job {
     stopping = true;
   }
 
-  // "rank 2 (pid 4242 on node7)": which rank, and where to look for it.
-  std::string who(size_t index) const {
-    return fmt::format("rank {} (pid {} on {})", index, ranks[index].pid, host);
+  // "rank 2 exited with status 3 (pid 4242 on node7)": which rank, what became of it, and where
+  // to look for it.
+  std::string ended(size_t index, int status) const {
+    return fmt::format("rank {} {} (pid {} on {})", index, describe(status), ranks[index].pid,
+                       host);
   }
 
   void reap() {
@@ -332,11 +334,11 @@ struct Job {
         bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
         if (WIFEXITED(status)) ++finished;
         if (elastic && WIFSIGNALED(status) && !stopping) {
-          say("{} {}; --elastic: the other ranks go on", who(i), describe(status));
+          say("{}; --elastic: the other ranks go on", ended(i, status));
           if (!first_lost) first_lost = 128 + WTERMSIG(status);
           continue;
         }
-        if (verbose || (failed && !stopping)) say("{} {}", who(i), describe(status));
+        if (verbose || (failed && !stopping)) say("{}", ended(i, status));
         if (failed && !failure_code) {
           failure_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         }
