@@ -373,7 +373,7 @@ int run_benchmark(int argc, char** argv, const Collective& collective) {
   options.gpu = gpu_usable;
   std::string gpu_note;
   if (options.gpu_requested && !gpu_usable) {
-    gpu_note = fmt::format("-g 1: no usable GPU ({}): the buffers are in host memory", reason);
+    gpu_note = fmt::format("-g 1: the buffers are in host memory: {}", reason);
   }
 
   kolo_config_t config = KOLO_CONFIG_INITIALIZER;

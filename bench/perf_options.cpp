@@ -125,12 +125,19 @@ std::optional<int> parse_options(int argc, char** argv, const Collective& collec
       ->capture_default_str();
   // nccl-tests' -g is GPUs per thread, 1 by default. Here 1 (or -g alone) puts the buffers in GPU
   // memory where a GPU is usable, and says in the header when none is; 0 or no -g: host memory.
-  auto* gpu_option = app.add_option("-g,--ngpus,--gpu", gpus_text,
-                                    "0: buffers in host memory (the default); 1 or -g alone: in "
-                                    "GPU memory where a GPU is usable (device: local rank modulo "
-                                    "the device count), else in host memory, said in the header")
-                         ->expected(0, 1)
-                         ->check(CLI::NonNegativeNumber | CLI::IsMember({""}));
+  auto* gpu_option =
+      app.add_option("-g,--ngpus,--gpu", gpus_text,
+                     "0: buffers in host memory (the default); 1 or -g alone: in "
+                     "GPU memory where a GPU is usable (device: local rank modulo "
+                     "the device count), else in host memory, said in the header")
+          ->expected(0, 1)
+          ->check([](const std::string& text) -> std::string {
+            const bool digits = !text.empty() && text.size() < 9 &&
+                                text.find_first_not_of("0123456789") == std::string::npos;
+            return text.empty() || digits
+                       ? ""
+                       : "expected a number of GPUs (0 or 1) or nothing, got " + text;
+          });
   app.add_option("-b,--minbytes", min_text, "smallest size in bytes (K, M, G suffixes)")
       ->check(size_error)
       ->capture_default_str();
