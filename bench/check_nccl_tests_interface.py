@@ -189,6 +189,24 @@ rows = parse_table(result.stdout)[2]
 if result.returncode != 0 or not rows or rows[0][8] != "N/A" or rows[0][4] != "1":
     fail(f"-c 0 -r 1: exit {result.returncode}, rows {rows}")
 
+# -C 1 labels the time columns cputime, -S 1 adds a timestamp after each row, -M 1 reports every
+# rank's buffer memory, -T sets the bound on every wait: the table is otherwise unchanged.
+result = launch("all_reduce_perf", 2, ["-b", "256", "-e", "1K", "-f", "2", "-C", "1", "-S", "1",
+                                       "-M", "1", "-T", "60", "-n", "2", "-w", "1"])
+lines = result.stdout.splitlines()
+header = [line.split()[1:] for line in lines if line.startswith("#  ") and "size" in line.split()]
+stamped = [line.split() for line in lines if line and not line.startswith("#")]
+memory = [line for line in lines if line.startswith("# Memory usage")]
+if result.returncode != 0 or header != [COLUMNS[:5] + ["cputime"] + COLUMNS[6:9] + ["cputime"] +
+                                        COLUMNS[10:] + ["timestamp"]]:
+    fail(f"-C 1 -S 1: exit {result.returncode}, header {header}")
+if len(stamped) != 3 or any(len(row) != 15 or not re.match(r"\d{4}-\d\d-\d\d$", row[13]) or
+                            not re.match(r"\d\d:\d\d:\d\d$", row[14]) for row in stamped):
+    fail(f"-S 1: rows {stamped}")
+if [re.sub(r"\d+\.\d+", "X", line) for line in memory] != \
+        [f"# Memory usage         : rank {r} X MB of buffers in host memory" for r in (0, 1)]:
+    fail(f"-M 1: {memory}")
+
 # -J: the same rows as the table, in a JSON file written by rank 0.
 with tempfile.TemporaryDirectory() as directory:
     path = os.path.join(directory, "table.json")

@@ -178,13 +178,18 @@ std::optional<int> parse_options(int argc, char** argv, const Collective& collec
                  collective.reduces ? "sum, prod, max, min, avg or all"
                                     : "accepted, as by nccl-tests; this collective does not reduce")
       ->check([](const std::string& text) -> std::string {
-        return parse_ops(text) ? "" : "unknown reduction " + text;
+        return parse_ops(text)
+                   ? ""
+                   : "kolo has no reduction " + text + ": sum, prod, max, min, avg or all";
       })
       ->capture_default_str();
   app.add_option("-d,--datatype", dtype_text,
                  "int8, uint8, int32, int64, half, float, double, bfloat16 or all")
       ->check([](const std::string& text) -> std::string {
-        return parse_dtypes(text) ? "" : "unknown data type " + text;
+        return parse_dtypes(text) ? ""
+                                  : "kolo has no data type " + text +
+                                        ": int8, uint8, int32, int64, half, float, double, "
+                                        "bfloat16 or all";
       })
       ->capture_default_str();
   app.add_option("-r,--root", options.root,
