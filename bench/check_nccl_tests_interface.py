@@ -10,8 +10,9 @@ layout: every line that is not a row starts with "#" (no launcher prefix), the p
 first, the column header, 13 fields per row, sizes rising by the factor, busbw = algbw times the
 collective's factor, algbw = size / time, no wrong element, "# Out of bounds values : 0 OK" and
 "# Avg bus bandwidth : X" with X the mean of the busbw columns, printed once (by rank 0 alone).
-Then the flags: an unknown one exits 2, -m and -N and -c 0 and -J do what nccl-tests says, and on a
-host without a usable GPU the GPU flags refuse with a sentence saying why.
+Then the flags: an unknown one exits 2, -m, -N, -c, -C, -S, -M and -J do what nccl-tests says, and
+on a host without a usable GPU the GPU flags refuse with a sentence saying why. Last, the install
+location: <libexecdir>/kolo, never <bindir>, where nccl-tests' own binaries live.
 
 Usage: check_nccl_tests_interface.py BENCH_DIR KOLORUN"""
 
@@ -233,6 +234,21 @@ if "-g 1: the buffers are in host memory" in header:
             fail(f"{flags} on a host-only run: exit {result.returncode}, {result.stderr!r}")
 else:
     print("a usable GPU: the host-only refusals are not checked here", flush=True)
+
+# Installed where they cannot collide with nccl-tests' binaries of the same names: in
+# <libexecdir>/kolo, never in <bindir>.
+introspect = run(["meson", "introspect", os.path.dirname(os.path.abspath(BENCH_DIR)),
+                  "--installed"], timeout=60)
+if introspect.returncode != 0:
+    fail(f"meson introspect --installed: {introspect.stderr[-500:]}")
+else:
+    installed = json.loads(introspect.stdout).values()
+    for program in FACTORS:
+        places = [path for path in installed if os.path.basename(path) == program]
+        # The folder is <libexecdir>/kolo whatever libexecdir was configured to.
+        if len(places) != 1 or os.path.basename(os.path.dirname(places[0])) != "kolo" or \
+                "/bin/" in places[0]:
+            fail(f"{program} is installed at {places}, expected one <libexecdir>/kolo/{program}")
 
 if failures:
     print(f"{len(failures)} failure(s)")
