@@ -6,10 +6,10 @@ many rounds B was the faster: a sign test, since a real difference wins most rou
 load, where noise splits them.
 
     /usr/bin/python3 bench/ab_compare.py --rounds 5 /tmp/kolo-base/build build -- \\
-        {build}/src/kolorun -np 2 {build}/bench/allreduce_perf -b 8 -e 256M -f 4 -n 20
+        {build}/src/kolorun -np 2 {build}/bench/all_reduce_perf -b 8 -e 256M -f 4 -n 20
 
 {build} in the command stands for each build folder; a leading NAME=value sets the environment.
-Reads the tables of allreduce_perf (time out of place and in place, per size) and fusion_perf
+Reads the tables of all_reduce_perf (time out of place and in place, per size) and fusion_perf
 (fused, unfused and ordered ms, per model). Standard library only."""
 
 import argparse
@@ -41,7 +41,7 @@ def parse(text):
                     times[(model, "bound ms")] = float(parts[5][0])
             continue
         fields = line.split()
-        # allreduce_perf: size count type redop root time algbw busbw #wrong time algbw busbw #wrong
+        # all_reduce_perf: size count type redop root time algbw busbw #wrong time algbw busbw #wrong
         if len(fields) == 13 and fields[0].isdigit() and NUMBER.match(fields[5]):
             times[(int(fields[0]), "out-of-place us")] = float(fields[5])
             times[(int(fields[0]), "in-place us")] = float(fields[9])

@@ -42,7 +42,7 @@ mkdir -p "$LOG_DIR"
 fixed() {
   out="$LOG_DIR/$1.$2.$3.$4.$5$6.txt"
   KOLO_TRANSPORT=$1 KOLO_FUSION_THRESHOLD=$3 KOLO_CYCLE_TIME_MS=$4 KOLO_SEGMENT_BYTES=$5 \
-    "$BUILD/src/kolorun" -np "$NP" "$BUILD/bench/fusion_perf" --fused-only --model "$2" \
+    "$BUILD/src/kolorun" -np "$NP" --tag-output "$BUILD/bench/fusion_perf" --fused-only --model "$2" \
     --steps "$STEPS" --warmup "$WARMUP" >"$out" 2>&1
   awk -v m="$2" '$1 == "[0]" && $2 == m { print $6 }' "$out"
 }
@@ -81,7 +81,7 @@ for transport in $TRANSPORTS; do
       out="$LOG_DIR/$transport.$model.autotune$round.txt"
       KOLO_TRANSPORT=$transport KOLO_AUTOTUNE=1 KOLO_AUTOTUNE_WINDOW_MS=$WINDOW_MS \
         KOLO_AUTOTUNE_LOG="$LOG_DIR/$transport.$model.autotune$round.csv" \
-        "$BUILD/src/kolorun" -np "$NP" "$BUILD/bench/fusion_perf" --autotune --model "$model" \
+        "$BUILD/src/kolorun" -np "$NP" --tag-output "$BUILD/bench/fusion_perf" --autotune --model "$model" \
         --steps "$STEPS" >"$out" 2>&1 || { echo "failed: $out" >&2; exit 1; }
       tuned=$(awk -v m="$model" '
         function size(b) {

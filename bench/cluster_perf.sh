@@ -1,9 +1,9 @@
 #!/bin/sh
-# cluster_perf.sh: allreduce_perf across a simulated cluster (scripts/cluster.sh), to see how much
+# cluster_perf.sh: all_reduce_perf across a simulated cluster (scripts/cluster.sh), to see how much
 # of the link rate kolo's allreduce reaches between hosts.
 #
 # It makes HOSTS hosts (network namespaces joined by a bridge, every link shaped by tc tbf to RATE
-# in both directions), starts RANKS_PER_HOST ranks of build/bench/allreduce_perf inside each host
+# in both directions), starts RANKS_PER_HOST ranks of build/bench/all_reduce_perf inside each host
 # as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=<first host's
 # name>, MASTER_PORT; ranks numbered host by host), and does so for every transport and every
 # variant, in alternation, for K rounds, so that a machine whose load changes treats them alike. It
@@ -11,7 +11,7 @@
 # over the rounds of the out-of-place and in-place busbw at each size and their ratio to the link
 # rate (RATE in bytes per second). The cluster is taken down at the end, whatever happens.
 #
-#   sh bench/cluster_perf.sh [options] HOSTS RANKS_PER_HOST RATE [-- allreduce_perf flags]
+#   sh bench/cluster_perf.sh [options] HOSTS RANKS_PER_HOST RATE [-- all_reduce_perf flags]
 #
 #   HOSTS            2..200 hosts
 #   RANKS_PER_HOST   1..64 ranks on each host
@@ -22,12 +22,12 @@
 #                           a variant: a label and the environment its ranks get; repeat for more.
 #                           Default: one variant, 'flat' (no settings). Schedules, for example:
 #                           -v 'ring KOLO_ALLREDUCE=ring' -v 'hierarchical KOLO_ALLREDUCE=hierarchical'
-#                           PERF=PATH runs that allreduce_perf instead (another build, such as one
+#                           PERF=PATH runs that all_reduce_perf instead (another build, such as one
 #                           with other switch points)
 #   -o, --tsv FILE          also write the medians as tab-separated rows to FILE
 #   -n, --name NAME         the cluster's name (default: kolobench; the tests use kolotest)
 #   -b, --build DIR         the build directory (default: build)
-#   allreduce_perf flags    default: -b 256K -e 64M -f 4 -n 5 -w 1
+#   all_reduce_perf flags    default: -b 256K -e 64M -f 4 -n 5 -w 1
 #
 # Needs root (it makes network namespaces). Its hosts get addresses in CLUSTER_SUBNET
 # (default here 10.78.0, and CLUSTER_SUBNET6 fd78), so that it can run beside the tests'
@@ -72,7 +72,7 @@ per_host=$2
 rate=$3
 shift 3
 if [ $# -gt 0 ]; then
-  [ "$1" = -- ] || fail "unexpected argument '$1' (allreduce_perf's flags follow --)"
+  [ "$1" = -- ] || fail "unexpected argument '$1' (all_reduce_perf's flags follow --)"
   shift
 fi
 [ $# -gt 0 ] || set -- -b 256K -e 64M -f 4 -n 5 -w 1
@@ -103,7 +103,7 @@ done
 for transport in $(echo "$transports" | tr , ' '); do
   case "$transport" in tcp | ucx | auto) ;; *) fail "--transports: '$transport' is not tcp, ucx or auto" ;; esac
 done
-perf=$build/bench/allreduce_perf
+perf=$build/bench/all_reduce_perf
 [ -x "$perf" ] || fail "no $perf: build first (sh scripts/build.sh)"
 [ "$(id -u)" = 0 ] || fail "needs root (network namespaces)"
 
@@ -124,7 +124,7 @@ $cluster up "$name" "$hosts" "$rate"
 ranks=$((hosts * per_host))
 secret=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 echo "# cluster_perf: $hosts hosts x $per_host ranks ($ranks ranks), links shaped to $rate" \
-  "($rate_bytes bytes/s) each way, $rounds rounds; allreduce_perf $*"
+  "($rate_bytes bytes/s) each way, $rounds rounds; all_reduce_perf $*"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # Bytes host H has sent over its link so far (the veth's counter in the host's namespace).

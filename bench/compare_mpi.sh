@@ -24,7 +24,7 @@
 # panel per rank count; the numbers behind it are in LOG_DIR/busbw.tsv either way.
 #
 # Settings come from the environment:
-#   BUILD=./build            the meson build directory (kolorun, allreduce_perf, mpi_allreduce_perf)
+#   BUILD=./build            the meson build directory (kolorun, all_reduce_perf, mpi_allreduce_perf)
 #   RANKS="2 4"              rank counts to run
 #   MIN_BYTES=64K MAX_BYTES=256M FACTOR=4
 #   SPLIT_BYTES=4M           sizes below run SMALL_ITERS timed calls, the others LARGE_ITERS
@@ -74,7 +74,7 @@ LOG_DIR=${LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/compare_mpi.XXXXXX")}
 mkdir -p "$LOG_DIR"
 
 kolorun=$BUILD/src/kolorun
-kolo_perf=$BUILD/bench/allreduce_perf
+kolo_perf=$BUILD/bench/all_reduce_perf
 mpi_perf=$BUILD/bench/mpi_allreduce_perf
 for program in "$kolorun" "$kolo_perf"; do
   [[ -x $program ]] || { echo "compare_mpi.sh: $program is not built (BUILD=$BUILD)" >&2; exit 1; }

@@ -35,7 +35,7 @@ for round in $(seq 1 "$rounds"); do
     for n in $(echo "$sizes" | tr , ' '); do
       # Rank 0's rows: model ... | fused ms ... | unfused ... | speedup | ordered ... | bound ms,
       # then the model's breakdown: "# fused <step> <in collectives> ...", "# ordered ...".
-      KOLO_TRANSPORT=$transport "$build/src/kolorun" -np "$n" "$build/bench/fusion_perf" \
+      KOLO_TRANSPORT=$transport "$build/src/kolorun" -np "$n" --tag-output "$build/bench/fusion_perf" \
         --bound --breakdown --steps 9 --warmup 2 --model "$models" 2>&1 |
         awk -v t="$transport" -v n="$n" -F'|' '
           /^\[0\] +[a-z]/ {

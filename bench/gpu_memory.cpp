@@ -61,8 +61,12 @@ void* create_stream() {
   return stream;
 }
 
+void* default_stream() {
+  return cudaStreamLegacy;
+}
+
 void destroy_stream(void* stream) {
-  cudaStreamDestroy(cuda(stream));
+  if (cuda(stream) != cudaStreamLegacy) cudaStreamDestroy(cuda(stream));
 }
 
 void* allocate(uint64_t bytes) {
@@ -114,6 +118,9 @@ std::string select_device(int) {
   unavailable();
 }
 void* create_stream() {
+  unavailable();
+}
+void* default_stream() {
   unavailable();
 }
 void destroy_stream(void*) {}

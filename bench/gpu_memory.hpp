@@ -15,7 +15,8 @@ bool available(std::string* reason);
 // description such as "device 0 NVIDIA H200 (0000:19:00.0)".
 std::string select_device(int local_rank);
 
-void* create_stream();  // a cudaStream_t, non-blocking
+void* create_stream();   // a cudaStream_t, non-blocking
+void* default_stream();  // CUDA's legacy default stream (-y 1), never destroyed
 void destroy_stream(void* stream);
 
 void* allocate(uint64_t bytes);  // device memory (at least one byte)

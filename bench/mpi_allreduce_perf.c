@@ -1,5 +1,5 @@
 /*
- * mpi_allreduce_perf: MPI_Allreduce measured the way allreduce_perf measures kolo_allreduce, with
+ * mpi_allreduce_perf: MPI_Allreduce measured the way all_reduce_perf measures kolo_allreduce, with
  * the same flags and the same table, so that compare_mpi.sh can put the two side by side.
  *
  *   mpirun -np 4 --mca btl self,vader mpi_allreduce_perf -b 64K -e 256M -f 4
@@ -7,7 +7,7 @@
  * One row: -w untimed calls; then out of place and in place (MPI_IN_PLACE) in turn: MPI_Barrier,
  * -n calls timed with MPI_Wtime, and with -c one more call on fresh input compared element by
  * element with a reference computed on every rank. The per-rank times are averaged across ranks
- * (or, with -a, rank 0's, the minimum or the maximum), as nccl-tests and allreduce_perf do.
+ * (or, with -a, rank 0's, the minimum or the maximum), as nccl-tests and all_reduce_perf do.
  *
  * MPI has no float16, bfloat16 or average: those rows are skipped with a comment line. The inputs
  * are small integers, so that every reduction is exact (products stay exact up to 6 ranks in

@@ -1,7 +1,7 @@
 // nccl_allreduce_perf: raw ncclAllReduce with the harness, flags, buffers and checks of
-// allreduce_perf -g, so that kolo's NCCL path can be read against NCCL itself on the same GPU
+// all_reduce_perf -g, so that kolo's NCCL path can be read against NCCL itself on the same GPU
 // buffers, the same stream and the same timing (a batch of -n calls enqueued, then the stream
-// waited for). Run it with -g, under the same launcher as allreduce_perf:
+// waited for). Run it with -g, under the same launcher as all_reduce_perf:
 //
 //   kolorun -np 1 nccl_allreduce_perf -g -b 1M -e 256M -f 4
 //

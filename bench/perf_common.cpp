@@ -4,8 +4,9 @@
 //
 // One row is measured like this, on every rank:
 //   warm up          -w calls out of place
-//   out of place     barrier, -n calls, time / n;  then, with -c, one call on fresh input, compared
-//   in place         barrier, -n calls, time / n;  then, with -c, one call on fresh input, compared
+//   out of place     barrier, -n x -m calls, time / (n x m);  then -c calls, each on fresh input,
+//                    compared
+//   in place         the same, in one buffer
 // The per-rank times are then combined across ranks (-a: the average by default, as nccl-tests),
 // and the #wrong counts summed. Inputs are written before each timed batch so that floating-point
 // timing never runs on denormal leftovers; the repeated in-place calls change the values (sums
@@ -26,6 +27,11 @@
 
 #include "gpu_memory.hpp"
 #include "perf_internal.hpp"
+
+#ifdef KOLO_BENCH_JSON
+#include <fstream>
+#include <nlohmann/json.hpp>
+#endif
 
 namespace kolo::bench {
 namespace detail {
@@ -64,6 +70,7 @@ struct Buffers {
   // buffers and copied over, results copied back, at the same offsets.
   DeviceBuffer device_send;
   DeviceBuffer device_recv;
+  uint64_t bytes = 0;  // what the buffers above take in all (-M)
 };
 
 Buffers allocate_buffers(const Options& options, const Collective& collective, int rank,
@@ -85,9 +92,11 @@ Buffers allocate_buffers(const Options& options, const Collective& collective, i
   buffers.send = allocate_touched(send_bytes);
   buffers.recv = allocate_touched(recv_bytes);
   if (options.check) buffers.expected = allocate_touched(expected_bytes);
+  buffers.bytes = send_bytes + recv_bytes + (options.check ? expected_bytes : 0);
   if (options.gpu) {
     buffers.device_send.reset(static_cast<std::byte*>(gpu::allocate(send_bytes)));
     buffers.device_recv.reset(static_cast<std::byte*>(gpu::allocate(recv_bytes)));
+    buffers.bytes = send_bytes + recv_bytes;  // -M reports the device buffers only
   }
   return buffers;
 }
@@ -96,7 +105,7 @@ Buffers allocate_buffers(const Options& options, const Collective& collective, i
 
 // Seconds per call of this rank, over a batch that every rank starts together.
 double time_calls(const Collective& collective, const Operation& operation, const void* sendbuf,
-                  void* recvbuf, int calls) {
+                  void* recvbuf, int calls, bool blocking) {
   // With -g the calls are enqueued on a stream: the batch starts on an idle stream and ends when
   // the stream has run it, as nccl-tests times it.
   if (operation.stream) {
@@ -106,6 +115,10 @@ double time_calls(const Collective& collective, const Operation& operation, cons
   const auto start = std::chrono::steady_clock::now();
   for (int call = 0; call < calls; ++call) {
     check(operation.comm, collective.run(operation, sendbuf, recvbuf));
+    // -z 1: each call waits for the one before it to finish on the GPU too.
+    if (operation.stream && blocking) {
+      check(operation.comm, kolo_stream_synchronize(operation.comm, operation.stream));
+    }
   }
   if (operation.stream) {
     check(operation.comm, kolo_stream_synchronize(operation.comm, operation.stream));
@@ -132,6 +145,44 @@ void combine_across_ranks(kolo_comm_t comm, Combine combine, double* values, uin
   }
 }
 
+// -J: the table as JSON, on rank 0: the rows with the table's columns, the summary's two figures.
+void write_json(const std::string& path, const std::string& program, const std::vector<Row>& rows,
+                uint64_t total_wrong, double average_busbw) {
+#ifdef KOLO_BENCH_JSON
+  nlohmann::json results = nlohmann::json::array();
+  for (const Row& row : rows) {
+    nlohmann::json entry = {{"size", row.bytes},
+                            {"count", row.count},
+                            {"type", dtype_name(row.dtype)},
+                            {"redop", row.op ? op_name(*row.op) : "none"},
+                            {"root", row.root}};
+    const char* names[2] = {"out_of_place", "in_place"};
+    for (int placement = 0; placement < 2; ++placement) {
+      const Placement& measured = row.placements[placement];
+      entry[names[placement]] = {
+          {"time_us", measured.seconds * 1e6},
+          {"algbw_gbps", measured.algbw},
+          {"busbw_gbps", measured.busbw},
+          {"wrong", row.checked ? nlohmann::json(measured.wrong) : nlohmann::json(nullptr)}};
+    }
+    results.push_back(entry);
+  }
+  const nlohmann::json document = {
+      {"program", program},
+      {"results", results},
+      {"out_of_bounds", {{"count", total_wrong}, {"okay", total_wrong == 0}}},
+      {"average_bus_bandwidth", {{"bandwidth", average_busbw}}}};
+  std::ofstream file(path);
+  file << document.dump(2) << '\n';
+  if (!file) {
+    fmt::print(stderr, "-J {}: cannot write the file\n", path);
+    std::exit(1);
+  }
+#else
+  (void)path, (void)program, (void)rows, (void)total_wrong, (void)average_busbw;
+#endif
+}
+
 class Runner {
  public:
   Runner(const Collective& collective, const Options& options, kolo_comm_t comm, int rank,
@@ -145,17 +196,26 @@ class Runner {
         buffers_(allocate_buffers(options, collective, rank, ranks)),
         stream_(stream) {}
 
-  int run() {
+  int run(const std::string& program, const std::string& gpu_note) {
     print_parameters(out_, options_);
+    if (!gpu_note.empty()) out_.line("# {}\n#", gpu_note);
     print_ranks(out_, comm_, ranks_, options_.gpu);
-    print_column_headers(out_);
+    if (options_.memory_report) print_memory(out_, comm_, ranks_, buffers_.bytes, options_.gpu);
+    print_column_headers(out_, options_);
     const std::vector<uint64_t> sizes = row_sizes(options_);
-    for (kolo_dtype_t dtype : options_.dtypes) {
-      for (kolo_op_t op : options_.ops) {
-        for (uint64_t bytes : sizes) run_row(dtype, op, bytes);
+    // -N: the rows again and again, as many times as asked (0: until the job is interrupted).
+    for (int cycle = 0; options_.run_cycles == 0 || cycle < options_.run_cycles; ++cycle) {
+      for (kolo_dtype_t dtype : options_.dtypes) {
+        for (kolo_op_t op : options_.ops) {
+          for (uint64_t bytes : sizes) run_row(dtype, op, bytes);
+        }
       }
     }
-    print_summary(out_, total_wrong_, placements_ == 0 ? 0.0 : busbw_sum_ / placements_);
+    const double average_busbw = placements_ == 0 ? 0.0 : busbw_sum_ / placements_;
+    print_summary(out_, total_wrong_, average_busbw, program);
+    if (rank_ == 0 && !options_.json_path.empty()) {
+      write_json(options_.json_path, program, rows_, total_wrong_, average_busbw);
+    }
     return total_wrong_ == 0 ? 0 : 1;
   }
 
@@ -193,8 +253,9 @@ class Runner {
 
     double seconds[2] = {0, 0};
     int64_t wrong[2] = {0, 0};
-    seconds[0] = time_calls(collective_, operation, run_send, run_recv, options_.iterations);
-    if (options_.check) {
+    const int calls = options_.iterations * options_.agg_iterations;
+    seconds[0] = time_calls(collective_, operation, run_send, run_recv, calls, options_.blocking);
+    for (int checked = 0; checked < options_.check_iterations; ++checked) {
       collective_.init_input(operation, send);
       upload(run_send, send, send_bytes);
       // Unwritten elements show as wrong.
@@ -202,20 +263,20 @@ class Runner {
       if (stream_) gpu::fill(run_recv, 0xa5, recv_bytes, stream_);
       check(comm_, collective_.run(operation, run_send, run_recv));
       download(recv, run_recv, recv_bytes);
-      wrong[0] =
+      wrong[0] +=
           static_cast<int64_t>(count_wrong(dtype, recv, buffers_.expected.get(), shape.recv_count));
     }
 
     collective_.init_input(operation, in_place_send);
     upload(run_in_place_send, in_place_send, send_bytes);
-    seconds[1] = time_calls(collective_, operation, run_in_place_send, run_in_place_recv,
-                            options_.iterations);
-    if (options_.check) {
+    seconds[1] = time_calls(collective_, operation, run_in_place_send, run_in_place_recv, calls,
+                            options_.blocking);
+    for (int checked = 0; checked < options_.check_iterations; ++checked) {
       collective_.init_input(operation, in_place_send);
       upload(run_in_place_send, in_place_send, send_bytes);
       check(comm_, collective_.run(operation, run_in_place_send, run_in_place_recv));
       download(in_place_recv, run_in_place_recv, recv_bytes);
-      wrong[1] = static_cast<int64_t>(
+      wrong[1] += static_cast<int64_t>(
           count_wrong(dtype, in_place_recv, buffers_.expected.get(), shape.recv_count));
     }
 
@@ -238,7 +299,8 @@ class Runner {
       ++placements_;
       total_wrong_ += placement_wrong;
     }
-    print_row(out_, row);
+    print_row(out_, row, options_);
+    if (!options_.json_path.empty()) rows_.push_back(row);
   }
 
   // With -g: host to device before a call (on the stream the calls use, so in order with them),
@@ -259,7 +321,8 @@ class Runner {
   int ranks_;
   Printer out_;
   Buffers buffers_;
-  void* stream_;  // with -g; nullptr otherwise
+  void* stream_;           // with -g; nullptr otherwise
+  std::vector<Row> rows_;  // with -J
   double busbw_sum_ = 0;
   uint64_t placements_ = 0;
   uint64_t total_wrong_ = 0;
@@ -287,39 +350,59 @@ int run_benchmark(int argc, char** argv, const Collective& collective) {
   if (const std::optional<int> exit_code = detail::parse_options(argc, argv, collective, options)) {
     return *exit_code;
   }
+  const std::string program = std::string(collective.name) + "_perf";
+#ifndef KOLO_BENCH_JSON
+  if (!options.json_path.empty()) {
+    fmt::print(stderr, "{}: -J: this build has no JSON writer (nlohmann-json3-dev was not found)\n",
+               program);
+    return detail::kUsageExitCode;
+  }
+#endif
+  // Where the buffers go, decided before joining the job so that every rank refuses alike.
+  std::string reason = "no -g 1 on the command line";
+  bool gpu_usable = false;
+  if (options.gpu_requested) {
+    gpu_usable = collective.gpu && gpu::available(&reason);
+    if (!collective.gpu) reason = program + " has no GPU mode";
+  }
+  if (const std::string problem = detail::gpu_flag_problem(options, gpu_usable, reason);
+      !problem.empty()) {
+    if (detail::probably_rank_zero()) fmt::print(stderr, "{}: {}\n", program, problem);
+    return detail::kUsageExitCode;
+  }
+  options.gpu = gpu_usable;
+  std::string gpu_note;
+  if (options.gpu_requested && !gpu_usable) {
+    gpu_note = fmt::format("-g 1: the buffers are in host memory: {}", reason);
+  }
+
+  kolo_config_t config = KOLO_CONFIG_INITIALIZER;
+  config.timeout_s = options.timeout_s;  // <= 0: KOLO_TIMEOUT
   kolo_comm_t comm = nullptr;
-  check(nullptr, kolo_comm_init(nullptr, &comm));
+  check(nullptr, kolo_comm_init(&config, &comm));
   int rank = 0, ranks = 1;
   check(comm, kolo_comm_rank(comm, &rank));
   check(comm, kolo_comm_size(comm, &ranks));
   if (collective.rooted && options.root >= ranks) {
-    if (rank == 0)
-      fmt::print(stderr, "-r {} is not a rank: there are {} ranks\n", options.root, ranks);
+    if (rank == 0) {
+      fmt::print(stderr, "{}: -r {} is not a rank: there are {} ranks\n", program, options.root,
+                 ranks);
+    }
     kolo_comm_destroy(comm);
-    return 1;
+    return detail::kUsageExitCode;
   }
   void* stream = nullptr;
   if (options.gpu) {
-    std::string reason;
-    if (!collective.gpu || !gpu::available(&reason)) {
-      if (rank == 0) {
-        fmt::print(
-            stderr, "-g: {}\n",
-            collective.gpu ? reason : fmt::format("{}_perf has no GPU mode", collective.name));
-      }
-      kolo_comm_destroy(comm);
-      return 1;
-    }
     int local_rank = 0;
     check(comm, kolo_comm_local_rank(comm, &local_rank));
     const std::string device = gpu::select_device(local_rank);
     if (rank == 0) fmt::print("# GPU buffers: rank 0 on {}\n", device);
-    stream = gpu::create_stream();
+    stream = options.null_stream ? gpu::default_stream() : gpu::create_stream();
   }
   int exit_code = 0;
   {
     detail::Runner runner(collective, options, comm, rank, ranks, stream);
-    exit_code = runner.run();
+    exit_code = runner.run(program, gpu_note);
   }
   if (stream) gpu::destroy_stream(stream);
   if (const kolo_status_t status = kolo_comm_destroy(comm); status != KOLO_SUCCESS) {

@@ -1,4 +1,4 @@
-// The harness shared by kolo's benchmarks (allreduce_perf, all_gather_perf, reduce_scatter_perf,
+// The harness shared by kolo's benchmarks (all_reduce_perf, all_gather_perf, reduce_scatter_perf,
 // alltoall_perf, broadcast_perf, reduce_perf, nccl_allreduce_perf). They take nccl-tests' flags and
 // print nccl-tests' table, so that their figures can be read next to NCCL's, MPI's and Gloo's.
 //

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -40,17 +41,47 @@ struct Options {
   int step_factor = 2;
   int iterations = 20;
   int warmup_iterations = 5;
-  bool check = true;
+  int agg_iterations = 1;    // -m: calls per timed iteration; a row's time is per call
+  int run_cycles = 1;        // -N: how many times the whole table is measured; 0: until killed
+  int check_iterations = 1;  // -c: checked calls per placement; 0: no check
+  bool check = true;         // check_iterations > 0
   std::vector<kolo_dtype_t> dtypes = {KOLO_FLOAT32};
   std::vector<kolo_op_t> ops = {KOLO_SUM};
   int root = 0;
   Combine combine = Combine::kAverage;
-  bool gpu = false;  // -g: buffers in GPU memory
+  bool blocking = false;           // -z 1: with GPU buffers, wait for the stream after each call
+  bool report_cputime = false;     // -C 1: the time columns say "cputime"
+  bool report_timestamps = false;  // -S 1: a timestamp column after each row
+  bool memory_report = false;      // -M 1: the buffers' memory, per rank, before the table
+  double timeout_s = 0;            // -T: the communicator's timeout; 0: KOLO_TIMEOUT's
+  std::string json_path;           // -J: the table also written to this JSON file
+  // The GPU flags. gpu_requested is -g 1 (or -g alone); gpu says whether the buffers really are
+  // in GPU memory, which run_benchmark() decides once it knows whether a device is usable.
+  bool gpu_requested = false;
+  bool gpu = false;
+  bool null_stream = false;       // -y 1: CUDA's default (null) stream instead of a new one
+  int cuda_graph_launches = 0;    // -G
+  int local_register = 0;         // -R
+  int cta_policy = -1;            // -x; -1: not set
+  int device_implementation = 0;  // -D
 };
+
+// The exit code of a command line that cannot run (a bad flag, a bad value, a flag this host
+// cannot honour): 2, as kolorun's usage errors.
+inline constexpr int kUsageExitCode = 2;
+
+// The launchers' rank variables, read before the communicator exists so that a refused command
+// line is explained once and not once per rank.
+bool probably_rank_zero();
 
 // Parses argv into options; on --help or a bad flag returns the exit code to end with.
 std::optional<int> parse_options(int argc, char** argv, const Collective& collective,
                                  Options& options);
+
+// Where the run cannot honour a GPU flag, the sentence that says so; empty when every flag given
+// can be honoured. gpu_usable: the build has CUDA, a device is visible and the benchmark has a GPU
+// mode (otherwise reason says why not).
+std::string gpu_flag_problem(const Options& options, bool gpu_usable, const std::string& reason);
 
 // The sizes of the rows in bytes, from -b to -e by -f (or by -i).
 std::vector<uint64_t> row_sizes(const Options& options);
@@ -92,14 +123,18 @@ struct Row {
   bool checked = true;      // false: #wrong says N/A
 };
 
-// The table's head: the flags, the ranks (every rank calls print_ranks: it gathers), the columns.
+// The table's head: the flags, the ranks (every rank calls print_ranks: it gathers), with -M the
+// buffer memory of every rank (every rank calls it too), the columns.
 void print_parameters(Printer& out, const Options& options);
 void print_ranks(Printer& out, kolo_comm_t comm, int ranks, bool gpu);
-void print_column_headers(Printer& out);
+void print_memory(Printer& out, kolo_comm_t comm, int ranks, uint64_t bytes, bool gpu);
+void print_column_headers(Printer& out, const Options& options);
 
-void print_row(Printer& out, const Row& row);
+void print_row(Printer& out, const Row& row, const Options& options);
 
-// The table's foot: the wrong elements of all rows, the average busbw of all placements.
-void print_summary(Printer& out, uint64_t total_wrong, double average_busbw);
+// The table's foot: the wrong elements of all rows, the average busbw of all placements, and the
+// program's name, as nccl-tests ends.
+void print_summary(Printer& out, uint64_t total_wrong, double average_busbw,
+                   const std::string& program);
 
 }  // namespace kolo::bench::detail

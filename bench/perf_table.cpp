@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -26,11 +27,11 @@ void print_parameters(Printer& out, const Options& options) {
   const bool by_factor = options.step_factor > 1;
   out.line(
       "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {}({}) warmup iters: {} iters: {} "
-      "agg iters: 1 validation: {} graph: 0",
+      "agg iters: {} validation: {} graph: {}",
       options.min_bytes, options.max_bytes,
       by_factor ? static_cast<uint64_t>(options.step_factor) : options.step_bytes,
       by_factor ? "factor" : "bytes", options.warmup_iterations, options.iterations,
-      options.check ? 1 : 0);
+      options.agg_iterations, options.check_iterations, options.cuda_graph_launches);
   out.line("#");
 }
 
@@ -56,23 +57,38 @@ void print_ranks(Printer& out, kolo_comm_t comm, int ranks, bool gpu) {
   out.line("#");
 }
 
-void print_column_headers(Printer& out) {
+void print_memory(Printer& out, kolo_comm_t comm, int ranks, uint64_t bytes, bool gpu) {
+  const int64_t mine = static_cast<int64_t>(bytes);
+  std::vector<int64_t> all(static_cast<size_t>(ranks));
+  check(comm, kolo_allgather(comm, &mine, all.data(), 1, KOLO_INT64));
+  for (int r = 0; r < ranks; ++r) {
+    out.line("# {:<20} : rank {} {:.2f} MB of buffers in {} memory", "Memory usage", r,
+             static_cast<double>(all[r]) / (1024.0 * 1024.0), gpu ? "GPU" : "host");
+  }
+  out.line("#");
+}
+
+void print_column_headers(Printer& out, const Options& options) {
+  const char* time = options.report_cputime ? "cputime" : "time";
+  const char* stamp_label = options.report_timestamps ? "  timestamp" : "";
+  const char* stamp_format = options.report_timestamps ? "  (YYYY-mm-dd HH:MM:SS)" : "";
   out.line(
       "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       "
       "in-place          ",
       "", "", "", "", "");
   out.line(
-      "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} {:>6}",
-      "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
-      "busbw", "#wrong");
+      "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} "
+      "{:>6}{}",
+      "size", "count", "type", "redop", "root", time, "algbw", "busbw", "#wrong", time, "algbw",
+      "busbw", "#wrong", stamp_label);
   out.line(
       "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>5}  {:>7}  {:>6}  {:>6}  "
-      "{:>5}",
+      "{:>5}{}",
       "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
-      "");
+      "", stamp_format);
 }
 
-void print_row(Printer& out, const Row& row) {
+void print_row(Printer& out, const Row& row, const Options& options) {
   std::string line =
       fmt::format("{:12}  {:12}  {:>8}  {:>6}  {:6}", row.bytes, row.count, dtype_name(row.dtype),
                   row.op ? op_name(*row.op) : "none", row.root);
@@ -81,13 +97,24 @@ void print_row(Printer& out, const Row& row) {
                         placement.algbw, placement.busbw,
                         row.checked ? std::to_string(placement.wrong) : std::string("N/A"));
   }
+  if (options.report_timestamps) {
+    const std::time_t now = std::time(nullptr);
+    std::tm local{};
+    localtime_r(&now, &local);
+    char stamp[32] = {};
+    std::strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", &local);
+    line += fmt::format("  {}", stamp);
+  }
   out.line("{}", line);
 }
 
-void print_summary(Printer& out, uint64_t total_wrong, double average_busbw) {
-  out.line("# Out of bounds values : {} {}", total_wrong, total_wrong == 0 ? "OK" : "FAILED");
-  out.line("# Avg bus bandwidth    : {:g} ", average_busbw);
+void print_summary(Printer& out, uint64_t total_wrong, double average_busbw,
+                   const std::string& program) {
+  out.line("# {:<20} : {} {}", "Out of bounds values", total_wrong,
+           total_wrong == 0 ? "OK" : "FAILED");
+  out.line("# {:<20} : {:g} ", "Avg bus bandwidth", average_busbw);
   out.line("#");
+  out.line("# Collective test concluded: {}", program);
 }
 
 }  // namespace kolo::bench::detail

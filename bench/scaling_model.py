@@ -56,7 +56,7 @@ How to run it (a Python 3 from Debian, standard library only; the plot needs mat
 `apt-get install -y python3-matplotlib`):
 
   /usr/bin/python3 bench/scaling_model.py predict [options]     efficiency table (and --plot PNG)
-  /usr/bin/python3 bench/scaling_model.py fit --ranks N TABLE    alpha and beta from allreduce_perf
+  /usr/bin/python3 bench/scaling_model.py fit --ranks N TABLE    alpha and beta from all_reduce_perf
   /usr/bin/python3 bench/scaling_model.py check --inter-alpha-us A --inter-gbit B TSV...
                                         predictions (flat ring, hierarchical) against cluster_perf.sh medians
   /usr/bin/python3 bench/scaling_model.py small --hosts H --ranks-per-host L [options]
@@ -287,7 +287,7 @@ def open_input(path):
 
 
 def parse_table(path):
-    """Rows of an allreduce_perf table: (bytes, out-of-place microseconds, in-place µs)."""
+    """Rows of an all_reduce_perf table: (bytes, out-of-place microseconds, in-place µs)."""
     rows = []
     with open_input(path) as table:
         for line in table:
@@ -297,7 +297,7 @@ def parse_table(path):
             if len(fields) >= 13 and fields[0].isdigit():
                 rows.append((int(fields[0]), float(fields[5]), float(fields[9])))
     if not rows:
-        sys.exit(f"scaling_model.py: no allreduce_perf rows in {path}")
+        sys.exit(f"scaling_model.py: no all_reduce_perf rows in {path}")
     return rows
 
 
@@ -322,7 +322,7 @@ def fit(points, ranks):
 
 
 def read_times(path, ranks, transport):
-    """(bytes, seconds) of each row of an allreduce_perf table, or of a cluster_perf.sh --tsv
+    """(bytes, seconds) of each row of an all_reduce_perf table, or of a cluster_perf.sh --tsv
     file (its flat rows of `transport` with `ranks` ranks in all; time from the median busbw).
     The time is the mean of out of place and in place."""
     with open_input(path) as first:
@@ -586,9 +586,9 @@ def main(argv=None):
                          help="the fusion_perf that lists the gradients (default: build/bench/)")
     predict.add_argument("--plot", help="write a PNG of efficiency against hosts here")
 
-    fit_parser = commands.add_parser("fit", help="alpha and beta from an allreduce_perf table")
+    fit_parser = commands.add_parser("fit", help="alpha and beta from an all_reduce_perf table")
     fit_parser.add_argument("table", nargs="+",
-                            help="allreduce_perf's output (rank 0's table) or cluster_perf.sh's "
+                            help="all_reduce_perf's output (rank 0's table) or cluster_perf.sh's "
                                  "--tsv file")
     fit_parser.add_argument("--transport", default="tcp",
                             help="a --tsv file's rows of this KOLO_TRANSPORT (default: tcp)")

@@ -151,13 +151,15 @@ typedef struct kolo_comm *kolo_comm_t;
 /*
  * Joins the job: reads the configuration (config may be NULL: everything from the environment),
  * meets the other ranks through the rendezvous store that rank 0 serves at the configured address,
- * and connects to every peer. Blocks until all ranks have joined, or the timeout passes.
+ * and connects to every peer. Blocks until all ranks have joined, or the timeout passes. A process
+ * that no launcher started (no rank from config, KOLO_RANK or a launcher's variables, and no size
+ * or local rank either) is rank 0 of a world of one, said in one INFO line.
  *
  * On success *comm holds a new communicator that the caller owns and must pass to
  * kolo_comm_destroy(). On failure *comm is set to NULL and the status says why:
  * KOLO_ERR_INVALID_ARGUMENT (comm is NULL, or config has a wrong size or magic),
- * KOLO_ERR_CONFIG (no rank, size or address could be found: the message names the variable to
- * set), KOLO_ERR_TIMEOUT (some rank did not join in time), KOLO_ERR_SYSTEM (a socket could not be
+ * KOLO_ERR_CONFIG (a size without a rank, no size or no address for a rank: the message names
+ * the variable to set), KOLO_ERR_TIMEOUT (some rank did not join in time), KOLO_ERR_SYSTEM (a socket could not be
  * opened). The message of a failed init is returned by kolo_comm_last_error(NULL).
  */
 KOLO_API kolo_status_t kolo_comm_init(const kolo_config_t *config, kolo_comm_t *comm);

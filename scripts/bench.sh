@@ -5,4 +5,4 @@ set -eu
 cd "$(dirname "$0")/.."
 sh scripts/install-deps.sh
 sh scripts/build.sh
-exec build/src/kolorun -np 4 build/bench/allreduce_perf -b 64K -e 256M -f 4 -n 10 -w 3 "$@"
+exec build/src/kolorun -np 4 build/bench/all_reduce_perf -b 64K -e 256M -f 4 -n 10 -w 3 "$@"

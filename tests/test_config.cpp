@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "capture_stderr.hpp"
+#include "comm/communicator.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/topology.hpp"
@@ -444,14 +445,39 @@ TEST_CASE("a job secret shorter than 16 characters is refused, naming where it c
   CHECK(resolve(kolo_job({{"KOLO_SECRET", ""}})).secret.empty());
 }
 
-TEST_CASE("no rank anywhere: the message says what to set", "[config]") {
-  Failure failure = resolve_failure({{"HOME", "/root"}, {"KOLO_ADDR", "node0:1"}});
-  REQUIRE(failure.thrown);
-  CHECK(failure.status == Status::kConfig);
-  for (const char* word :
-       {"KOLO_RANK", "KOLO_SIZE", "KOLO_ADDR", "kolorun", "mpirun", "srun", "torchrun"}) {
-    CHECK_THAT(failure.message, Contains(word));
+TEST_CASE("no launcher at all: a world of one on the loopback", "[config]") {
+  Config config = resolve({{"HOME", "/root"}, {"PATH", "/usr/bin"}});
+  CHECK(config.launcher == kolo::kNoLauncher);
+  CHECK(config.rank == 0);
+  CHECK(config.size == 1);
+  CHECK(config.local_rank == 0);
+  CHECK(config.local_size == 1);
+  CHECK(config.addr == "127.0.0.1:0");
+  // An address of the caller's choosing still wins, and MASTER_* alone names no launcher.
+  CHECK(resolve({{"KOLO_ADDR", "node0:1"}}).addr == "node0:1");
+  CHECK(resolve({{"MASTER_ADDR", "node0"}, {"MASTER_PORT", "5"}}).size == 1);
+}
+
+TEST_CASE("a launcher's size or local rank without a rank is an error, not a world of one",
+          "[config]") {
+  const char* partial[] = {
+      "KOLO_SIZE",  "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE",  "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+      "WORLD_SIZE", "LOCAL_RANK",      "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"};
+  for (const char* name : partial) {
+    INFO(name);
+    Failure failure = resolve_failure({{name, "2"}, {"KOLO_ADDR", "node0:1"}});
+    REQUIRE(failure.thrown);
+    CHECK(failure.status == Status::kConfig);
+    CHECK_THAT(failure.message, Contains(std::string(name) + "=2"));
+    for (const char* word : {"KOLO_RANK", "kolorun", "mpirun", "srun", "torchrun"}) {
+      CHECK_THAT(failure.message, Contains(word));
+    }
   }
+  ConfigOverrides overrides;
+  overrides.size = 4;
+  Failure failure = resolve_failure({}, overrides);
+  REQUIRE(failure.thrown);
+  CHECK_THAT(failure.message, Contains("kolo_config_t.size"));
 }
 
 TEST_CASE("a rank without a size names KOLO_SIZE", "[config]") {
@@ -837,6 +863,45 @@ TEST_CASE("KOLO_DEBUG selects the level, case-insensitively, and warns once abou
   CHECK(bogus.find("KOLO_DEBUG=bogus") < bogus.find("warn line"));  // reported first
   CHECK_THAT(bogus, Contains("WARN, INFO or TRACE") && Contains(" WARN  warn line"));
   CHECK(count_of(bogus, "info line") == 0);
+}
+
+// ---- A world of one -----------------------------------------------------------------------------
+
+// A communicator made in a process that no launcher started: the parent runs this binary again
+// with only this hidden test and an environment holding no launcher's variable.
+TEST_CASE("world of one child: a communicator of one rank, its allreduce the input",
+          "[.world_of_one_child]") {
+  kolo::Communicator comm(ConfigOverrides{});
+  REQUIRE(comm.rank() == 0);
+  REQUIRE(comm.size() == 1);
+  std::vector<float> input = {1.5f, -2.0f, 3.25f}, output(3, 0.0f);
+  comm.allreduce(input.data(), output.data(), input.size(), kolo::DataType::kFloat32,
+                 kolo::ReduceOp::kSum);
+  CHECK(output == input);
+  std::printf("world of one: rank %d of %d\n", comm.rank(), comm.size());
+}
+
+TEST_CASE("a process started alone is a world of one, and says so once at INFO", "[config]") {
+  char self[4096] = {};
+  ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  REQUIRE(length > 0);
+  // env -i: nothing of the test's own environment (a CI job under Slurm, say) reaches the child.
+  std::string command =
+      "env -i PATH=/usr/bin:/bin KOLO_DEBUG=INFO KOLO_TRANSPORT=tcp timeout 60 '" +
+      std::string(self, length) + "' '[.world_of_one_child]' 2>&1";
+  std::FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string output;
+  char buffer[4096];
+  size_t got;
+  while ((got = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, got);
+  INFO(output);
+  CHECK(pclose(pipe) == 0);
+  CHECK(count_of(output, "world of one: rank 0 of 1") == 1);
+  CHECK(count_of(output, " INFO  no launcher found") == 1);
+  CHECK(count_of(output, "this process is a world of one") == 1);
+  CHECK_THAT(output, Contains("communicator ready: rank 0 of 1"));
+  CHECK_THAT(output, Contains("All tests passed"));
 }
 
 // ---- Topology --------------------------------------------------------------------------------

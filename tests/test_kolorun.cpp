@@ -39,8 +39,8 @@ double seconds_since(Clock::time_point start) {
 
 // kolorun must pick the address and secret itself unless a test hands them over.
 void clear_job_environment() {
-  for (const char* name : {"KOLO_ADDR", "KOLO_SECRET", "KOLO_SECRET_FILE", "KOLO_RANK",
-                           "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE"}) {
+  for (const char* name : {"KOLO_ADDR", "KOLO_SECRET", "KOLO_SECRET_FILE", "KOLO_RANK", "KOLO_SIZE",
+                           "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE"}) {
     ::unsetenv(name);
   }
 }
@@ -114,6 +114,12 @@ bool output_appears(const Process& process, size_t count, const std::string& mar
   return false;
 }
 
+std::string this_host() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
 // kolorun's own line when a rank has ended.
 bool contains_exit(const std::string& output) {
   return output.find("kolorun: rank") != std::string::npos;
@@ -174,7 +180,7 @@ TEST_CASE("free_tcp_port gives a port that can be bound on 127.0.0.1", "[process
 
 TEST_CASE("kolorun gives every rank its place in the job and one shared secret", "[kolorun]") {
   clear_job_environment();
-  Run run = run_kolorun({"-np", "4", "/bin/sh", "-c",
+  Run run = run_kolorun({"-np", "4", "--tag-output", "/bin/sh", "-c",
                          "echo rank=$KOLO_RANK size=$KOLO_SIZE local_rank=$KOLO_LOCAL_RANK "
                          "local_size=$KOLO_LOCAL_SIZE addr=$KOLO_ADDR secret=$KOLO_SECRET"});
   INFO("output: " << run.result.output);
@@ -231,16 +237,16 @@ TEST_CASE("kolorun binds the store's port itself and hands it to rank 0 alone", 
   ProcessResult result = kolorun.wait(10);
   INFO("output: " << result.output);
   CHECK(result.exit_code == 0);
-  CHECK(std::regex_search(result.output, std::regex(R"(\[0\] rank=0 addr=\S+ fd=\d+)")));
-  CHECK_THAT(result.output, Contains("[1] rank=1 addr=127.0.0.1:" + std::to_string(port) +
-                                     " fd=none"));
+  CHECK(std::regex_search(result.output, std::regex(R"((^|\n)rank=0 addr=\S+ fd=\d+\n)")));
+  CHECK_THAT(result.output, Contains("rank=1 addr=127.0.0.1:" + std::to_string(port) + " fd=none"));
 }
 
 TEST_CASE("kolorun runs a kolo job whose rank 0 serves the store on kolorun's socket",
           "[kolorun]") {
   clear_job_environment();
-  Run run = run_kolorun({"-np", "3", kolo::test::built_program("tests/kolo_test_worker"), "barrier"},
-                        {{"KOLO_DEBUG", "INFO"}});
+  Run run =
+      run_kolorun({"-np", "3", kolo::test::built_program("tests/kolo_test_worker"), "barrier"},
+                  {{"KOLO_DEBUG", "INFO"}});
   INFO("output: " << run.result.output);
   CHECK(run.result.exit_code == 0);
   for (int rank = 0; rank < 3; ++rank) {
@@ -262,8 +268,8 @@ TEST_CASE("kolorun keeps a KOLO_ADDR and KOLO_SECRET it was given", "[kolorun]")
   CHECK(run.result.exit_code == 0);
   std::vector<std::string> lines = lines_of(run.result.output);
   std::sort(lines.begin(), lines.end());
-  CHECK(lines == std::vector<std::string>{"[0] 0/2 10.1.2.3:4567 " + secret,
-                                          "[1] 1/2 10.1.2.3:4567 " + secret});
+  CHECK(lines ==
+        std::vector<std::string>{"0/2 10.1.2.3:4567 " + secret, "1/2 10.1.2.3:4567 " + secret});
 }
 
 TEST_CASE("kolorun --version says which kolo it belongs to and starts nothing", "[kolorun]") {
@@ -285,8 +291,9 @@ TEST_CASE("kolorun leaves the secret to a KOLO_SECRET_FILE it was given", "[kolo
   const std::string secret = "kolorun-secret-file-0123456789";
   REQUIRE(::write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size()));
   ::close(fd);
-  Run run = run_kolorun({"-np", "2", kolo::test::built_program("tests/kolo_test_worker"), "barrier"},
-                        {{"KOLO_SECRET_FILE", path}});
+  Run run =
+      run_kolorun({"-np", "2", kolo::test::built_program("tests/kolo_test_worker"), "barrier"},
+                  {{"KOLO_SECRET_FILE", path}});
   ::unlink(path);
   INFO("output: " << run.result.output);
   CHECK(run.result.exit_code == 0);
@@ -294,25 +301,51 @@ TEST_CASE("kolorun leaves the secret to a KOLO_SECRET_FILE it was given", "[kolo
   CHECK_THAT(run.result.output, !Contains("both set"));
 }
 
-TEST_CASE("kolorun prefixes each line and keeps stdout and stderr apart", "[kolorun]") {
-  std::string script =
-      "echo out-$KOLO_RANK; echo err-$KOLO_RANK >&2; echo more-$KOLO_RANK; printf end-$KOLO_RANK";
-  // A shell around kolorun throws one of its streams away, to see what went to the other.
-  auto lines_on = [&](const std::string& discard) {
-    Process shell(
-        {"/bin/sh", "-c", "\"$0\" -np 2 /bin/sh -c \"$1\" " + discard, kolorun_path(), script}, {});
-    ProcessResult result = shell.wait(10);
-    INFO("output: " << result.output);
-    CHECK(result.exit_code == 0);
-    return lines_of(result.output);
-  };
-  std::vector<std::string> out = lines_on("2>/dev/null");
+// A shell around kolorun throws one of its streams away, to see what went to the other.
+std::vector<std::string> kolorun_lines_on(const std::string& options, const std::string& script,
+                                          const std::string& discard) {
+  Process shell({"/bin/sh", "-c", "\"$0\" -np 2 " + options + " /bin/sh -c \"$1\" " + discard,
+                 kolorun_path(), script},
+                {});
+  ProcessResult result = shell.wait(10);
+  INFO("output: " << result.output);
+  CHECK(result.exit_code == 0);
+  return lines_of(result.output);
+}
+
+// The lines that end with "-<rank>", in the order they came.
+std::vector<std::string> lines_of_rank(const std::vector<std::string>& lines, int rank) {
+  std::vector<std::string> mine;
+  const std::string suffix = "-" + std::to_string(rank);
+  for (const std::string& line : lines) {
+    if (line.ends_with(suffix)) mine.push_back(line);
+  }
+  return mine;
+}
+
+const char* const kTwoStreamScript =
+    "echo out-$KOLO_RANK; echo err-$KOLO_RANK >&2; echo more-$KOLO_RANK; printf end-$KOLO_RANK";
+
+TEST_CASE("kolorun passes lines on untagged by default and keeps stdout and stderr apart",
+          "[kolorun]") {
+  std::vector<std::string> out = kolorun_lines_on("", kTwoStreamScript, "2>/dev/null");
+  CHECK(out.size() == 6);
+  CHECK(lines_of_rank(out, 0) == std::vector<std::string>{"out-0", "more-0", "end-0"});
+  CHECK(lines_of_rank(out, 1) == std::vector<std::string>{"out-1", "more-1", "end-1"});
+  std::vector<std::string> err = kolorun_lines_on("", kTwoStreamScript, ">/dev/null");
+  std::sort(err.begin(), err.end());
+  CHECK(err == std::vector<std::string>{"err-0", "err-1"});
+}
+
+TEST_CASE("kolorun --tag-output prefixes each line with its rank, stdout and stderr apart",
+          "[kolorun]") {
+  std::vector<std::string> out = kolorun_lines_on("--tag-output", kTwoStreamScript, "2>/dev/null");
   std::vector<std::string> rank0_out, rank1_out;
   for (const std::string& line : out)
     (line.starts_with("[0] ") ? rank0_out : rank1_out).push_back(line);
   CHECK(rank0_out == std::vector<std::string>{"[0] out-0", "[0] more-0", "[0] end-0"});
   CHECK(rank1_out == std::vector<std::string>{"[1] out-1", "[1] more-1", "[1] end-1"});
-  std::vector<std::string> err = lines_on(">/dev/null");
+  std::vector<std::string> err = kolorun_lines_on("--tag-output", kTwoStreamScript, ">/dev/null");
   std::sort(err.begin(), err.end());
   CHECK(err == std::vector<std::string>{"[0] err-0", "[1] err-1"});
 }
@@ -321,17 +354,20 @@ TEST_CASE("kolorun never mixes lines of different ranks", "[kolorun]") {
   const int kLines = 400;
   std::string script = "i=0; while [ $i -lt " + std::to_string(kLines) +
                        " ]; do echo $KOLO_RANK-$i-" + std::string(200, 'x') + "; i=$((i+1)); done";
-  Run run = run_kolorun({"-np", "4", "/bin/sh", "-c", script});
+  const bool tagged = GENERATE(false, true);
+  Run run = tagged ? run_kolorun({"-np", "4", "--tag-output", "/bin/sh", "-c", script})
+                   : run_kolorun({"-np", "4", "/bin/sh", "-c", script});
   REQUIRE(run.result.exit_code == 0);
-  std::regex line_pattern(R"(\[(\d)\] (\d)-(\d+)-x{200})");
+  // Tagged, the tag must name the rank that wrote the line.
+  std::regex line_pattern(tagged ? R"(\[(\d)\] (\d)-(\d+)-x{200})" : R"(()(\d)-(\d+)-x{200})");
   std::vector<int> next_line(4, 0);
   int well_formed = 0;
   for (const std::string& line : lines_of(run.result.output)) {
     std::smatch match;
-    if (!std::regex_match(line, match, line_pattern) || match[1] != match[2]) {
+    if (!std::regex_match(line, match, line_pattern) || (tagged && match[1] != match[2])) {
       FAIL("a mangled line: " << line);
     }
-    int rank = std::stoi(match[1]);
+    int rank = std::stoi(match[2]);
     CHECK(std::stoi(match[3]) == next_line[rank]++);  // each rank's lines in order
     ++well_formed;
   }
@@ -345,7 +381,9 @@ TEST_CASE("kolorun stops the job when a rank fails and exits with its status", "
                            "exec sleep 30"});
     INFO("output: " << run.result.output);
     CHECK(run.result.exit_code == 3);
-    CHECK_THAT(run.result.output, Contains("kolorun: rank 1 exited with status 3\n"));
+    CHECK(std::regex_search(run.result.output,
+                            std::regex("kolorun: rank 1 exited with status 3 \\(pid \\d+ on " +
+                                       this_host() + "\\)\n")));
     CHECK(run.seconds < 3);  // the other ranks were stopped, not waited for
     CHECK(reported_pids(run.result.output).size() == 3);
     CHECK(all_gone_within(reported_pids(run.result.output), 1));
@@ -355,7 +393,9 @@ TEST_CASE("kolorun stops the job when a rank fails and exits with its status", "
                            "if [ $KOLO_RANK = 1 ]; then kill -KILL $$; fi; exec sleep 30"});
     INFO("output: " << run.result.output);
     CHECK(run.result.exit_code == 128 + SIGKILL);
-    CHECK_THAT(run.result.output, Contains("kolorun: rank 1 killed by signal SIGKILL\n"));
+    CHECK(std::regex_search(run.result.output,
+                            std::regex("kolorun: rank 1 killed by signal SIGKILL \\(pid \\d+ on " +
+                                       this_host() + "\\)\n")));
     CHECK(run.seconds < 3);
   }
   SECTION("--elastic: a rank killed by a signal does not stop the others") {
@@ -364,10 +404,11 @@ TEST_CASE("kolorun stops the job when a rank fails and exits with its status", "
                            "echo rank $KOLO_RANK done"});
     INFO("output: " << run.result.output);
     CHECK(run.result.exit_code == 0);
-    CHECK_THAT(run.result.output,
-               Contains("kolorun: rank 1 killed by signal SIGKILL; --elastic: the other ranks go on"));
-    CHECK_THAT(run.result.output, Contains("[0] rank 0 done"));
-    CHECK_THAT(run.result.output, Contains("[2] rank 2 done"));
+    CHECK(std::regex_search(run.result.output,
+                            std::regex("kolorun: rank 1 killed by signal SIGKILL \\(pid \\d+ on " +
+                                       this_host() + "\\); --elastic: the other ranks go on")));
+    CHECK_THAT(run.result.output, Contains("rank 0 done"));
+    CHECK_THAT(run.result.output, Contains("rank 2 done"));
   }
   SECTION("--elastic: a rank that exits non-zero still stops the job") {
     Run run = run_kolorun({"--elastic", "-np", "2", "/bin/sh", "-c",
@@ -439,7 +480,8 @@ char process_state(pid_t pid) {
 bool all_in_state_within(const std::vector<pid_t>& pids, char state, double seconds) {
   Clock::time_point start = Clock::now();
   for (;;) {
-    if (std::all_of(pids.begin(), pids.end(), [&](pid_t pid) { return process_state(pid) == state; }))
+    if (std::all_of(pids.begin(), pids.end(),
+                    [&](pid_t pid) { return process_state(pid) == state; }))
       return true;
     if (seconds_since(start) > seconds) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -456,14 +498,14 @@ TEST_CASE("kolorun passes job control on: SIGTSTP stops the ranks and itself, SI
   REQUIRE(ranks.size() == 2);
   kolorun.kill(SIGTSTP);  // as a shell's Ctrl-Z does to kolorun's process group
   CHECK(all_in_state_within(ranks, 'T', 3));
-  CHECK(all_in_state_within({kolorun.pid()}, 'T', 3));  // the shell gets its prompt back
+  CHECK(all_in_state_within({kolorun.pid()}, 'T', 3));           // the shell gets its prompt back
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // longer than the ranks' work
   CHECK_THAT(kolorun.output_so_far(), !Contains("done"));
   kolorun.kill(SIGCONT);  // as fg or bg does
   ProcessResult result = kolorun.wait(10);
   INFO("output: " << result.output);
   CHECK(result.exit_code == 0);
-  CHECK_THAT(result.output, Contains("[0] rank 0 done") && Contains("[1] rank 1 done"));
+  CHECK_THAT(result.output, Contains("rank 0 done") && Contains("rank 1 done"));
 }
 
 TEST_CASE("nothing the ranks started outlives the job", "[kolorun]") {
@@ -477,8 +519,9 @@ TEST_CASE("nothing the ranks started outlives the job", "[kolorun]") {
     CHECK(all_gone_within(reported_pids(run.result.output, "child"), 1));
   }
   SECTION("a child that left the group of a rank that succeeded") {
-    Run run = run_kolorun({"-np", "2", "/bin/sh", "-c",
-                           "setsid /bin/sh -c 'echo child=$$; exec sleep 778' & sleep 0.2; exit 0"});
+    Run run =
+        run_kolorun({"-np", "2", "/bin/sh", "-c",
+                     "setsid /bin/sh -c 'echo child=$$; exec sleep 778' & sleep 0.2; exit 0"});
     INFO("output: " << run.result.output);
     CHECK(run.result.exit_code == 0);
     REQUIRE(reported_pids(run.result.output, "child").size() == 2);
@@ -530,8 +573,12 @@ TEST_CASE("kolorun exits 127 when the program cannot be run", "[kolorun]") {
   Run run = run_kolorun({"-np", "2", "/nonexistent/program"});
   INFO("output: " << run.result.output);
   CHECK(run.result.exit_code == 127);
-  CHECK_THAT(run.result.output,
-             Contains("kolorun: cannot run /nonexistent/program: No such file or directory"));
+  // The rank that could not run says which it is and where it ran (the first one's failure stops
+  // the others, which may not have reached exec yet).
+  CHECK(std::regex_search(run.result.output,
+                          std::regex("kolorun: rank [01] on " + this_host() +
+                                     ": cannot run /nonexistent/program: No such file or "
+                                     "directory\n")));
 }
 
 TEST_CASE("kolorun leaves the program's own arguments alone", "[kolorun]") {
@@ -547,7 +594,7 @@ TEST_CASE("kolorun leaves the program's own arguments alone", "[kolorun]") {
   CHECK(run.result.exit_code == 0);
   std::vector<std::string> lines = lines_of(run.result.output);
   std::sort(lines.begin(), lines.end());
-  CHECK(lines == std::vector<std::string>{"[0] -np 5 --verbose", "[1] -np 5 --verbose"});
+  CHECK(lines == std::vector<std::string>{"-np 5 --verbose", "-np 5 --verbose"});
 }
 
 TEST_CASE("kolorun rejects bad arguments with exit status 2 and says why", "[kolorun]") {
@@ -563,4 +610,30 @@ TEST_CASE("kolorun rejects bad arguments with exit status 2 and says why", "[kol
   INFO("output: " << run.result.output);
   CHECK(run.result.exit_code == 2);
   CHECK_THAT(run.result.output, Contains("kolorun: ") && Contains("Usage: kolorun -np N"));
+}
+
+TEST_CASE("kolorun's errors show one usage line; --help adds examples, variables, exit codes",
+          "[kolorun]") {
+  auto count_of = [](const std::string& text, const std::string& word) {
+    int count = 0;
+    for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1))
+      ++count;
+    return count;
+  };
+  Run missing = run_kolorun({"/bin/true"});
+  INFO("output: " << missing.result.output);
+  CHECK(missing.result.exit_code == 2);
+  CHECK(count_of(missing.result.output, "Usage:") == 1);
+  CHECK(lines_of(missing.result.output).size() == 2);  // what was wrong, and the usage line
+
+  Run help = run_kolorun({"--help"});
+  INFO("help: " << help.result.output);
+  CHECK(help.result.exit_code == 0);
+  CHECK(count_of(help.result.output, "Usage: kolorun -np N [options] [--] program [args...]") == 1);
+  CHECK(count_of(help.result.output, "Usage:") == 1);
+  for (const char* word : {"Examples:", "kolorun -np 4 ", "--tag-output", "KOLO_RANK", "KOLO_SIZE",
+                           "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_ADDR", "KOLO_STORE_FD",
+                           "KOLO_SECRET", "Exit status:", "124", "127", "128+S"}) {
+    CHECK_THAT(help.result.output, Contains(word));
+  }
 }

@@ -427,8 +427,8 @@ class Communicator:
     def create(cls, rank=None, size=None, local_rank=None, local_size=None, addr=None,
                secret=None, timeout=None, secret_published=False):
         """Joins the job (kolo_comm_init): every argument left None comes from the environment
-        (KOLO_RANK, KOLO_SIZE, KOLO_ADDR, ... or a launcher's variables; see the README); a
-        secret given here wins over KOLO_SECRET and KOLO_SECRET_FILE. secret_published: the
+        (KOLO_RANK, KOLO_SIZE, KOLO_ADDR, ... or a launcher's variables; see the README), and
+        with none of them the process is a world of one (rank 0 of 1); a secret given here wins over KOLO_SECRET and KOLO_SECRET_FILE. secret_published: the
         secret was exchanged where others can read it (kolo's torch launch paths without
         KOLO_SECRET or KOLO_SECRET_FILE), so the communicator counts as unauthenticated
         (peers_authenticated False). Blocks until every rank has joined, at most the timeout.

@@ -60,6 +60,10 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   for (const auto& name : unknown) {
     log::warn("unknown variable {} ignored (docs/environment.md lists the KOLO_* variables)", name);
   }
+  if (config_.launcher == kNoLauncher) {
+    log::info("no launcher found (no KOLO_RANK, and none of mpirun's, srun's or torchrun's "
+              "variables): this process is a world of one");
+  }
   if (config_.secret.empty()) {
     // Once per job, at WARN: without a secret, anyone who reaches the job's ports can join it.
     constexpr const char* kNoSecret =
@@ -91,6 +95,8 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
           std::make_unique<StoreServer>(listen_endpoint, config_.secret, store_limits(config_));
       log::info("serving the rendezvous store at {}", server_->endpoint().to_string());
     }
+    // A world of one asks for any free port: the store's clients connect where it landed.
+    if (store_endpoint.port == 0) config_.addr = server_->endpoint().to_string();
   }
   store_ = open_store(config_);
   discover_hosts();

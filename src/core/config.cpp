@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -296,6 +297,42 @@ std::optional<Setting> first_of(std::optional<Setting> a, std::optional<Setting>
   return c;
 }
 
+// The variables that say a launcher started this process, without its rank. One of them set while
+// no rank is found is a launch gone wrong (a typo, a wrapper that dropped KOLO_RANK), not a
+// process started on its own.
+constexpr const char* kLauncherSizeVariables[] = {
+    "KOLO_SIZE",  "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE",  "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+    "WORLD_SIZE", "LOCAL_RANK",      "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+};
+
+// No rank from the caller, KOLO_RANK or a launcher: a process started alone (a benchmark run by
+// hand, a training script being debugged), which is a world of one, as under nccl-tests and
+// Horovod. Its store listens on the loopback at a port the system picks (KOLO_ADDR may still
+// name one). kNoLauncher tells the communicator to say so in one INFO line.
+void resolve_world_of_one(const ConfigOverrides& overrides, const Environment& env,
+                          Config& config) {
+  std::vector<std::string> partial;
+  if (overrides.size) partial.push_back("kolo_config_t.size");
+  if (overrides.local_rank) partial.push_back("kolo_config_t.local_rank");
+  if (overrides.local_size) partial.push_back("kolo_config_t.local_size");
+  for (const char* name : kLauncherSizeVariables) {
+    if (auto setting = from_env(env, name))
+      partial.push_back(fmt::format("{}={}", name, setting->text));
+  }
+  if (!partial.empty()) {
+    fail(fmt::format(
+        "kolo: cannot find this process's rank, yet {} is set: set KOLO_RANK (and KOLO_SIZE, "
+        "KOLO_ADDR), or start under kolorun, mpirun, srun or torchrun; a process started alone "
+        "with none of these is a world of one",
+        fmt::join(partial, ", ")));
+  }
+  config.launcher = kNoLauncher;
+  config.rank = 0;
+  config.size = 1;
+  config.local_rank = 0;
+  config.local_size = 1;
+}
+
 void resolve_identity(const ConfigOverrides& overrides, const Environment& env, Config& config) {
   std::optional<LauncherValues> launcher;
   if (overrides.rank) {
@@ -305,9 +342,8 @@ void resolve_identity(const ConfigOverrides& overrides, const Environment& env, 
   } else if ((launcher = detect_launcher(env))) {
     config.launcher = launcher->name;
   } else {
-    fail(
-        "kolo: cannot find this process's rank: set KOLO_RANK (and KOLO_SIZE, KOLO_ADDR), or "
-        "start under kolorun, mpirun, srun or torchrun");
+    resolve_world_of_one(overrides, env, config);
+    return;
   }
   LauncherValues none;
   const LauncherValues& from_launcher = launcher ? *launcher : none;
@@ -364,6 +400,10 @@ void resolve_address(const ConfigOverrides& overrides, const Environment& env, C
   if (auto addr = first_of(from_override(overrides.addr, "addr"), from_env(env, "KOLO_ADDR"))) {
     check_host_port(*addr);
     config.addr = std::string(trim(addr->text));
+    return;
+  }
+  if (config.launcher == kNoLauncher) {
+    config.addr = "127.0.0.1:0";  // the store binds a free port and tells the communicator
     return;
   }
   auto master_addr = from_env(env, "MASTER_ADDR");

@@ -22,7 +22,9 @@
 // When the rank comes from kolo_config_t ("config") or KOLO_RANK ("kolo"), no launcher variable
 // is read for the other fields either. The address comes from KOLO_ADDR, else torchrun's
 // MASTER_ADDR and MASTER_PORT, whatever the launcher; mpirun and srun export none, so jobs they
-// start must set KOLO_ADDR.
+// start must set KOLO_ADDR. When no row matches, the process was started alone and is a world of
+// one (rank 0 of 1, its store on the loopback), unless a size or local rank says that a launcher
+// did start it (KOLO_SIZE without KOLO_RANK, say): that is an error naming the variable.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,10 @@
 #include <vector>
 
 namespace kolo {
+
+// Config::launcher of a process that no launcher started: a world of one whose store listens on
+// the loopback at a port the system picks.
+inline constexpr const char* kNoLauncher = "none";
 
 // The largest fusion threshold (KOLO_FUSION_THRESHOLD, kolo_comm_set_fusion_threshold).
 inline constexpr uint64_t kMaxFusionThresholdBytes = uint64_t{4} << 30;
@@ -82,7 +88,8 @@ struct Config {
   std::string shm_copy = "auto";  // KOLO_SHM_COPY: auto, plain or stream
   std::string bind = "none";         // KOLO_BIND: none | core | numa
   std::string gpu_backend = "auto";  // KOLO_GPU_BACKEND: auto | nccl | staged (gpu/backend.hpp)
-  std::string launcher;              // who supplied the rank: config|kolo|ompi|pmi|slurm|torchrun
+  std::string launcher;              // who supplied the rank: config|kolo|ompi|pmi|slurm|torchrun,
+                                     // or kNoLauncher (a world of one)
 
   // Settings of the fusion engine (named, asynchronous calls); read here so that every KOLO_*
   // variable is parsed and validated in one place.

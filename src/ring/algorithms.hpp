@@ -2,7 +2,7 @@
 // per step, 2(N-1) steps for allreduce and N-1 for allgather; below a size the latency-optimal
 // schedules win: recursive doubling for allreduce (log2 N steps, two more when N is not a power
 // of two) and Bruck's allgather (ceil(log2 N) steps). The switch points were measured with
-// bench/allreduce_perf and bench/all_gather_perf at N = 2..5 on one machine; the README's
+// bench/all_reduce_perf and bench/all_gather_perf at N = 2..5 on one machine; the README's
 // "Choosing the algorithm" has the tables.
 //
 // Across hosts, allreduce has a third schedule, hierarchical (through one leader per host), which
@@ -36,7 +36,7 @@ inline constexpr uint64_t kRecursiveDoublingMaxBytesPerRank = KOLO_RECURSIVE_DOU
 // Recursive doubling's one-shot form (ring/allreduce_recursive_doubling.cpp) runs where shared
 // memory links every pair, for at most this many ranks and while a rank sends at most this many
 // bytes ((N - 1) x its partial). The limits come from a first sweep on 2 cores (kolorun -np N
-// allreduce_perf -b 8 -e 128K -f 4, one shot / exchanges, medians of three alternating runs of a
+// all_reduce_perf -b 8 -e 128K -f 4, one shot / exchanges, medians of three alternating runs of a
 // build that could switch): one shot lost at N = 4 with 128 KiB (1.35) and at N = 8 with 32 KiB
 // (1.32), and broke even at N = 3 with 32 KiB (1.00) and N = 8 with 8 KiB (0.96); below, it won
 // but for one size at N = 4 (32 B: 1.35, where single runs flip between two speeds). Over TCP on

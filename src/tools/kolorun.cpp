@@ -1,6 +1,7 @@
 // kolorun: starts N ranks of one program on this machine and supervises them.
 //
-//   kolorun -np N [--timeout S] [--grace S] [--elastic] [--verbose] [--] program [args...]
+//   kolorun -np N [--tag-output] [--timeout S] [--grace S] [--elastic] [--verbose] [--] program
+//           [args...]
 //
 // Each rank runs with the environment plus KOLO_RANK=i, KOLO_SIZE=N, KOLO_LOCAL_RANK=i,
 // KOLO_LOCAL_SIZE=N, KOLO_ADDR=127.0.0.1:<port>, where rank 0 serves the rendezvous store, and
@@ -12,9 +13,13 @@
 // environment is kept (and no descriptor handed down); with KOLO_SECRET_FILE set, no secret is
 // generated and the ranks read that file.
 //
-// Every line a rank writes is passed on whole, as "[i] line", to kolorun's stdout or stderr,
-// matching the stream it came from. A rank runs in its own process group, so that a signal reaches
-// everything it started; its stdin is /dev/null, and it is SIGKILLed if kolorun itself dies.
+// Every line a rank writes is passed on whole to kolorun's stdout or stderr, matching the stream
+// it came from, so that lines of different ranks never mix within a line and a rank's stderr never
+// lands in stdout. Lines go out as the rank wrote them, as mpirun passes them on; --tag-output (the
+// name mpirun gives it) puts "[i] " before each. Untagged is the default so that output meant to
+// be parsed (nccl-tests' tables, anchored on "#") reads the same under kolorun as alone. A rank
+// runs in its own process group, so that a signal reaches everything it started; its stdin is
+// /dev/null, and it is SIGKILLed if kolorun itself dies.
 // kolorun adopts (as child subreaper) and reaps what stopped ranks leave behind, so no zombie is
 // left even where init reaps nothing, as in many containers.
 // SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to kolorun are forwarded to every rank and stop the
@@ -33,8 +38,9 @@
 // With --elastic, for jobs that survive a lost rank (kolo_comm_shrink, kolo.torch.elastic), a rank
 // killed by a signal is reported and the others go on; kolorun then exits 0 when every rank that
 // exited on its own exited 0, and with the first killed rank's status when none did. A rank that
-// exits non-zero still stops the job. --timeout stops the job the same way and exits 124. Bad arguments exit 2; a program that cannot
-// be executed makes its ranks exit 127.
+// exits non-zero still stops the job. --timeout stops the job the same way and exits 124. Bad
+// arguments exit 2; a program that cannot be executed makes its ranks exit 127. What kolorun says
+// about a rank names it, its pid and this host.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -56,6 +62,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -125,7 +132,7 @@ struct Rank {
   pid_t pid = -1;
   bool running = false;
   bool group_alive = false;  // its process group may still have members
-  Stream streams[2];  // stdout, stderr
+  Stream streams[2];         // stdout, stderr
 };
 
 // The children of this (single-threaded) process: ranks, and the orphans it adopted as subreaper.
@@ -211,6 +218,8 @@ struct Job {
   double timeout_s = 0, grace_s = 5;
   bool verbose = false;
   bool elastic = false;
+  bool tag_output = false;        // "[i] " before every line of rank i
+  std::string host;               // this machine's name, in what kolorun says about a rank
   std::optional<int> first_lost;  // --elastic: the status of the first rank killed by a signal
   int finished = 0;               // ranks that exited on their own
   std::vector<Rank> ranks;
@@ -254,18 +263,19 @@ struct Job {
       if (hand_down) ::fcntl(store_fd, F_SETFD, 0);  // inherited across exec by rank 0 alone
       ::execvp(argv[0], argv.data());
       std::string error = std::strerror(errno);
-      write_all(STDERR_FILENO, fmt::format("kolorun: cannot run {}: {}\n", command[0], error));
+      write_all(STDERR_FILENO, fmt::format("kolorun: rank {} on {}: cannot run {}: {}\n", index,
+                                           host, command[0], error));
       _exit(127);
     }
     ::setpgid(pid, pid);  // as in the child: whichever runs first, no kill finds the group missing
-    if (hand_down) {  // rank 0 holds it now: when rank 0 is gone, nothing answers at the port
+    if (hand_down) {      // rank 0 holds it now: when rank 0 is gone, nothing answers at the port
       ::close(store_fd);
       store_fd = -1;
     }
     ::close(out_pipe[1]);
     ::close(err_pipe[1]);
     for (int fd : {out_pipe[0], err_pipe[0]}) ::fcntl(fd, F_SETFL, O_NONBLOCK);
-    std::string prefix = fmt::format("[{}] ", index);
+    std::string prefix = tag_output ? fmt::format("[{}] ", index) : std::string();
     ranks[index] = {
         pid,
         true,
@@ -307,6 +317,13 @@ struct Job {
     stopping = true;
   }
 
+  // "rank 2 exited with status 3 (pid 4242 on node7)": which rank, what became of it, and where
+  // to look for it.
+  std::string ended(size_t index, int status) const {
+    return fmt::format("rank {} {} (pid {} on {})", index, describe(status), ranks[index].pid,
+                       host);
+  }
+
   void reap() {
     int status;
     for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
@@ -317,11 +334,11 @@ struct Job {
         bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
         if (WIFEXITED(status)) ++finished;
         if (elastic && WIFSIGNALED(status) && !stopping) {
-          say("rank {} {}; --elastic: the other ranks go on", i, describe(status));
+          say("{}; --elastic: the other ranks go on", ended(i, status));
           if (!first_lost) first_lost = 128 + WTERMSIG(status);
           continue;
         }
-        if (verbose || (failed && !stopping)) say("rank {} {}", i, describe(status));
+        if (verbose || (failed && !stopping)) say("{}", ended(i, status));
         if (failed && !failure_code) {
           failure_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         }
@@ -336,7 +353,7 @@ struct Job {
     if (timeout_s > 0) timeout_at = seconds_from_now(timeout_s);
     for (int i = 0; i < size && !stopping; ++i) {
       if (!start(i)) {
-        say("cannot start rank {}: {}", i, std::strerror(errno));
+        say("cannot start rank {} on {}: {}", i, host, std::strerror(errno));
         failure_code = 1;
         stop(SIGTERM);
       }
@@ -415,13 +432,55 @@ struct Job {
 
 }  // namespace
 
+// --help's text after the options: what a user needs to start a job and read its end.
+constexpr std::string_view kHelpFooter = R"(
+Examples:
+  kolorun -np 4 ./my_program --its-own-flags
+  kolorun -np 2 --tag-output all_reduce_perf -b 8 -e 128M -f 2
+  kolorun -np 4 --timeout 600 python3 train.py
+  KOLO_SECRET_FILE=~/.kolo-secret kolorun -np 2 ./my_program
+
+Every rank gets kolorun's environment plus:
+  KOLO_RANK, KOLO_LOCAL_RANK   the rank, 0 to N-1 (one machine: both the same)
+  KOLO_SIZE, KOLO_LOCAL_SIZE   N
+  KOLO_ADDR                    127.0.0.1:<a free port> where rank 0 serves the rendezvous store
+                               (kept when already set)
+  KOLO_STORE_FD                rank 0 only: the listening socket kolorun bound at that port
+  KOLO_SECRET                  a random job secret (kept when KOLO_SECRET or KOLO_SECRET_FILE is
+                               set)
+
+Output: each line of a rank goes whole to kolorun's stdout or stderr, the stream the rank wrote it
+to; --tag-output puts "[rank] " before it.
+
+Exit status:
+  0         every rank exited 0
+  N         the first rank that failed exited with N (the others are then stopped)
+  128+S     the first rank that failed was killed by signal S
+  124       --timeout passed
+  127       the program could not be run
+  2         a bad command line
+  1         kolorun itself failed (no port for the store, ...)
+)";
+
+// --help's usage line is kolorun's own (CLI11's would read "kolorun [OPTIONS]").
+class UsageFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App*, std::string) const override {
+    return std::string(kUsage) + "\n";
+  }
+};
+
 int main(int argc, char** argv) {
   Job job;
   int size = 0;
-  CLI::App app{"Starts N ranks of a program on this machine, with the KOLO_* environment set.",
-               "kolorun"};
-  app.footer(std::string(kUsage));
+  CLI::App app{
+      "kolorun: starts N ranks of a program on this machine, with the KOLO_* environment "
+      "set, and passes on their output.",
+      "kolorun"};
+  app.formatter(std::make_shared<UsageFormatter>());
+  app.footer(std::string(kHelpFooter));
   app.add_option("-n,--np", size, "number of ranks (also -np)")->required();
+  app.add_flag("--tag-output", job.tag_output, "put \"[rank] \" before every line of output");
   app.add_option("--timeout", job.timeout_s, "stop the job after this many seconds; exit 124");
   app.add_option("--grace", job.grace_s, "seconds between SIGTERM and SIGKILL when stopping (5)");
   app.add_flag("--elastic", job.elastic,
@@ -456,6 +515,10 @@ int main(int argc, char** argv) {
     say("{}\n{}", problem, kUsage);
     return 2;
   }
+
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  job.host = host;
 
   // The ranks inherit kolorun's environment: what they share is set here, their rank by start().
   const char* address = std::getenv("KOLO_ADDR");

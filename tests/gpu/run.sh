@@ -2,7 +2,7 @@
 # The GPU check, in one script, for a machine with at least one NVIDIA GPU (about 3-4 minutes
 # with 16 cores): prints nvidia-smi, builds what the GPU tests and benchmarks need (CUDA and NCCL
 # found in /usr/local/cuda, or GPU_TOOLKIT_PREFIX), runs the 'gpu' test suite, then
-# allreduce_perf -g on kolo's NCCL path, the same sizes with raw ncclAllReduce
+# all_reduce_perf -g on kolo's NCCL path, the same sizes with raw ncclAllReduce
 # (nccl_allreduce_perf), and the staged path, and compares kolo with NCCL at 256 MiB.
 #
 #   bash tests/gpu/run.sh                 from anywhere; BUILD_DIR (default build-gpu) and
@@ -109,7 +109,7 @@ echo "NCCL found: $have_nccl"
 
 # Only what this check runs, so that an unrelated target cannot stop it.
 targets=(src/kolorun tests/gpu/test_gpu tests/gpu/kolo_gpu_worker tests/test_gpu_api
-         bench/allreduce_perf)
+         bench/all_reduce_perf)
 [ "$have_nccl" = 1 ] && targets+=(bench/nccl_allreduce_perf)
 required 300 "build" ninja -C "$BUILD_DIR" "${targets[@]}"
 
@@ -158,27 +158,27 @@ check 60 "test_gpu_api with a GPU" - "$BUILD_DIR/tests/test_gpu_api"
 kolorun=$BUILD_DIR/src/kolorun
 bench=(-b 1M -e 256M -f 4 -n 20 -w 5)
 if [ "$have_nccl" = 1 ]; then
-  check 90 "allreduce_perf -g, 1 rank, kolo's NCCL path" "$BUILD_DIR/gpu-bench-kolo-nccl.txt" \
-    env KOLO_GPU_BACKEND=nccl "$kolorun" -np 1 "$BUILD_DIR/bench/allreduce_perf" -g "${bench[@]}"
+  check 90 "all_reduce_perf -g, 1 rank, kolo's NCCL path" "$BUILD_DIR/gpu-bench-kolo-nccl.txt" \
+    env KOLO_GPU_BACKEND=nccl "$kolorun" -np 1 "$BUILD_DIR/bench/all_reduce_perf" -g "${bench[@]}"
   check 90 "nccl_allreduce_perf -g, 1 rank, raw ncclAllReduce on the same harness" \
     "$BUILD_DIR/gpu-bench-raw-nccl.txt" \
     "$kolorun" -np 1 "$BUILD_DIR/bench/nccl_allreduce_perf" -g "${bench[@]}"
   if [ "$gpus" -ge 2 ]; then
-    check 120 "allreduce_perf -g, 2 ranks on 2 GPUs, kolo's NCCL path" - \
-      env KOLO_GPU_BACKEND=nccl "$kolorun" -np 2 "$BUILD_DIR/bench/allreduce_perf" -g "${bench[@]}"
+    check 120 "all_reduce_perf -g, 2 ranks on 2 GPUs, kolo's NCCL path" - \
+      env KOLO_GPU_BACKEND=nccl "$kolorun" -np 2 "$BUILD_DIR/bench/all_reduce_perf" -g "${bench[@]}"
     check 120 "nccl_allreduce_perf -g, 2 ranks on 2 GPUs" - \
       "$kolorun" -np 2 "$BUILD_DIR/bench/nccl_allreduce_perf" -g "${bench[@]}"
   fi
 fi
-check 120 "allreduce_perf -g, 1 rank, staged through host memory" - \
+check 120 "all_reduce_perf -g, 1 rank, staged through host memory" - \
   env KOLO_GPU_BACKEND=staged \
-  "$kolorun" -np 1 "$BUILD_DIR/bench/allreduce_perf" -g -b 1M -e 256M -f 16 -n 5 -w 2
-check 120 "allreduce_perf -g, 2 ranks sharing GPU 0, staged over TCP" - \
+  "$kolorun" -np 1 "$BUILD_DIR/bench/all_reduce_perf" -g -b 1M -e 256M -f 16 -n 5 -w 2
+check 120 "all_reduce_perf -g, 2 ranks sharing GPU 0, staged over TCP" - \
   env KOLO_GPU_BACKEND=staged CUDA_VISIBLE_DEVICES=0 \
-  "$kolorun" -np 2 "$BUILD_DIR/bench/allreduce_perf" -g -b 1M -e 64M -f 8 -n 5 -w 2
-check 120 "allreduce_perf -g, every dtype and op, 2 ranks staged, checked" - \
+  "$kolorun" -np 2 "$BUILD_DIR/bench/all_reduce_perf" -g -b 1M -e 64M -f 8 -n 5 -w 2
+check 120 "all_reduce_perf -g, every dtype and op, 2 ranks staged, checked" - \
   env KOLO_GPU_BACKEND=staged CUDA_VISIBLE_DEVICES=0 \
-  "$kolorun" -np 2 "$BUILD_DIR/bench/allreduce_perf" -g -b 0 -e 9M -f 9 -d all -o all -n 1 -w 1
+  "$kolorun" -np 2 "$BUILD_DIR/bench/all_reduce_perf" -g -b 0 -e 9M -f 9 -d all -o all -n 1 -w 1
 
 # kolo's NCCL path against raw NCCL at 256 MiB, out of place (the target: within 3%).
 row_time() {  # the out-of-place time (us) of the 268435456-byte row

@@ -385,7 +385,9 @@ def test_library_not_found_says_where_it_looked():
         result.stderr
 
 
-def test_init_without_a_job_names_the_variable():
+def test_init_with_half_a_job_names_the_variable():
+    # No launcher at all is a world of one (test_world_of_one.py); a size without a rank is a
+    # launch gone wrong, refused naming what was set.
     code = ("import kolo\n"
             "try:\n    kolo.init()\nexcept kolo.ConfigError as e:\n"
             "    print('CONFIG', e.status, e)\n")
@@ -393,9 +395,10 @@ def test_init_without_a_job_names_the_variable():
                    if not k.startswith(("KOLO_RANK", "KOLO_SIZE", "KOLO_ADDR", "OMPI_", "PMI_",
                                         "SLURM_", "MASTER_")) and k not in ("RANK",
                                                                             "WORLD_SIZE")}
+    environment["KOLO_SIZE"] = "2"
     result = subprocess.run([ranks.PYTHON, "-c", code], env=environment, capture_output=True,
                             text=True, timeout=60)
-    assert "CONFIG 7" in result.stdout and "KOLO_" in result.stdout, \
+    assert "CONFIG 7" in result.stdout and "KOLO_SIZE=2" in result.stdout, \
         result.stdout + result.stderr
 
 

@@ -1,4 +1,5 @@
-// allreduce_perf: kolo_allreduce timed and checked like nccl-tests' all_reduce_perf.
+// all_reduce_perf: kolo_allreduce timed and checked like nccl-tests' all_reduce_perf (the same
+// name, so that its command lines run unchanged).
 //
 // Every rank sends and receives count elements; a ring moves 2(N-1)/N of the buffer over each
 // link, so busbw = algbw * 2(N-1)/N, which is what a link must carry for the measured time.
@@ -38,7 +39,7 @@ void expected_output(const Operation& operation, void* expected) {
 
 int main(int argc, char** argv) {
   const kolo::bench::Collective allreduce = {
-      .name = "allreduce",
+      .name = "all_reduce",
       .reduces = true,
       .rooted = false,
       .busbw_factor = busbw_factor,
