@@ -58,10 +58,13 @@ check() {
   shift 3
   say "$what"
   local status=0
-  if [ "$output" = - ]; then
-    timeout --kill-after=10 "$limit" "$@" || status=$?
-  else
-    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$output" || status=$?
+  [ "$output" != - ] || output=$(mktemp)
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$output" || status=$?
+  # A benchmark given -g falls back to host memory where no GPU is usable and says so in its
+  # header; here that is a failure, not a pass: the buffers must be in GPU memory.
+  if [ "$status" -eq 0 ] && [[ " $* " == *" -g "* ]] && ! grep -q '^# GPU buffers:' "$output"; then
+    echo "the benchmark ran with host buffers, not GPU buffers (no '# GPU buffers:' line)"
+    status=1
   fi
   if [ "$status" -eq 0 ]; then
     passed=$((passed + 1))
