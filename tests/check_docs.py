@@ -366,7 +366,7 @@ def self_test(root, build):
     expect("a snippet that hangs is stopped at the timeout, with what it started",
            problem is not None and "timed out" in problem and time.monotonic() - began < 10)
     counted = [RANKS.findall(line) for line in (
-        "build/src/kolorun -np 2 build/bench/allreduce_perf -b 8 -e 1M -n 200",
+        "build/src/kolorun -np 2 build/bench/all_reduce_perf -b 8 -e 1M -n 200",
         "build/src/kolorun --timeout 9 -np 3 x", "mpirun --bind-to none -np 4 x", "x -n 500")]
     expect("ranks are counted from the launcher's options, not the program's",
            counted == [["2"], ["3"], ["4"], []])
