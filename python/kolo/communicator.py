@@ -519,6 +519,10 @@ class Communicator:
         self._check(lib.kolo_reduce_scatterv(self._live(), send, recv, _u64_array(counts),
                                              dtype, op))
 
+    def raw_alltoall(self, send, recv, count, dtype):
+        """kolo_alltoall on raw addresses: count elements to and from every rank. Blocks."""
+        self._check(lib.kolo_alltoall(self._live(), send, recv, count, dtype))
+
     def raw_alltoallv(self, send, send_counts, recv, recv_counts, dtype):
         """kolo_alltoallv with blocks back to back in rank order on both sides. Blocks."""
         def displacements(counts):

@@ -1,6 +1,10 @@
-"""The torch.distributed backend "kolo": a ProcessGroup written in Python (torch 1.13 lets Python
-subclasses implement allreduce, broadcast, allgather, barrier, reduce_scatter, send and recv),
-on a kolo communicator of the group's own.
+"""The torch.distributed backend "kolo": a ProcessGroup written in Python, on a kolo communicator
+of the group's own. Every collective and point-to-point call of torch 1.13's ProcessGroup runs
+on kolo's own operation: allreduce (named, fused), broadcast, allgather and _allgather_base
+(kolo_allgatherv), reduce_scatter and _reduce_scatter_base (kolo_reduce_scatterv), reduce
+(kolo_reduce), alltoall and alltoall_base (kolo_alltoallv), gather and scatter (kolo_alltoallv
+in which only the root receives or sends), barrier, send and recv (kolo_send/kolo_recv on
+point-to-point channels, below). recv_anysource is refused (kolo receives from a named rank).
 
 Rendezvous: torch hands the backend its store (torchrun's, or the one init_process_group made
 at MASTER_ADDR:MASTER_PORT, which already listens on MASTER_PORT). Rank 0 of the group picks a
@@ -40,14 +44,30 @@ holders of a Work call back into the Python object (DDP's reducer asks for the f
 after allreduce returns); the group keeps every pending Work and the last one returned alive,
 so that those calls always find it.
 
-Ordering: ordered kolo calls (broadcast, allgather, reduce_scatter, barrier, send, recv) run on
-other connections than the named ones and complete inside the call. Each first waits until the
-group's pending allreduces have completed, as torch's backends run a group's operations in
-issue order: an allreduce is never overtaken by a later broadcast of the same tensor, and a
-barrier returns after every earlier allreduce of the group has finished. (A future callback
-running on the waiter thread cannot wait for the waiter: an ordered call from there does not
-wait.) isend/irecv block like send/recv: two ranks that both isend before their irecv cannot
-proceed (kolo's sends are synchronous; order such exchanges).
+Ordering: ordered kolo calls (every collective but allreduce) run on other connections than
+the named ones and complete inside the call. Each first waits until the group's pending
+allreduces have completed, as torch's backends run a group's operations in issue order: an
+allreduce is never overtaken by a later broadcast of the same tensor, and a barrier returns
+after every earlier allreduce of the group has finished. (A future callback running on the
+waiter thread cannot wait for the waiter: an ordered call from there does not wait.)
+
+Point to point: send and recv (torch's isend and irecv; dist.send and dist.recv wait for the
+Work) return at once. The messages from one rank to another with one tag form a channel: a
+two-rank kolo communicator of its own, connected by the channel's first transfer (the sender
+is its rank 0 and publishes its address in the group's torch store), with a thread on each side
+that runs that side's transfers in issue order. kolo_send is synchronous, so a transfer
+completes when its counterpart on the other rank has run; since channels share nothing, a
+transfer waits only for its own counterpart, and no pattern torch allows (rings, isend before
+irecv on both sides, batch_isend_irecv, tags received out of order) can wait on itself. A
+transfer whose peer never comes fails with KoloTimeoutError after the group's timeout.
+
+Sub-groups: torch calls a backend's creator on the members of a new group only, but
+kolo_comm_split is a collective of the whole parent. Every rank does pass through torch's
+_new_process_group_helper (new_group must be called by all), so register() wraps it: for a
+"kolo" sub-group of a "kolo" default group every rank first splits the default group's
+communicator (colour 0 for the members, ranked by their place in the group), after the default
+group's pending allreduces, and the creator takes the new communicator. A "kolo" group under
+another default backend is created from the store, as the default group is.
 
 Failures and bounds: every wait is bounded by the group's timeout (init_process_group's, which
 becomes the communicator's timeout in place of KOLO_TIMEOUT): a request still pending then
@@ -580,8 +600,13 @@ class ProcessGroupKolo(dist.ProcessGroup):
         return _CompletedWork(tensors)
 
     def _alltoallv(self, send, send_counts, receive, receive_counts, kind):
-        self._comm.raw_alltoallv(_address(send), send_counts, _address(receive),
-                                 receive_counts, kind)
+        """kolo_alltoall where every count is the same (no agreement round on the counts),
+        kolo_alltoallv otherwise."""
+        if len(set(send_counts)) == 1 and list(receive_counts) == list(send_counts):
+            self._comm.raw_alltoall(_address(send), _address(receive), send_counts[0], kind)
+        else:
+            self._comm.raw_alltoallv(_address(send), send_counts, _address(receive),
+                                     receive_counts, kind)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """all_to_all_single: rows (blocks of the first dimension) of input go to the ranks in
