@@ -357,6 +357,10 @@ class _Channel:
             target=self._run, daemon=True,
             name=f"kolo-p2p-{sender}-{receiver}-{tag}")
         self._thread.start()
+        try:  # ended before the interpreter finalizes (see _Completions._stop_at_exit)
+            threading._register_atexit(self._stop_at_exit)
+        except (AttributeError, RuntimeError):  # no such hook, or already exiting
+            pass
 
     def submit(self, array, dtype, work):
         with self._condition:
@@ -423,6 +427,12 @@ class _Channel:
         comm = self._comm
         if comm is not None:
             comm.shutdown()
+
+    def _stop_at_exit(self):
+        """At exit: a transfer still pending fails (its communicator is closed), and the thread
+        ends before the interpreter finalizes, waited for at most 5 s."""
+        self.stop()
+        self._thread.join(5.0)
 
 
 class ProcessGroupKolo(dist.ProcessGroup):
@@ -847,6 +857,7 @@ def _wrap_group_helper():
         return
 
     def helper(group_size, group_rank, global_ranks_in_group, backend, store, *args, **kwargs):
+        _split_comms.clear()  # nothing left over from a creation that failed half-way
         if global_ranks_in_group and str(backend).lower() == "kolo":
             _split_for_subgroup(list(global_ranks_in_group))
         return original(group_size, group_rank, global_ranks_in_group, backend, store, *args,
