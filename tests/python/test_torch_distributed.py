@@ -101,8 +101,8 @@ def rank_collectives():
     n, me = dist.get_world_size(), dist.get_rank()
     everyone = [_values(r, 12 * n, torch.float64) for r in range(n)]  # references in float64
     ops = [dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT]
-    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int16, torch.int32,
-                  torch.int64):
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int16,
+                  torch.int32, torch.int64):
         for op in ops:
             if op == dist.ReduceOp.SUM:
                 expected = torch.stack(everyone).sum(0)
@@ -253,9 +253,21 @@ def rank_p2p_timeout():
             print("timed out as expected:", error, flush=True)
         else:
             raise AssertionError("a send that nobody receives completed")
-    time.sleep(8 if dist.get_rank() else 0)
+        # A collective that rank 1 never joins: bounded by the same timeout.
+        start = time.monotonic()
+        try:
+            dist.reduce(torch.ones(3), dst=0)
+        except kolo.KoloTimeoutError as error:
+            took = time.monotonic() - start
+            assert 2 < took < 15, took
+            print("collective timed out as expected:", error, flush=True)
+        else:
+            raise AssertionError("a reduce that rank 1 never joined completed")
+    else:
+        time.sleep(25)
 
 
-def test_p2p_timeout():
+def test_p2p_and_collective_timeout():
     output = ranks.run(2, __file__, "rank_p2p_timeout", timeout=60)
     assert "timed out as expected" in output
+    assert "collective timed out as expected" in output
