@@ -205,6 +205,99 @@ def rank_pipeline():
     print("pipeline checks passed", flush=True)
 
 
+def rank_pipeline_1f1b():
+    """The same chain of stages on a one-forward-one-backward schedule: stage s runs n - s - 1
+    warm-up forwards, then alternates, exchanging with each neighbour through
+    batch_isend_irecv with its own send listed first: an activation goes to s + 1 while the
+    gradient of an earlier micro-batch comes back from it, and the gradient goes to s - 1 while
+    the next activation comes from it. Neighbours send to each other at the same moment, which
+    only point to point that does not block on the send can run."""
+    import torch
+    dist = _init()
+    n, me = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(6)
+    layers = [torch.nn.Linear(4, 4) for _ in range(n)]
+    reference = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+                                      for _ in range(n)])
+    for layer, ref in zip(layers, reference):
+        ref[0].load_state_dict(layer.state_dict())
+    stage = torch.nn.Sequential(layers[me], torch.nn.Tanh())
+    optimizer = torch.optim.SGD(stage.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    micro_batches = n + 2
+    first, last = me == 0, me == n - 1
+
+    def exchange(send, send_to, receive_from):
+        """Sends `send` (if any) and receives one (5, 4) tensor (if asked), both at once."""
+        received = torch.empty(5, 4) if receive_from is not None else None
+        operations = []
+        if send is not None:
+            operations.append(dist.P2POp(dist.isend, send.detach().contiguous(), send_to))
+        if receive_from is not None:
+            operations.append(dist.P2POp(dist.irecv, received, receive_from))
+        if operations:
+            for request in dist.batch_isend_irecv(operations):
+                request.wait()
+        return received
+
+    for step in range(STEPS):
+        inputs = [_batch(200 * step + m, 0, rows=5)[0][:, :4] for m in range(micro_batches)]
+        targets = [_batch(200 * step + m, 1, rows=5)[1][:, :1].expand(5, 4).contiguous()
+                   for m in range(micro_batches)]
+        optimizer.zero_grad()
+        kept = {}  # micro-batch -> (input, output) until its backward
+
+        def forward(m, x):
+            x = x.requires_grad_(not first)
+            y = stage(x)
+            kept[m] = (x, y)
+            return y
+
+        def backward(m, gradient):
+            x, y = kept.pop(m)
+            if last:
+                (torch.nn.functional.mse_loss(y, targets[m]) / micro_batches).backward()
+            else:
+                y.backward(gradient)
+            return None if first else x.grad
+
+        warmup = min(n - me - 1, micro_batches)
+        for m in range(warmup):
+            x = inputs[m] if first else exchange(None, None, me - 1)
+            y = forward(m, x)
+            exchange(y, me + 1, None)
+        x = None
+        if warmup < micro_batches:
+            x = inputs[warmup] if first else exchange(None, None, me - 1)
+        for i in range(micro_batches - warmup):
+            m = warmup + i
+            y = forward(m, x)
+            gradient = None if last else exchange(y, me + 1, me + 1)
+            dx = backward(i, gradient)
+            if i == micro_batches - warmup - 1:
+                if not first:
+                    exchange(dx, me - 1, None)
+            elif first:
+                x = inputs[m + 1]
+            else:
+                x = exchange(dx, me - 1, me - 1)
+        for i in range(micro_batches - warmup, micro_batches):
+            gradient = exchange(None, None, me + 1)
+            dx = backward(i, gradient)
+            if not first:
+                exchange(dx, me - 1, None)
+        optimizer.step()
+        reference_optimizer.zero_grad()
+        for m in range(micro_batches):
+            (torch.nn.functional.mse_loss(reference(inputs[m]), targets[m]) /
+             micro_batches).backward()
+        reference_optimizer.step()
+    for mine, theirs in zip(stage[0].parameters(), reference[me][0].parameters()):
+        _close(mine.detach(), theirs.detach(), f"1F1B pipeline stage {me}")
+    dist.barrier()
+    print("1f1b checks passed", flush=True)
+
+
 def rank_experts():
     """Mixture of experts: rank r hosts expert r (multiply by r + 2, add r). Every rank routes
     each of its tokens to an expert chosen from the token's value; all_to_all_single sends the
@@ -236,7 +329,7 @@ def rank_experts():
 
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("client", ["zero_redundancy", "sharded_step", "ddp_bucket_view_no_sync",
-                                    "pipeline", "experts"])
+                                    "pipeline", "pipeline_1f1b", "experts"])
 def test_training_clients(client, n):
     output = ranks.run(n, __file__, "rank_" + client, timeout=240)
     assert "checks passed" in output
