@@ -65,6 +65,7 @@ ncclDataType_t nccl_type(kolo_dtype_t dtype) {
       return ncclInt32;
     case KOLO_INT64:
       return ncclInt64;
+    case KOLO_INT16:  // NCCL has no 16-bit integer; -d never offers int16 (perf_options.cpp)
     case KOLO_FLOAT32:
       break;
   }

@@ -98,6 +98,8 @@ decltype(auto) with_element_type(kolo_dtype_t dtype, Function&& function) {
       return function(std::type_identity<int8_t>{});
     case KOLO_UINT8:
       return function(std::type_identity<uint8_t>{});
+    case KOLO_INT16:
+      return function(std::type_identity<int16_t>{});
     case KOLO_INT32:
       return function(std::type_identity<int32_t>{});
     case KOLO_INT64:

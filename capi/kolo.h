@@ -95,7 +95,8 @@ typedef enum kolo_dtype KOLO_ENUM_INT {
   KOLO_INT8 = 4,
   KOLO_UINT8 = 5,
   KOLO_INT32 = 6,
-  KOLO_INT64 = 7
+  KOLO_INT64 = 7,
+  KOLO_INT16 = 8 /* host memory only: the GPU path has no 16-bit integer type */
 } kolo_dtype_t;
 
 typedef enum kolo_op KOLO_ENUM_INT {

@@ -39,6 +39,7 @@ thread_local std::string init_error;
 static_assert(static_cast<int>(kolo::Status::kUnsupported) == KOLO_ERR_UNSUPPORTED);
 static_assert(static_cast<int>(kolo::Status::kCancelled) == KOLO_ERR_CANCELLED);
 static_assert(static_cast<int>(kolo::DataType::kInt64) == KOLO_INT64);
+static_assert(static_cast<int>(kolo::DataType::kInt16) == KOLO_INT16);
 static_assert(static_cast<int>(kolo::ReduceOp::kProd) == KOLO_PROD);
 
 // The size of the version-1 kolo_config_t: older callers may pass a shorter struct one day, and a

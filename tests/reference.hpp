@@ -58,6 +58,7 @@ inline const TypeInfo kTypes[] = {
     {KOLO_FLOAT16, "float16", 2, true, false}, {KOLO_BFLOAT16, "bfloat16", 2, true, false},
     {KOLO_INT8, "int8", 1, false, false},      {KOLO_UINT8, "uint8", 1, false, true},
     {KOLO_INT32, "int32", 4, false, false},    {KOLO_INT64, "int64", 8, false, false},
+    {KOLO_INT16, "int16", 2, false, false},
 };
 inline const kolo_op_t kOps[] = {KOLO_SUM, KOLO_AVG, KOLO_MIN, KOLO_MAX, KOLO_PROD};
 inline const char* op_name(kolo_op_t op) {
@@ -97,7 +98,7 @@ inline void store(const TypeInfo& type, void* buffer, size_t i, double value) {
 
 // The input of `rank` at element i: small integers, so that every sum, product, minimum and
 // maximum is exact in every dtype and the expected result does not depend on the order of
-// operations. int8 gets large values so that its sums wrap around.
+// operations. int8 and int16 get large values so that their sums wrap around.
 inline int64_t input_value(const TypeInfo& type, kolo_op_t op, int rank, uint64_t i) {
   uint64_t mix = (static_cast<uint64_t>(rank) * 7919u + i * 104729u + 13) % 1000003u;
   if (op == KOLO_PROD) {
@@ -106,6 +107,7 @@ inline int64_t input_value(const TypeInfo& type, kolo_op_t op, int rank, uint64_
     return type.is_unsigned ? unsigned_factors[mix % 5] : signed_factors[mix % 5];
   }
   if (type.dtype == KOLO_INT8) return static_cast<int64_t>(mix % 251) - 125;
+  if (type.dtype == KOLO_INT16) return static_cast<int64_t>(mix % 60001) - 30000;
   if (type.is_unsigned) return static_cast<int64_t>(mix % 61);
   return static_cast<int64_t>(mix % 17) - 8;
 }

@@ -28,12 +28,16 @@ int main(void) {
   int rank = -1, size = -1, local_rank = -1, local_size = -1;
   double values[1000];
   int64_t weights[257];
+  int16_t shorts[100];
   size_t i;
 
   CHECK(kolo_version() == KOLO_VERSION, "library %d, header %d", kolo_version(), KOLO_VERSION);
   CHECK(strstr(kolo_status_string(KOLO_ERR_PEER_LOST), "PEER_LOST") != NULL, "%s",
         kolo_status_string(KOLO_ERR_PEER_LOST));
   CHECK(kolo_dtype_size(KOLO_BFLOAT16) == 2, "bfloat16 size %zu", kolo_dtype_size(KOLO_BFLOAT16));
+  CHECK(KOLO_INT64 == 7 && KOLO_INT16 == 8, "int64 is %d, int16 %d", (int)KOLO_INT64,
+        (int)KOLO_INT16);
+  CHECK(kolo_dtype_size(KOLO_INT16) == 2, "int16 size %zu", kolo_dtype_size(KOLO_INT16));
   CHECK(kolo_dtype_size((kolo_dtype_t)256) == 0, "dtype 256 size %zu",
         kolo_dtype_size((kolo_dtype_t)256));
   CHECK(kolo_dtype_size((kolo_dtype_t)-1) == 0, "dtype -1 size %zu", kolo_dtype_size((kolo_dtype_t)-1));
@@ -67,6 +71,19 @@ int main(void) {
     double expected = (double)size * (double)i + (double)(size * (size - 1) / 2);
     if (fabs(values[i] - expected) != 0.0) {
       CHECK(0, "element %zu: expected %g got %g", i, expected, values[i]);
+      break;
+    }
+  }
+
+  /* int16: every rank contributes 20000 + i; the sum wraps around modulo 2^16. */
+  for (i = 0; i < 100; ++i) shorts[i] = (int16_t)(20000 + (int)i);
+  status = kolo_allreduce(comm, shorts, shorts, 100, KOLO_INT16, KOLO_SUM);
+  CHECK(status == KOLO_SUCCESS, "int16 allreduce: %s", kolo_comm_last_error(comm));
+  for (i = 0; i < 100; ++i) {
+    int32_t exact = size * (20000 + (int32_t)i);
+    int16_t expected = (int16_t)(uint16_t)((uint32_t)exact & 0xffffu);
+    if (shorts[i] != expected) {
+      CHECK(0, "int16 element %zu: expected %d got %d", i, expected, shorts[i]);
       break;
     }
   }

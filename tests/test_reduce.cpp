@@ -220,6 +220,8 @@ struct Type<DataType::kInt8> : IntegerType<int8_t> {};
 template <>
 struct Type<DataType::kUInt8> : IntegerType<uint8_t> {};
 template <>
+struct Type<DataType::kInt16> : IntegerType<int16_t> {};
+template <>
 struct Type<DataType::kInt32> : IntegerType<int32_t> {};
 template <>
 struct Type<DataType::kInt64> : IntegerType<int64_t> {};
@@ -606,7 +608,8 @@ TEST_CASE("dtype names, sizes and parsing", "[dtype]") {
   const Expected all[] = {{DataType::kFloat32, "float32", 4}, {DataType::kFloat64, "float64", 8},
                           {DataType::kFloat16, "float16", 2}, {DataType::kBFloat16, "bfloat16", 2},
                           {DataType::kInt8, "int8", 1},       {DataType::kUInt8, "uint8", 1},
-                          {DataType::kInt32, "int32", 4},     {DataType::kInt64, "int64", 8}};
+                          {DataType::kInt32, "int32", 4},     {DataType::kInt64, "int64", 8},
+                          {DataType::kInt16, "int16", 2}};
   for (const Expected& e : all) {
     INFO(e.name);
     CHECK(kolo::dtype_name(e.dtype) == e.name);
@@ -620,6 +623,7 @@ TEST_CASE("dtype names, sizes and parsing", "[dtype]") {
   CHECK(kolo::parse_dtype("int") == DataType::kInt32);
   CHECK(kolo::parse_dtype("char") == DataType::kInt8);
   CHECK(kolo::parse_dtype("long") == DataType::kInt64);
+  CHECK(kolo::parse_dtype("short") == DataType::kInt16);
   CHECK_FALSE(kolo::parse_dtype("float128").has_value());
   CHECK_FALSE(kolo::parse_dtype("").has_value());
   CHECK_FALSE(kolo::parse_dtype("Float32").has_value());
@@ -649,7 +653,7 @@ TEST_CASE("accumulator types", "[reduce]") {
   CHECK(kolo::accumulator_type(DataType::kBFloat16) == DataType::kFloat32);
   CHECK(kolo::accumulator_size(DataType::kFloat16) == 4);
   for (DataType dtype : {DataType::kFloat32, DataType::kFloat64, DataType::kInt8, DataType::kUInt8,
-                         DataType::kInt32, DataType::kInt64}) {
+                         DataType::kInt16, DataType::kInt32, DataType::kInt64}) {
     CHECK(kolo::accumulator_type(dtype) == dtype);
   }
 }
@@ -672,6 +676,9 @@ TEST_CASE("every kernel matches the reference, for every dtype and op", "[reduce
   }
   SECTION("uint8") {
     check_against_reference<DataType::kUInt8>();
+  }
+  SECTION("int16") {
+    check_against_reference<DataType::kInt16>();
   }
   SECTION("int32") {
     check_against_reference<DataType::kInt32>();
@@ -700,6 +707,9 @@ TEST_CASE("vector loops agree bitwise with element-by-element calls (NaN payload
   }
   SECTION("uint8") {
     check_vector_matches_scalar<DataType::kUInt8>();
+  }
+  SECTION("int16") {
+    check_vector_matches_scalar<DataType::kInt16>();
   }
   SECTION("int32") {
     check_vector_matches_scalar<DataType::kInt32>();
@@ -736,6 +746,18 @@ TEST_CASE("integer arithmetic wraps, truncates and saturates", "[reduce]") {
     CHECK(finish_one<DataType::kUInt8>(200, 100, sum_u8) == 44);
     const ReduceSpec prod_u8{DataType::kUInt8, ReduceOp::kProd};
     CHECK(finish_one<DataType::kUInt8>(16, 17, prod_u8) == 16);  // 272 mod 256
+    const ReduceSpec sum16{DataType::kInt16, ReduceOp::kSum};
+    CHECK(finish_one<DataType::kInt16>(INT16_MAX, 1, sum16) == INT16_MIN);
+    CHECK(finish_one<DataType::kInt16>(-30000, -30000, sum16) == 5536);  // -60000 + 65536
+    const ReduceSpec prod16{DataType::kInt16, ReduceOp::kProd};
+    // -1 * -1 as unsigned 16-bit values is 65535², which overflows a promoted (signed) int.
+    CHECK(finish_one<DataType::kInt16>(-1, -1, prod16) == 1);
+    CHECK(finish_one<DataType::kInt16>(300, 300, prod16) == 24464);  // 90000 - 65536
+    CHECK(finish_one<DataType::kInt16>(INT16_MIN, -1, prod16) == INT16_MIN);
+    const ReduceSpec min16{DataType::kInt16, ReduceOp::kMin};
+    CHECK(finish_one<DataType::kInt16>(-7, 5, min16) == -7);
+    const ReduceSpec max16{DataType::kInt16, ReduceOp::kMax};
+    CHECK(finish_one<DataType::kInt16>(INT16_MIN, INT16_MAX, max16) == INT16_MAX);
     const ReduceSpec sum32{DataType::kInt32, ReduceOp::kSum};
     CHECK(finish_one<DataType::kInt32>(INT32_MAX, 1, sum32) == INT32_MIN);
     const ReduceSpec prod32{DataType::kInt32, ReduceOp::kProd};
@@ -754,6 +776,9 @@ TEST_CASE("integer arithmetic wraps, truncates and saturates", "[reduce]") {
     const ReduceSpec avg8{DataType::kInt8, ReduceOp::kAvg, 1.0, 1.0, 3};
     CHECK(finish_one<DataType::kInt8>(-100, -100, avg8) == 18);  // -200 wraps to 56; 56 / 3
     CHECK(finish_one<DataType::kInt8>(-60, -40, avg8) == -33);   // -100 / 3 = -33.3
+    const ReduceSpec avg16{DataType::kInt16, ReduceOp::kAvg, 1.0, 1.0, 3};
+    CHECK(finish_one<DataType::kInt16>(-20000, -10001, avg16) == -10000);  // -30001 / 3
+    CHECK(finish_one<DataType::kInt16>(30000, 30000, avg16) == -1845);     // wraps to -5536
     const ReduceSpec avg64{DataType::kInt64, ReduceOp::kAvg, 1.0, 1.0, 4};
     CHECK(finish_one<DataType::kInt64>(-9, 0, avg64) == -2);
     CHECK(finish_one<DataType::kInt64>(INT64_MIN, 0, avg64) == INT64_MIN / 4);
@@ -786,6 +811,10 @@ TEST_CASE("integer arithmetic wraps, truncates and saturates", "[reduce]") {
     CHECK(single_one<DataType::kUInt8>(9, nan_scale) == 0);
     const ReduceSpec negative_u8{DataType::kUInt8, ReduceOp::kMax, -1.0};
     CHECK(single_one<DataType::kUInt8>(9, negative_u8) == 0);
+    const ReduceSpec big16{DataType::kInt16, ReduceOp::kSum, 1000.0};
+    CHECK(single_one<DataType::kInt16>(33, big16) == INT16_MAX);
+    CHECK(single_one<DataType::kInt16>(-33, big16) == INT16_MIN);
+    CHECK(single_one<DataType::kInt16>(32, big16) == 32000);
     const ReduceSpec big64{DataType::kInt64, ReduceOp::kSum, 4.0};
     CHECK(single_one<DataType::kInt64>(INT64_MAX / 2, big64) == INT64_MAX);
     CHECK(single_one<DataType::kInt64>(INT64_MIN / 2, big64) == INT64_MIN);

@@ -816,7 +816,7 @@ int run_badargs(const Comm& comm) {
                  "large");
   expect_message(
       "allgather unknown dtype",
-      kolo_allgather(comm.handle, data.data(), out.data(), 4, static_cast<kolo_dtype_t>(8)),
+      kolo_allgather(comm.handle, data.data(), out.data(), 4, static_cast<kolo_dtype_t>(9)),
       "dtype");
   expect_message("allgatherv NULL counts",
                  kolo_allgatherv(comm.handle, data.data(), out.data(), nullptr, KOLO_FLOAT32),

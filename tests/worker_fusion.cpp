@@ -99,8 +99,8 @@ size_t element_size(kolo_dtype_t dtype) {
 }
 
 const char* dtype_text(kolo_dtype_t dtype) {
-  static const char* names[] = {"float32", "float64", "float16", "bfloat16",
-                                "int8",    "uint8",   "int32",   "int64"};
+  static const char* names[] = {"float32", "float64", "float16", "bfloat16", "int8",
+                                "uint8",   "int32",   "int64",   "int16"};
   return names[dtype];
 }
 const char* op_text(kolo_op_t op) {
@@ -214,7 +214,8 @@ void check_against_reference(const Tensor& tensor, uint64_t step) {
   std::vector<uint64_t> exact(tensor.count, 0);
   std::vector<unsigned char> input(std::max<size_t>(tensor.bytes(), 1));
   const bool floating = tensor.dtype == KOLO_FLOAT32 || tensor.dtype == KOLO_FLOAT64;
-  const bool integer = tensor.dtype == KOLO_INT32 || tensor.dtype == KOLO_INT64;
+  const bool integer =
+      tensor.dtype == KOLO_INT16 || tensor.dtype == KOLO_INT32 || tensor.dtype == KOLO_INT64;
   if (!(floating && (tensor.op == KOLO_SUM || tensor.op == KOLO_AVG)) &&
       !(integer && tensor.op == KOLO_SUM && tensor.prescale == 1.0 && tensor.postscale == 1.0)) {
     return;  // only these have an independent reference here; the rest is compared bitwise
@@ -243,6 +244,7 @@ void check_against_reference(const Tensor& tensor, uint64_t step) {
       std::memcpy(&got, tensor.recv.data() + element_size(tensor.dtype) * i,
                   element_size(tensor.dtype));
       if (tensor.dtype == KOLO_INT32) want &= 0xffffffffu;
+      if (tensor.dtype == KOLO_INT16) want &= 0xffffu;
       if (got != want) {
         fail(fmt::format("{} element {}: expected {:#x}, got {:#x}", tensor.name, i, want, got));
       }
@@ -535,8 +537,8 @@ int run_one_ring(kolo_comm_t comm) {
 // from recursive doubling to the ring: fused results equal unfused ones and kolo_allreduce's
 // (one host: the flat schedules) bit for bit.
 int run_bitwise(kolo_comm_t comm) {
-  const kolo_dtype_t dtypes[] = {KOLO_FLOAT32, KOLO_FLOAT64, KOLO_FLOAT16, KOLO_BFLOAT16,
-                                 KOLO_INT8,    KOLO_UINT8,   KOLO_INT32,   KOLO_INT64};
+  const kolo_dtype_t dtypes[] = {KOLO_FLOAT32, KOLO_FLOAT64, KOLO_FLOAT16, KOLO_BFLOAT16, KOLO_INT8,
+                                 KOLO_UINT8,   KOLO_INT16,   KOLO_INT32,   KOLO_INT64};
   const kolo_op_t ops[] = {KOLO_SUM, KOLO_AVG, KOLO_MIN, KOLO_MAX, KOLO_PROD};
   std::vector<Tensor> tensors;
   std::mt19937_64 sizes(7);

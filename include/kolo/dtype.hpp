@@ -17,8 +17,9 @@ enum class DataType : uint8_t {
   kUInt8 = 5,
   kInt32 = 6,
   kInt64 = 7,
+  kInt16 = 8,
 };
-inline constexpr int kDataTypeCount = 8;
+inline constexpr int kDataTypeCount = 9;
 
 enum class ReduceOp : uint8_t {
   kSum = 0,

@@ -20,7 +20,7 @@ from . import _capi
 from ._port import free_port
 from ._secret import secret_through_torch_store
 from .communicator import (AVERAGE, AVG, BFLOAT16, DTYPE_NAMES, FLOAT16, FLOAT32, FLOAT64, INT8,
-                           INT32, INT64, MAX, MIN, OP_NAMES, PROD, SUM, UINT8, Communicator,
+                           INT16, INT32, INT64, MAX, MIN, OP_NAMES, PROD, SUM, UINT8, Communicator,
                            Handle, split_rows)
 from .errors import (CancelledError, ConfigError, InternalError, InvalidArgumentError,
                      KoloError, KoloSystemError, KoloTimeoutError, MismatchError, PeerLostError,
@@ -199,8 +199,8 @@ __all__ = [
     "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_", "broadcast_async",
     "broadcast_async_", "allgather_async", "fusion_stats", "set_fusion_threshold", "poll",
     "synchronize", "Communicator", "Handle", "split_rows", "SUM", "AVG", "AVERAGE", "MIN",
-    "MAX", "PROD", "FLOAT32", "FLOAT64", "FLOAT16", "BFLOAT16", "INT8", "UINT8", "INT32",
-    "INT64", "DTYPE_NAMES", "OP_NAMES", "COLOR_NONE", "KoloError", "InvalidArgumentError",
+    "MAX", "PROD", "FLOAT32", "FLOAT64", "FLOAT16", "BFLOAT16", "INT8", "UINT8", "INT16",
+    "INT32", "INT64", "DTYPE_NAMES", "OP_NAMES", "COLOR_NONE", "KoloError", "InvalidArgumentError",
     "KoloTimeoutError", "PeerLostError", "MismatchError", "InternalError", "KoloSystemError",
     "ConfigError", "UnsupportedError", "CancelledError", "NotInitializedError",
 ]

@@ -23,19 +23,19 @@ from .errors import error_for, invalid
 lib = _capi.lib
 
 # Kolo's dtypes (kolo_dtype_t) and reduction operations (kolo_op_t).
-FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT8, UINT8, INT32, INT64 = range(8)
+FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT8, UINT8, INT32, INT64, INT16 = range(9)
 SUM, AVG, MIN, MAX, PROD = range(5)
 AVERAGE = AVG
 
 DTYPE_NAMES = {FLOAT32: "float32", FLOAT64: "float64", FLOAT16: "float16",
                BFLOAT16: "bfloat16", INT8: "int8", UINT8: "uint8", INT32: "int32",
-               INT64: "int64"}
+               INT64: "int64", INT16: "int16"}
 OP_NAMES = {SUM: "sum", AVG: "avg", MIN: "min", MAX: "max", PROD: "prod"}
 
 _NUMPY_DTYPES = {np.dtype(np.float32): FLOAT32, np.dtype(np.float64): FLOAT64,
                  np.dtype(np.float16): FLOAT16, np.dtype(np.int8): INT8,
                  np.dtype(np.uint8): UINT8, np.dtype(np.int32): INT32,
-                 np.dtype(np.int64): INT64}
+                 np.dtype(np.int64): INT64, np.dtype(np.int16): INT16}
 
 
 def kolo_dtype_of(array, dtype=None):
@@ -58,7 +58,7 @@ def kolo_dtype_of(array, dtype=None):
     number = _NUMPY_DTYPES.get(array.dtype)
     if number is None:
         raise invalid(f"arrays of {array.dtype} cannot be communicated: kolo has float32, "
-                      f"float64, float16, int8, uint8, int32, int64 (and bfloat16 as uint16 "
+                      f"float64, float16, int8, uint8, int16, int32, int64 (and bfloat16 as uint16 "
                       f"with dtype='bfloat16')")
     return number
 
@@ -518,6 +518,10 @@ class Communicator:
         """kolo_reduce_scatterv on raw addresses with a count per rank. Blocks."""
         self._check(lib.kolo_reduce_scatterv(self._live(), send, recv, _u64_array(counts),
                                              dtype, op))
+
+    def raw_alltoall(self, send, recv, count, dtype):
+        """kolo_alltoall on raw addresses: count elements to and from every rank. Blocks."""
+        self._check(lib.kolo_alltoall(self._live(), send, recv, count, dtype))
 
     def raw_alltoallv(self, send, send_counts, recv, recv_counts, dtype):
         """kolo_alltoallv with blocks back to back in rank order on both sides. Blocks."""

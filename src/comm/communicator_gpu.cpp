@@ -70,6 +70,7 @@ gpu::Backend& Communicator::gpu_backend(int device) {
 
 void Communicator::gpu_allreduce(const OpDescriptor& op, const void* sendbuf, void* recvbuf,
                                  const gpu::Stream* stream) {
+  gpu::check_device_dtype(op.dtype, "allreduce", rank());
   const int device =
       gpu_device_of("allreduce", sendbuf, "sendbuf", recvbuf, "recvbuf", op.count, stream);
   run_collective(op, [&](const OpDescriptor& d) {
@@ -84,6 +85,7 @@ void Communicator::gpu_allreduce(const OpDescriptor& op, const void* sendbuf, vo
 }
 
 void Communicator::gpu_broadcast(const OpDescriptor& op, void* buffer, const gpu::Stream* stream) {
+  gpu::check_device_dtype(op.dtype, "broadcast", rank());
   const int device = gpu_device_of("broadcast", buffer, "buf", nullptr, nullptr, op.count, stream);
   run_collective(op, [&](const OpDescriptor& d) {
     if (d.count == 0) return;
@@ -94,6 +96,7 @@ void Communicator::gpu_broadcast(const OpDescriptor& op, void* buffer, const gpu
 
 void Communicator::gpu_allgather(const OpDescriptor& op, const void* sendbuf, void* recvbuf,
                                  const Blocks& blocks) {
+  gpu::check_device_dtype(op.dtype, "allgather", rank());
   const int device = gpu_device_of("allgather", sendbuf, "sendbuf", recvbuf, "recvbuf",
                                    op.count, nullptr);
   run_collective(op, [&](const OpDescriptor& d) {
@@ -108,6 +111,7 @@ void Communicator::gpu_allgather(const OpDescriptor& op, const void* sendbuf, vo
 
 void Communicator::gpu_reduce_scatter(const OpDescriptor& op, const void* sendbuf, void* recvbuf,
                                       const Blocks& blocks) {
+  gpu::check_device_dtype(op.dtype, "reduce_scatter", rank());
   const int device = gpu_device_of("reduce_scatter", sendbuf, "sendbuf", recvbuf, "recvbuf",
                                    op.count, nullptr);
   run_collective(op, [&](const OpDescriptor& d) {

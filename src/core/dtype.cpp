@@ -18,10 +18,11 @@ constexpr std::array kDataTypeNames = {
     DataTypeName{"float16", DataType::kFloat16}, DataTypeName{"bfloat16", DataType::kBFloat16},
     DataTypeName{"int8", DataType::kInt8},       DataTypeName{"uint8", DataType::kUInt8},
     DataTypeName{"int32", DataType::kInt32},     DataTypeName{"int64", DataType::kInt64},
-    DataTypeName{"float", DataType::kFloat32},   DataTypeName{"double", DataType::kFloat64},
-    DataTypeName{"half", DataType::kFloat16},    DataTypeName{"bf16", DataType::kBFloat16},
-    DataTypeName{"char", DataType::kInt8},       DataTypeName{"int", DataType::kInt32},
-    DataTypeName{"long", DataType::kInt64},
+    DataTypeName{"int16", DataType::kInt16},     DataTypeName{"float", DataType::kFloat32},
+    DataTypeName{"double", DataType::kFloat64},  DataTypeName{"half", DataType::kFloat16},
+    DataTypeName{"bf16", DataType::kBFloat16},   DataTypeName{"char", DataType::kInt8},
+    DataTypeName{"int", DataType::kInt32},       DataTypeName{"long", DataType::kInt64},
+    DataTypeName{"short", DataType::kInt16},
 };
 
 constexpr bool canonical_names_in_enum_order() {
@@ -47,6 +48,7 @@ size_t dtype_size(DataType dtype) {
       return 8;
     case DataType::kFloat16:
     case DataType::kBFloat16:
+    case DataType::kInt16:
       return 2;
     case DataType::kInt8:
     case DataType::kUInt8:

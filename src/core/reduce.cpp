@@ -1,7 +1,7 @@
 // Reduction kernels: what they compute is specified in reduce.hpp; this is how.
 //
 // Layers. Three primitive kernels do the arithmetic, over arrays of one accumulator type
-// (float32, float64, int8, uint8, int32, int64):
+// (float32, float64, int8, uint8, int16, int32, int64):
 //   load      partial = prescale(own)
 //   combine   out = in OP prescale(own)
 //   finalize  values = postscale(values / ranks), in place: AVG's division and the postscale
@@ -238,9 +238,8 @@ KOLO_INLINE Acc prescaled(Acc value, typename Factors<Acc>::Scale factor) {
   }
 }
 
-// partial OP own. Integer SUM and PROD wrap around: the arithmetic is done in the unsigned type
-// (narrow types promote to int, where the product of two bytes cannot overflow) and converted
-// back modulo 2^n.
+// partial OP own. Integer SUM and PROD wrap around: the arithmetic is done in unsigned arithmetic
+// of at least the width of unsigned int and converted back modulo 2^n.
 //
 // Float MIN and MAX propagate NaN: if either operand is NaN the result is NaN (the partial's
 // when both are), so a NaN anywhere makes the reduction NaN, whatever the order of ranks. Two
@@ -263,10 +262,13 @@ KOLO_INLINE Acc combine_values(Acc partial, Acc own) {
   } else if constexpr (std::is_floating_point_v<Acc>) {
     return kOp == ReduceOp::kProd ? partial * own : partial + own;
   } else {
+    // Narrow types are widened to unsigned int: promoted to (signed) int, the product of two
+    // 16-bit values could overflow.
     using Unsigned = std::make_unsigned_t<Acc>;
-    const Unsigned a = static_cast<Unsigned>(partial);
-    const Unsigned b = static_cast<Unsigned>(own);
-    return static_cast<Acc>(kOp == ReduceOp::kProd ? a * b : a + b);
+    using Wide = std::conditional_t<(sizeof(Acc) < sizeof(unsigned)), unsigned, Unsigned>;
+    const Wide a = static_cast<Unsigned>(partial);
+    const Wide b = static_cast<Unsigned>(own);
+    return static_cast<Acc>(static_cast<Unsigned>(kOp == ReduceOp::kProd ? a * b : a + b));
   }
 }
 
@@ -392,6 +394,8 @@ KOLO_INLINE void for_acc_type(DataType acc_type, Args&&... args) {
       return Primitive::template run<int8_t>(args...);
     case DataType::kUInt8:
       return Primitive::template run<uint8_t>(args...);
+    case DataType::kInt16:
+      return Primitive::template run<int16_t>(args...);
     case DataType::kInt32:
       return Primitive::template run<int32_t>(args...);
     case DataType::kInt64:

@@ -14,6 +14,9 @@
 
 #include <string>
 
+#include "kolo/dtype.hpp"
+#include "kolo/status.hpp"
+
 namespace kolo::gpu {
 
 // A cudaStream_t. handle == nullptr is CUDA's legacy default stream, as with CUDA itself.
@@ -39,6 +42,17 @@ std::string devices_absent_reason();
 MemoryLocation locate(const void* pointer);
 inline bool is_device_memory(const void* pointer) {
   return locate(pointer).device;
+}
+
+// The GPU path (NCCL and kolo's device kernels) takes every dtype but int16, for which NCCL has
+// no type. For int16 this throws KOLO_ERR_UNSUPPORTED naming the call and the rank; callers check
+// before anything is sent, so the communicator stays usable.
+inline void check_device_dtype(DataType dtype, const char* what, int rank) {
+  if (dtype != DataType::kInt16) return;
+  throw Error(Status::kUnsupported,
+              std::string(what) + ": int16 buffers in device memory are not supported (NCCL has " +
+                  "no 16-bit integer type); use int32, or host memory (rank " +
+                  std::to_string(rank) + ")");
 }
 
 }  // namespace kolo::gpu

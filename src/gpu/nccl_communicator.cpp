@@ -81,8 +81,10 @@ ncclDataType_t nccl_type(DataType dtype) {
       return ncclInt32;
     case DataType::kInt64:
       return ncclInt64;
+    case DataType::kInt16:
+      break;  // refused before any call (gpu::check_device_dtype)
   }
-  return ncclFloat32;
+  throw Error(Status::kUnsupported, fmt::format("NCCL has no type for {}", dtype_name(dtype)));
 }
 
 NcclCommunicator::NcclCommunicator(StoreClient& store, const std::string& key_prefix, int rank,

@@ -106,6 +106,8 @@ void fill_identity(std::byte* buffer, uint64_t count, DataType dtype, ReduceOp o
       return fill_integer_identity<int8_t>(buffer, count, op);
     case DataType::kUInt8:
       return fill_integer_identity<uint8_t>(buffer, count, op);
+    case DataType::kInt16:
+      return fill_integer_identity<int16_t>(buffer, count, op);
     case DataType::kInt32:
       return fill_integer_identity<int32_t>(buffer, count, op);
     case DataType::kInt64:

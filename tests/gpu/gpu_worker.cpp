@@ -139,6 +139,16 @@ struct HostBuffers {
       : send(bytes), expected(bytes), got(bytes), input_after(bytes) {}
 };
 
+// NCCL has no 16-bit integer type, so the GPU path refuses int16 before anything is sent, with a
+// message that names it, and the communicator stays usable (the next dtype's calls run on it).
+void expect_int16_refused(kolo_comm_t comm, kolo_status_t status, const std::string& what) {
+  const std::string error = kolo_comm_last_error(comm);
+  if (status != KOLO_ERR_UNSUPPORTED || error.find("int16") == std::string::npos) {
+    fail(fmt::format("{}: expected KOLO_ERR_UNSUPPORTED naming int16, got {}: {}", what,
+                     kolo_status_string(status), error));
+  }
+}
+
 int run_allreduce(kolo_comm_t comm, bool on_stream) {
   // More than one staging piece (8 MiB each), so that the staged path pipelines.
   const uint64_t big_bytes = (9u << 20) + 4096;
@@ -154,6 +164,16 @@ int run_allreduce(kolo_comm_t comm, bool on_stream) {
   int checks = 0;
   std::string backend = "none";
   for (const TypeInfo& type : kTypes) {
+    if (type.dtype == KOLO_INT16) {
+      const kolo_status_t refused =
+          on_stream ? kolo_allreduce_scaled_on_stream(comm, device_send.get(), device_recv.get(),
+                                                      7919, KOLO_INT16, KOLO_SUM, 1.0, 1.0, stream)
+                    : kolo_allreduce(comm, device_send.get(), device_recv.get(), 7919, KOLO_INT16,
+                                     KOLO_SUM);
+      expect_int16_refused(comm, refused, "device allreduce of int16");
+      ++checks;
+      continue;
+    }
     const uint64_t sizes[] = {1, static_cast<uint64_t>(g_size + 1), 7919,
                               big_bytes / type.size + 3};
     for (kolo_op_t op : kOps) {
@@ -237,6 +257,14 @@ int run_broadcast(kolo_comm_t comm, bool on_stream) {
   std::string backend = "none";
   for (int root = 0; root < g_size; ++root) {
     for (const TypeInfo& type : kTypes) {
+      if (type.dtype == KOLO_INT16) {
+        const kolo_status_t refused =
+            on_stream ? kolo_broadcast_on_stream(comm, device.get(), 7919, KOLO_INT16, root, stream)
+                      : kolo_broadcast(comm, device.get(), 7919, KOLO_INT16, root);
+        expect_int16_refused(comm, refused, "device broadcast of int16");
+        ++checks;
+        continue;
+      }
       const uint64_t sizes[] = {1, 7919, big_bytes / type.size + 5};
       for (uint64_t count : sizes) {
         const size_t bytes = count * type.size;

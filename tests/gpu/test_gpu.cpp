@@ -63,7 +63,7 @@ std::vector<uint8_t> to_host(const DeviceMemory& device, size_t bytes) {
 
 const DataType kAllTypes[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
                               DataType::kBFloat16, DataType::kInt8,    DataType::kUInt8,
-                              DataType::kInt32,    DataType::kInt64};
+                              DataType::kInt32,    DataType::kInt64};  // no int16: NCCL has none
 
 // Random elements of dtype: finite floats (no NaN, whose payloads need not survive, and no -0,
 // which a host sum 0 + -0 turns into +0), any bits for integers.

@@ -8,7 +8,7 @@ import torch
 from ..errors import InvalidArgumentError, UnsupportedError
 
 _SUPPORTED = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
-              torch.uint8, torch.int32, torch.int64)
+              torch.uint8, torch.int16, torch.int32, torch.int64)
 
 
 _SUPPORTED_SET = frozenset(_SUPPORTED)
@@ -29,7 +29,7 @@ def check_tensor(tensor, what="tensor"):
     if tensor.dtype not in _SUPPORTED:
         raise InvalidArgumentError(
             f"{what} has dtype {tensor.dtype}; kolo communicates float32, float64, float16, "
-            f"bfloat16, int8, uint8, int32 and int64")
+            f"bfloat16, int8, uint8, int16, int32 and int64")
     if tensor.is_sparse:
         raise InvalidArgumentError(f"{what} is sparse; kolo communicates dense tensors")
 
