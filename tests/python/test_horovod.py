@@ -180,6 +180,15 @@ def rank_optimizer_state_before_any_step():
         assert p.grad is not None and torch.count_nonzero(p.grad) == 0
         buffer = optimizer.state[p]["momentum_buffer"]
         assert torch.equal(hvd.broadcast(buffer, root_rank=0), buffer)
+    # step() after synchronize() outside skip_synchronize() warns in Horovod's words
+    import warnings
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        optimizer.step()
+    assert len(caught) == 1 and "optimizer.step() called without " \
+        "optimizer.skip_synchronize()" in str(caught[0].message), [str(w.message) for w in caught]
     hvd.shutdown()
 
 

@@ -27,7 +27,7 @@ from .ops import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, P
                   init, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
                   mpi_threads_supported, nccl_built, poll, rank, reducescatter,
                   reducescatter_async, remove_process_set, rocm_built, shrink, shutdown, size,
-                  sparse_allreduce_async, synchronize)
+                  sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from . import elastic
@@ -48,5 +48,5 @@ __all__ = [
     "SyncBatchNorm", "elastic", "HorovodInternalError", "alltoall_async", "ccl_built",
     "cuda_built", "ddl_built", "gloo_enabled", "grouped_allgather", "grouped_allgather_async",
     "grouped_reducescatter", "grouped_reducescatter_async", "mpi_enabled", "reducescatter_async",
-    "rocm_built", "sparse_allreduce_async",
+    "rocm_built", "sparse_allreduce_async", "start_timeline", "stop_timeline",
 ]

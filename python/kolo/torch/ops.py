@@ -296,6 +296,22 @@ def rocm_built():
     return False
 
 
+def start_timeline(file_path, mark_cycles=False):
+    """Horovod's run-time timeline is not in kolo: raises UnsupportedError. kolo writes a
+    Chrome-trace timeline of the whole run to the file KOLO_TIMELINE (or HOROVOD_TIMELINE) names
+    when the job starts."""
+    raise UnsupportedError("start_timeline: kolo's timeline cannot be started from the program; "
+                           "set KOLO_TIMELINE (or HOROVOD_TIMELINE) to a file before the job "
+                           "starts")
+
+
+def stop_timeline():
+    """Horovod's run-time timeline is not in kolo: raises UnsupportedError (see
+    start_timeline)."""
+    raise UnsupportedError("stop_timeline: kolo's timeline cannot be stopped from the program; "
+                           "it covers the whole run of a job started with KOLO_TIMELINE set")
+
+
 # Horovod raises HorovodInternalError when a collective fails; kolo raises a KoloError subclass
 # naming what failed, so the two names are one class and `except HorovodInternalError` catches
 # every kolo failure.

@@ -228,8 +228,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Blocks until the gradients are reduced."""
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() was called after optimizer.synchronize() "
-                              "outside optimizer.skip_synchronize(): the gradients are "
+                # The sentence Horovod's warning opens with, for scripts and tests that match it
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(): the gradients are "
                               "reduced twice. Use `with optimizer.skip_synchronize(): "
                               "optimizer.step()`.")
             self.synchronize()
