@@ -734,17 +734,19 @@ class _AllgatherFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
+        # Horovod's: the average of the ranks' gradients (each rank's loss weighs 1/size)
         grad = grad_output.contiguous()
-        summed = _allreduce_into(grad, torch.empty_like(grad), None, Sum, 1.0, 1.0,
-                                 ctx.process_set)
+        averaged = _allreduce_into(grad, torch.empty_like(grad), None, Average, 1.0, 1.0,
+                                   ctx.process_set)
         start = sum(ctx.rows[:ctx.rank])
-        return summed.narrow(0, start, ctx.rows[ctx.rank]), None, None
+        return averaged.narrow(0, start, ctx.rows[ctx.rank]), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Returns a new tensor: every rank's tensor concatenated along the first dimension in rank
     order (first dimensions may differ; the others must agree, else MismatchError on every
-    rank). Differentiable: the gradient is this rank's slice of the summed gradient. Blocks."""
+    rank). Differentiable as in Horovod: the gradient is this rank's slice of the average of the
+    ranks' gradients. Blocks."""
     _require_tensor(tensor)
     if tensor.dim() == 0:
         raise InvalidArgumentError("allgather needs a tensor of at least one dimension")
@@ -921,8 +923,10 @@ class _ReducescatterFunction(torch.autograd.Function):
         if ctx.op not in (Sum, Average):
             raise NotImplementedError("the gradient of reducescatter is defined for Sum and "
                                       "Average only")
+        # Horovod's: the gathered gradients, times size for Sum (each rank's loss weighs 1/size
+        # under Average, as for allgather), times the scale factors
         grad, _ = _allgather(grad_output.contiguous(), None, ctx.process_set)
-        scale = ctx.scale / (_comm(ctx.process_set).size if ctx.op == Average else 1)
+        scale = ctx.scale * (_comm(ctx.process_set).size if ctx.op == Sum else 1)
         return grad * scale, None, None, None, None
 
 
