@@ -163,6 +163,7 @@ def rank_horovod_calls():
 
 
 def rank_optimizer_state_before_any_step():
+    import warnings
     import torch
     import kolo.torch as hvd
     hvd.init()
@@ -175,13 +176,21 @@ def rank_optimizer_state_before_any_step():
         model.named_parameters()) + [("frozen", frozen)])
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    assert frozen.grad is None
+    # Horovod's: parameters that need a gradient get a zero one; the state stays empty
+    assert frozen.grad is None and not optimizer.state_dict()["state"]
     for p in model.parameters():
         assert p.grad is not None and torch.count_nonzero(p.grad) == 0
+    # one step on every rank; then rank 1 loses its state and gets the root's back
+    model(torch.full((1, 3), float(me))).sum().backward()
+    optimizer.step()
+    if me == 1:
+        optimizer.state.clear()
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    for p in model.parameters():
         buffer = optimizer.state[p]["momentum_buffer"]
         assert torch.equal(hvd.broadcast(buffer, root_rank=0), buffer)
     # step() after synchronize() outside skip_synchronize() warns in Horovod's words
-    import warnings
+    optimizer.zero_grad()
     model(torch.ones(1, 3)).sum().backward()
     optimizer.synchronize()
     with warnings.catch_warnings(record=True) as caught:

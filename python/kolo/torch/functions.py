@@ -100,19 +100,21 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     dtypes) travel pickled and are unpickled on every rank but the root, the state tensors by
     broadcast in place: the job needs a secret, and without one (Communicator
     .peers_authenticated False) raises ConfigError on every rank before sending or receiving
-    anything. Every rank's optimizer must have the same parameter groups. An optimizer that has
-    not stepped yet has no state: as Horovod does, its state is first made by one step of the
-    wrapped optimizer (not reduced) with zero gradients for the parameters that require one and
-    have none (those then keep a zero gradient; parameters without requires_grad keep None).
-    root_rank is a rank of the job. Blocks until done."""
+    anything. Every rank's optimizer must have the same parameter groups. As in Horovod, every
+    parameter that requires a gradient and has none gets a zero gradient (parameters without
+    requires_grad keep None). Unlike Horovod, an optimizer that has not stepped is not stepped
+    once to make its state (which would count a step in Adam's bias correction): the root's
+    state, empty or not, is what every rank gets. root_rank is a rank of the job. Blocks until
+    done."""
     comm = _comm(process_set)
     require_authenticated_peers(comm, "broadcast_optimizer_state")
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("LBFGS keeps state that cannot be broadcast this way")
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
     state_dict = optimizer.state_dict()
-    if not state_dict["state"]:
-        _make_state(optimizer)
-        state_dict = optimizer.state_dict()
     set_root = _set_rank(process_set, root_rank)
     if comm.rank == set_root:
         layout = {"param_groups": state_dict["param_groups"], "state": {}}
@@ -142,16 +144,3 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     if comm.rank != set_root:
         optimizer.load_state_dict({"state": new_state, "param_groups": layout["param_groups"]})
 
-
-def _make_state(optimizer):
-    """One step of the optimizer itself (a DistributedOptimizer's wrapped class: nothing is
-    reduced, so ranks need not step together) with zero gradients where none were computed, so
-    that its state (momentum buffers, Adam's moments) exists and can be broadcast."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.requires_grad and p.grad is None:
-                p.grad = torch.zeros_like(p)
-    if hasattr(optimizer, "_parameter_names"):  # a DistributedOptimizer (optimizer.py)
-        super(optimizer.__class__, optimizer).step()
-    else:
-        optimizer.step()
