@@ -571,8 +571,8 @@ void warn_ignored_horovod_variables(const std::vector<std::string>& ignored) {
   std::lock_guard<std::mutex> lock(mutex);
   for (const auto& name : ignored) {
     if (warned.insert(name).second) {
-      log::warn("{} is a Horovod variable kolo has no counterpart for: ignored (docs/horovod.md "
-                "lists the ones kolo honours)",
+      log::warn("{} is set, but kolo does not honour this Horovod variable (or this value of "
+                "it): ignored (docs/horovod.md lists the ones kolo reads)",
                 name);
     }
   }
