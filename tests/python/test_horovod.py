@@ -81,8 +81,12 @@ def rank_join():
         else:
             with pytest.raises(kolo.MismatchError, match=f"rank {first} has joined"):
                 hvd.allgather(torch.ones(2, 2))
+            live = min(set(range(n)) - {first})
             with pytest.raises(kolo.MismatchError, match="joined"):
-                hvd.broadcast(torch.ones(2), root_rank=min(set(range(n)) - {first}))
+                hvd.broadcast(torch.ones(2), root_rank=live)
+            # a named broadcast goes through kolo's engine, which refuses it too
+            with pytest.raises(kolo.InvalidArgumentError, match=f"rank {first} has called kolo_join"):
+                hvd.broadcast(torch.ones(2), root_rank=live, name="broadcast.while.joined")
             # allreduce goes on, the joined rank counting as zeros (Average divides by n)
             got = hvd.allreduce(torch.full((3,), 2.0), op=hvd.Sum)
             assert got.tolist() == [2.0 * (n - 1)] * 3, got

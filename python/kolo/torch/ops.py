@@ -900,6 +900,17 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return output if splits is None else (output, received)
 
 
+def _scaled(tensor, factor):
+    """tensor times factor in tensor's dtype: integers are scaled in float64 and truncated, as
+    Horovod scales them; half types in float32."""
+    if factor == 1.0:
+        return tensor
+    if tensor.is_floating_point() and tensor.element_size() >= 4:
+        return tensor * factor
+    wide = torch.float32 if tensor.is_floating_point() else torch.float64
+    return (tensor.to(wide) * factor).to(tensor.dtype)
+
+
 class _ReducescatterFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, prescale, postscale, process_set):
@@ -908,13 +919,10 @@ class _ReducescatterFunction(torch.autograd.Function):
         if joined:
             _refuse_joined("reducescatter", joined)
         check_tensor(tensor)
-        source = tensor.detach().contiguous()
-        if prescale != 1.0:
-            source = source * prescale
+        source = _scaled(tensor.detach().contiguous(), prescale)
         array, dtype = as_array(source)
-        result = from_array(comm.reduce_scatter(array, op=op, dtype=dtype), tensor.dtype)
-        if postscale != 1.0:
-            result = result * postscale
+        result = _scaled(from_array(comm.reduce_scatter(array, op=op, dtype=dtype),
+                                    tensor.dtype), postscale)
         ctx.op, ctx.scale, ctx.process_set = op, prescale * postscale, process_set
         return result
 
@@ -962,8 +970,9 @@ def barrier(process_set=global_process_set):
 def join(device=-1):
     """Horovod's join, for uneven data: this rank has run out of batches. Until every rank has
     joined, the allreduces the others submit (DistributedOptimizer's gradients, the _async calls)
-    run with zeros for this rank, so Average divides their sum by size(), as in Horovod; its
-    allgather contributions are empty, and a broadcast from it fails. Blocks until every rank has
+    run with zeros for this rank, so Average divides their sum by size(), as in Horovod; their
+    named allgathers get no rows from it; their broadcasts, unnamed allgathers, alltoalls,
+    reducescatters and barriers raise, as Horovod's do. Blocks until every rank has
     joined (bounded by KOLO_TIMEOUT) and returns the rank that joined last, the same on every
     rank: a rank that joined early has missed the last updates, so broadcast the parameters from
     that rank afterwards (broadcast_parameters(model.state_dict(), root_rank=join())). Works on
