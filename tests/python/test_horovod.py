@@ -120,15 +120,30 @@ def rank_horovod_calls():
     assert torch.equal(hvd.synchronize(handle), mine)
     handle = hvd.reducescatter_async(tensor, name="rs.avg")
     assert torch.allclose(hvd.synchronize(handle), mine / n)
-    with pytest.raises(ValueError):  # a name still pending
-        hvd.reducescatter_async(tensor, name="twice")
-        hvd.reducescatter_async(tensor, name="twice")
-    hvd.barrier()
+    # a name still pending is refused at once; the others submit it only after the barrier,
+    # so rank 0's first submission cannot have completed
+    if me == 0:
+        first = hvd.reducescatter_async(tensor, name="twice", op=hvd.Sum)
+        with pytest.raises(ValueError, match="twice"):
+            hvd.reducescatter_async(tensor, name="twice", op=hvd.Sum)
+        hvd.barrier()
+    else:
+        hvd.barrier()
+        first = hvd.reducescatter_async(tensor, name="twice", op=hvd.Sum)
+    assert torch.equal(hvd.synchronize(first), mine)
     got = hvd.grouped_reducescatter([tensor, 2 * tensor], op=hvd.Sum)
     assert torch.equal(got[0], mine) and torch.equal(got[1], 2 * mine)
     got = hvd.synchronize(hvd.grouped_reducescatter_async([tensor, 2 * tensor], name="grs",
                                                           op=hvd.Sum))
     assert torch.equal(got[0], mine) and torch.equal(got[1], 2 * mine)
+
+    # integers keep their dtype under prescale/postscale: scaled in float64, truncated
+    ints = torch.arange(2 * n * 3, dtype=torch.int32).reshape(2 * n, 3)
+    got = hvd.grouped_reducescatter([ints, ints.long()], op=hvd.Sum, prescale_factor=1.5,
+                                    postscale_factor=0.5)
+    expected = (((ints.double() * 1.5).int() * n).double() * 0.5).int()[2 * me:2 * me + 2]
+    assert got[0].dtype == torch.int32 and torch.equal(got[0], expected), got
+    assert got[1].dtype == torch.int64 and torch.equal(got[1], expected.long()), got
 
     # grouped allgather, alltoall_async
     parts = [torch.full((me + 1,), me), torch.full((1, 2), 10.0 * me)]
@@ -162,6 +177,7 @@ def rank_horovod_calls():
         assert hvd.broadcast_object(me, root_rank=odd.ranks[0], process_set=odd) == odd.ranks[0]
         with pytest.raises(ValueError, match="not a member"):
             hvd.broadcast(torch.ones(1), root_rank=0, process_set=odd)
+    hvd.barrier()  # removing a set does not wait for its members to be done with it
     hvd.remove_process_set(odd)
     hvd.shutdown()
 
@@ -246,3 +262,35 @@ def test_suite_runner_judges_kolo_torch_when_given_a_checkout():
         capture_output=True, text=True, timeout=600, env=ranks.test_environment())
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "4 passed, 0 failed" in result.stdout, result.stdout
+
+
+def rank_sparse_embedding(sparse_as_dense):
+    import torch
+    import kolo.torch as hvd
+    hvd.init()
+    n, me = hvd.size(), hvd.rank()
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(10, 3, sparse=True)
+    reference = torch.nn.Embedding(10, 3)
+    reference.load_state_dict(embedding.state_dict())
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=0.5),
+                                         named_parameters=embedding.named_parameters(),
+                                         sparse_as_dense=sparse_as_dense)
+    inputs = [torch.tensor([[1, 2, 4], [4, 3 + r % 2, 9]]) for r in range(n)]
+    embedding(inputs[me]).sum().backward()
+    optimizer.step()
+    assert embedding.weight.grad.is_sparse
+    # one process: the average of every rank's dense gradient
+    for r in range(n):
+        (reference(inputs[r]).sum() / n).backward()
+    with torch.no_grad():
+        reference.weight -= 0.5 * reference.weight.grad
+    assert torch.allclose(embedding.weight, reference.weight, atol=1e-6), \
+        (embedding.weight, reference.weight)
+    hvd.shutdown()
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_embedding_gradients_are_averaged(sparse_as_dense):
+    ranks.run(2, __file__, "rank_sparse_embedding", timeout=300,
+              args={"sparse_as_dense": sparse_as_dense})

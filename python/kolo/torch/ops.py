@@ -463,6 +463,8 @@ def _agree(comm, kind, tensor=None, op=0, root=-1, first_dim_free=False):
     checks that all agree. Returns the ranks that have joined (join()), which contribute nothing.
     Raises MismatchError on every rank that took part when the descriptors differ, naming each
     rank's call. Blocks (bounded by KOLO_TIMEOUT)."""
+    if comm.size == 1:  # nobody to disagree with, nobody to have joined
+        return []
     shape = () if tensor is None else tuple(tensor.shape)
     dtype = None if tensor is None else tensor.dtype
     mine = _describe_call(comm.rank, kind, dtype, shape, op, root, first_dim_free)
