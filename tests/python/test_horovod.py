@@ -294,3 +294,29 @@ def rank_sparse_embedding(sparse_as_dense):
 def test_sparse_embedding_gradients_are_averaged(sparse_as_dense):
     ranks.run(2, __file__, "rank_sparse_embedding", timeout=300,
               args={"sparse_as_dense": sparse_as_dense})
+
+
+def rank_horovod_variables():
+    import torch
+    import kolo.torch as hvd
+    hvd.init()
+    hvd.allreduce(torch.ones(3), name="start.the.engine")
+    stats = hvd.global_process_set.communicator().fusion_stats()
+    assert stats["fusion_threshold"] == 1 << 20, stats
+    assert abs(stats["cycle_time_ms"] - 2.5) < 1e-9, stats
+    hvd.shutdown()
+
+
+def test_horovod_variables_reach_the_library():
+    env = ranks.test_environment({"HOROVOD_FUSION_THRESHOLD": "1048576",
+                                  "HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_NOT_IN_KOLO": "1",
+                                  "KOLO_DEBUG": "INFO"})
+    output = ranks.run(2, __file__, "rank_horovod_variables", timeout=300, env=env)
+    for rank in range(2):
+        lines = [line for line in output.splitlines() if line.startswith(f"[{rank}]")]
+        mapped = [line for line in lines if "HOROVOD_FUSION_THRESHOLD=1048576 read as "
+                  "KOLO_FUSION_THRESHOLD=1048576" in line]
+        ignored = [line for line in lines if "HOROVOD_NOT_IN_KOLO is set, but kolo does not "
+                   "honour" in line]
+        assert mapped and all(" INFO " in line for line in mapped), output[-3000:]
+        assert len(ignored) == 1 and " WARN " in ignored[0], output[-3000:]
