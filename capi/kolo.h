@@ -663,10 +663,11 @@ KOLO_API kolo_status_t kolo_request_free(kolo_request_t request);
  * submit run without waiting for it: a rank that has joined takes part with zeros (allreduce: its
  * contribution is zero, so KOLO_OP_SUM gives the sum over the ranks that have not joined, and
  * KOLO_OP_AVG that sum divided by the number of ranks of comm, as in Horovod; allgather: it
- * contributes no elements); a broadcast whose root has joined fails with
- * KOLO_ERR_INVALID_ARGUMENT on the ranks that submitted it. Named calls on a rank that has joined
- * fail with KOLO_ERR_INVALID_ARGUMENT. Ordered collectives are not affected: every rank must still
- * call them.
+ * contributes no elements); a broadcast fails with KOLO_ERR_INVALID_ARGUMENT on the ranks that
+ * submitted it (a root that has joined has no data, a rank that has joined would not receive it,
+ * as Horovod refuses it). Named calls on a rank that has joined fail with
+ * KOLO_ERR_INVALID_ARGUMENT. Ordered collectives are not affected: every rank must still call
+ * them.
  *
  * Blocks until every rank has joined, then writes to *last_rank (if not NULL) the rank that
  * joined last (of ranks that joined in the same negotiation cycle, the highest) -- the same

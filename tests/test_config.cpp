@@ -650,6 +650,129 @@ TEST_CASE("unknown KOLO_* variables are reported, known ones are not", "[config]
   CHECK(unknown == std::vector<std::string>{"KOLO_FOO", "KOLO_TIMOUT"});
 }
 
+// ---- Horovod's variables -----------------------------------------------------------------------
+
+TEST_CASE("Horovod's variables become kolo's, in kolo's units", "[config][horovod]") {
+  Config config = resolve(kolo_job({{"HOROVOD_FUSION_THRESHOLD", "33554432"},
+                                    {"HOROVOD_CYCLE_TIME", "0.5"},
+                                    {"HOROVOD_CACHE_CAPACITY", "0"},
+                                    {"HOROVOD_TIMELINE", "/tmp/hvd-timeline.json"},
+                                    {"HOROVOD_AUTOTUNE", "1"},
+                                    {"HOROVOD_AUTOTUNE_LOG", "/tmp/hvd-autotune.csv"},
+                                    {"HOROVOD_STALL_CHECK_TIME_SECONDS", "7"},
+                                    {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "90"},
+                                    {"HOROVOD_HIERARCHICAL_ALLREDUCE", "1"},
+                                    {"HOROVOD_GLOO_TIMEOUT_SECONDS", "45"},
+                                    {"HOROVOD_GLOO_IFACE", "lo"}}));
+  CHECK(config.fusion_threshold_bytes == 32u << 20);
+  CHECK(config.cycle_time_ms == 0.5);
+  CHECK(config.cache_capacity == 0);
+  CHECK(config.timeline_path == "/tmp/hvd-timeline.json");
+  CHECK(config.autotune);
+  CHECK(config.autotune_log_path == "/tmp/hvd-autotune.csv");
+  CHECK(config.stall_warning_s == 7.0);
+  CHECK(config.stall_abort_s == 90.0);
+  CHECK(config.allreduce == "hierarchical");
+  CHECK(config.timeout_s == 45.0);
+  CHECK(config.socket_ifname == "lo");
+
+  // Horovod's booleans are integers, on when > 0
+  CHECK(resolve(kolo_job({{"HOROVOD_HIERARCHICAL_ALLREDUCE", "0"}})).allreduce == "ring");
+  CHECK_FALSE(resolve(kolo_job({{"HOROVOD_AUTOTUNE", "0"}})).autotune);
+  Config off = resolve(kolo_job({{"HOROVOD_STALL_CHECK_DISABLE", "1"},
+                                 {"HOROVOD_STALL_CHECK_TIME_SECONDS", "7"},
+                                 {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "90"}}));
+  CHECK(off.stall_warning_s == 0.0);
+  CHECK(off.stall_abort_s == 0.0);
+  CHECK(resolve(kolo_job({{"HOROVOD_STALL_CHECK_DISABLE", "0"},
+                          {"HOROVOD_STALL_CHECK_TIME_SECONDS", "7"}}))
+            .stall_warning_s == 7.0);
+  // DYNAMIC asks for a timeline the program starts itself: no file
+  CHECK(resolve(kolo_job({{"HOROVOD_TIMELINE", "DYNAMIC"}})).timeline_path.empty());
+}
+
+TEST_CASE("kolo's own variable wins over Horovod's", "[config][horovod]") {
+  Config config = resolve(kolo_job({{"HOROVOD_FUSION_THRESHOLD", "1024"},
+                                    {"KOLO_FUSION_THRESHOLD", "2M"},
+                                    {"HOROVOD_CYCLE_TIME", "20"},
+                                    {"KOLO_CYCLE_TIME_MS", "3"},
+                                    {"HOROVOD_HIERARCHICAL_ALLREDUCE", "1"},
+                                    {"KOLO_ALLREDUCE", "ring"}}));
+  CHECK(config.fusion_threshold_bytes == 2u << 20);
+  CHECK(config.cycle_time_ms == 3.0);
+  CHECK(config.allreduce == "ring");
+  // and the configuration struct wins over both
+  ConfigOverrides overrides;
+  overrides.timeout_s = 12.0;
+  CHECK(resolve(kolo_job({{"HOROVOD_GLOO_TIMEOUT_SECONDS", "45"}, {"KOLO_TIMEOUT", "30"}}),
+                overrides)
+            .timeout_s == 12.0);
+  CHECK(resolve(kolo_job({{"HOROVOD_GLOO_TIMEOUT_SECONDS", "45"}, {"KOLO_TIMEOUT", "30"}}))
+            .timeout_s == 30.0);
+}
+
+TEST_CASE("a note per mapping; the other HOROVOD_* variables are named as ignored",
+          "[config][horovod]") {
+  auto translation = kolo::translate_horovod_variables(
+      {{"HOROVOD_FUSION_THRESHOLD", "1024"},
+       {"HOROVOD_CYCLE_TIME", "20"},
+       {"KOLO_CYCLE_TIME_MS", "3"},
+       {"HOROVOD_DYNAMIC_PROCESS_SETS", "1"},
+       {"HOROVOD_TIMELINE", "DYNAMIC"},
+       {"HOROVOD_NUM_NCCL_STREAMS", "2"},
+       {"HOROVOD_CONTROLLER", "gloo"},
+       {"HOROVOD_EMPTY", ""},
+       {"NOT_HOROVOD_X", "1"}});
+  CHECK(translation.env.at("KOLO_FUSION_THRESHOLD") == "1024");
+  CHECK(translation.env.at("KOLO_CYCLE_TIME_MS") == "3");
+  REQUIRE(translation.notes.size() == 3);
+  CHECK(translation.notes[0] == "HOROVOD_FUSION_THRESHOLD=1024 read as KOLO_FUSION_THRESHOLD=1024");
+  CHECK(translation.notes[1] ==
+        "HOROVOD_CYCLE_TIME=20 not used: KOLO_CYCLE_TIME_MS=3 is set and wins");
+  CHECK_THAT(translation.notes[2], Contains("HOROVOD_DYNAMIC_PROCESS_SETS=1"));
+  CHECK(translation.ignored ==
+        std::vector<std::string>{"HOROVOD_CONTROLLER", "HOROVOD_NUM_NCCL_STREAMS",
+                                 "HOROVOD_TIMELINE"});
+
+  // resolve_config warns about each ignored name once per process (the notes go to INFO, which
+  // KOLO_DEBUG shows)
+  std::string first = capture_stderr(
+      [] { resolve(kolo_job({{"HOROVOD_CYCLE_TIME", "2"}, {"HOROVOD_TORUS_ALLREDUCE", "1"}})); });
+  std::string second = capture_stderr(
+      [] { resolve(kolo_job({{"HOROVOD_CYCLE_TIME", "2"}, {"HOROVOD_TORUS_ALLREDUCE", "1"}})); });
+  const size_t named = first.find("HOROVOD_TORUS_ALLREDUCE");
+  CHECK(named != std::string::npos);
+  CHECK(first.find("HOROVOD_TORUS_ALLREDUCE", named + 1) == std::string::npos);
+  CHECK_THAT(first, Contains("WARN") && Contains("kolo does not honour"));
+  CHECK(second.find("HOROVOD_TORUS_ALLREDUCE") == std::string::npos);
+}
+
+TEST_CASE("bad Horovod values name the Horovod variable and the value", "[config][horovod]") {
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"HOROVOD_FUSION_THRESHOLD", "lots", "is not a size"},
+           {"HOROVOD_FUSION_THRESHOLD", "8589934592", "is out of range"},
+           {"HOROVOD_CYCLE_TIME", "0", "is out of range"},
+           {"HOROVOD_CYCLE_TIME", "fast", "is not a number"},
+           {"HOROVOD_CACHE_CAPACITY", "-1", "is out of range"},
+           {"HOROVOD_AUTOTUNE", "yes", "is not an integer"},
+           {"HOROVOD_STALL_CHECK_TIME_SECONDS", "1.5", "is not an integer"},
+           {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "-3", "is out of range"},
+           {"HOROVOD_HIERARCHICAL_ALLREDUCE", "true", "is not an integer"},
+           {"HOROVOD_GLOO_TIMEOUT_SECONDS", "0", "is out of range"}}) {
+    CAPTURE(c.name, c.value);
+    Failure failure = resolve_failure(kolo_job({{c.name, c.value}}));
+    REQUIRE(failure.thrown);
+    CHECK(failure.status == Status::kConfig);
+    CHECK_THAT(failure.message, Contains(std::string(c.name) + "=" + c.value) &&
+                                    Contains(c.expected));
+  }
+}
+
 TEST_CASE("the table of known variables is complete and well formed", "[config]") {
   const auto& table = kolo::known_variables();
   std::set<std::string> names;

@@ -20,9 +20,12 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <mutex>
+#include <set>
 #include <string_view>
 #include <type_traits>
 
+#include "core/log.hpp"
 #include "kolo/status.hpp"
 
 extern char** environ;
@@ -594,7 +597,122 @@ void resolve_fusion(const Environment& env, Config& config) {
   }
 }
 
+// Horovod's booleans: an integer, true when > 0 (Horovod reads them with strtol).
+bool horovod_flag(const Setting& setting) {
+  return integer_in_range(setting, std::numeric_limits<int>::min(),
+                          std::numeric_limits<int>::max(), "an integer (> 0: on, else off)") > 0;
+}
+
+// Warns once per process about each HOROVOD_* variable kolo ignores: a program that makes
+// several communicators would otherwise repeat the same warning for each.
+void warn_ignored_horovod_variables(const std::vector<std::string>& ignored) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& name : ignored) {
+    if (warned.insert(name).second) {
+      log::warn("{} is set, but kolo does not honour this Horovod variable (or this value of "
+                "it): ignored (docs/horovod.md lists the ones kolo reads)",
+                name);
+    }
+  }
+}
+
 }  // namespace
+
+HorovodTranslation translate_horovod_variables(const Environment& env) {
+  HorovodTranslation result{env, {}, {}};
+  std::set<std::string> honoured;
+  // Sets kolo_name to value unless the job set kolo_name itself, and notes which happened.
+  auto map = [&](const Setting& horovod, const char* kolo_name, const std::string& value) {
+    honoured.insert(horovod.source);
+    if (auto own = from_env(env, kolo_name)) {
+      result.notes.push_back(fmt::format("{}={} not used: {}={} is set and wins", horovod.source,
+                                         horovod.text, kolo_name, own->text));
+      return;
+    }
+    result.env[kolo_name] = value;
+    result.notes.push_back(
+        fmt::format("{}={} read as {}={}", horovod.source, horovod.text, kolo_name, value));
+  };
+  if (auto threshold = from_env(env, "HOROVOD_FUSION_THRESHOLD")) {
+    map(*threshold, "KOLO_FUSION_THRESHOLD",
+        std::to_string(size_in_range(*threshold, 0, kMaxFusionThresholdBytes,
+                                     "bytes from 0 (no fusion) to 4294967296, such as 67108864")));
+  }
+  if (auto cycle = from_env(env, "HOROVOD_CYCLE_TIME")) {
+    const double ms = decimal_in_range(*cycle, 0.0, true, kMaxCycleTimeMs,
+                                       "milliseconds > 0 and <= 10000, such as 5 or 0.5");
+    map(*cycle, "KOLO_CYCLE_TIME_MS", fmt::format("{}", ms));
+  }
+  if (auto capacity = from_env(env, "HOROVOD_CACHE_CAPACITY")) {
+    map(*capacity, "KOLO_CACHE_CAPACITY",
+        std::to_string(integer_in_range(*capacity, 0, 1 << 20,
+                                        "an integer from 0 (no cache) to 1048576")));
+  }
+  if (auto timeline = from_env(env, "HOROVOD_TIMELINE")) {
+    // DYNAMIC: Horovod's programs start and stop the timeline themselves; kolo's is a file only.
+    if (timeline->text != "DYNAMIC") map(*timeline, "KOLO_TIMELINE", timeline->text);
+  }
+  if (auto autotune = from_env(env, "HOROVOD_AUTOTUNE")) {
+    map(*autotune, "KOLO_AUTOTUNE", horovod_flag(*autotune) ? "1" : "0");
+  }
+  if (auto log = from_env(env, "HOROVOD_AUTOTUNE_LOG")) map(*log, "KOLO_AUTOTUNE_LOG", log->text);
+  const auto stall_disable = from_env(env, "HOROVOD_STALL_CHECK_DISABLE");
+  const bool stall_off = stall_disable && horovod_flag(*stall_disable);
+  if (stall_disable) honoured.insert(stall_disable->source);
+  if (stall_off) {
+    map(*stall_disable, "KOLO_STALL_WARNING_S", "0");
+    map(*stall_disable, "KOLO_STALL_ABORT_S", "0");
+  }
+  if (auto check = from_env(env, "HOROVOD_STALL_CHECK_TIME_SECONDS")) {
+    const int seconds = integer_in_range(*check, 0, std::numeric_limits<int>::max(),
+                                         "whole seconds >= 0 (0: never warn), such as 60");
+    if (stall_off) {
+      honoured.insert(check->source);
+      result.notes.push_back(fmt::format("{}={} not used: HOROVOD_STALL_CHECK_DISABLE={} turns "
+                                         "the stall check off",
+                                         check->source, check->text, stall_disable->text));
+    } else {
+      map(*check, "KOLO_STALL_WARNING_S", std::to_string(seconds));
+    }
+  }
+  if (auto shutdown = from_env(env, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")) {
+    const int seconds = integer_in_range(*shutdown, 0, std::numeric_limits<int>::max(),
+                                         "whole seconds >= 0 (0: never), such as 600");
+    if (stall_off) {
+      honoured.insert(shutdown->source);
+      result.notes.push_back(fmt::format("{}={} not used: HOROVOD_STALL_CHECK_DISABLE={} turns "
+                                         "the stall check off",
+                                         shutdown->source, shutdown->text, stall_disable->text));
+    } else {
+      map(*shutdown, "KOLO_STALL_ABORT_S", std::to_string(seconds));
+    }
+  }
+  if (auto hierarchical = from_env(env, "HOROVOD_HIERARCHICAL_ALLREDUCE")) {
+    map(*hierarchical, "KOLO_ALLREDUCE", horovod_flag(*hierarchical) ? "hierarchical" : "ring");
+  }
+  if (auto timeout = from_env(env, "HOROVOD_GLOO_TIMEOUT_SECONDS")) {
+    const double seconds =
+        decimal_in_range(*timeout, 0.0, true, 1e9, "seconds > 0 and <= 1e9, such as 30");
+    map(*timeout, "KOLO_TIMEOUT", fmt::format("{}", seconds));
+  }
+  if (auto iface = from_env(env, "HOROVOD_GLOO_IFACE")) {
+    map(*iface, "KOLO_SOCKET_IFNAME", std::string(trim(iface->text)));
+  }
+  if (auto dynamic = from_env(env, "HOROVOD_DYNAMIC_PROCESS_SETS")) {
+    honoured.insert(dynamic->source);
+    result.notes.push_back(fmt::format("{}={}: process sets can always be added and removed "
+                                       "after init in kolo",
+                                       dynamic->source, dynamic->text));
+  }
+  for (const auto& [name, value] : env) {
+    if (name.rfind("HOROVOD_", 0) == 0 && !value.empty() && honoured.count(name) == 0) {
+      result.ignored.push_back(name);
+    }
+  }
+  return result;
+}
 
 const std::vector<EnvVarInfo>& known_variables() {
   return kKnownVariables;
@@ -650,8 +768,12 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   return value << shift;
 }
 
-Config resolve_config(const ConfigOverrides& overrides, const Environment& env,
+Config resolve_config(const ConfigOverrides& overrides, const Environment& given_env,
                       std::vector<std::string>* unknown) {
+  const HorovodTranslation horovod = translate_horovod_variables(given_env);
+  for (const auto& note : horovod.notes) log::info("{}", note);
+  warn_ignored_horovod_variables(horovod.ignored);
+  const Environment& env = horovod.env;
   if (unknown != nullptr) {
     unknown->clear();
     for (const auto& entry : env) {

@@ -135,6 +135,33 @@ struct EnvVarInfo {
 };
 const std::vector<EnvVarInfo>& known_variables();
 
+// Horovod's variables, so that a job script written for Horovod keeps its settings. Each
+// HOROVOD_* variable with a meaning in kolo is read in Horovod's units, validated (an error names
+// the HOROVOD_* variable and its value) and becomes its KOLO_* counterpart, unless that is set:
+// kolo's own name wins. resolve_config() applies it first, logs each note at INFO and warns once
+// per process about each ignored name.
+//   HOROVOD_FUSION_THRESHOLD (bytes)            KOLO_FUSION_THRESHOLD
+//   HOROVOD_CYCLE_TIME (milliseconds)           KOLO_CYCLE_TIME_MS
+//   HOROVOD_CACHE_CAPACITY (entries)            KOLO_CACHE_CAPACITY
+//   HOROVOD_TIMELINE (a file)                   KOLO_TIMELINE
+//   HOROVOD_AUTOTUNE (integer > 0: on)          KOLO_AUTOTUNE
+//   HOROVOD_AUTOTUNE_LOG (a file)               KOLO_AUTOTUNE_LOG
+//   HOROVOD_STALL_CHECK_TIME_SECONDS            KOLO_STALL_WARNING_S
+//   HOROVOD_STALL_CHECK_DISABLE (> 0: off)      KOLO_STALL_WARNING_S=0 (and KOLO_STALL_ABORT_S=0)
+//   HOROVOD_STALL_SHUTDOWN_TIME_SECONDS         KOLO_STALL_ABORT_S
+//   HOROVOD_HIERARCHICAL_ALLREDUCE (> 0: on)    KOLO_ALLREDUCE=hierarchical, else ring
+//   HOROVOD_GLOO_TIMEOUT_SECONDS                KOLO_TIMEOUT
+//   HOROVOD_GLOO_IFACE                          KOLO_SOCKET_IFNAME
+//   HOROVOD_DYNAMIC_PROCESS_SETS                (always so in kolo: a note, nothing to set)
+// HOROVOD_TIMELINE=DYNAMIC (a timeline started from the program) has no counterpart and is
+// ignored like every other HOROVOD_* variable.
+struct HorovodTranslation {
+  Environment env;                   // the input plus the KOLO_* variables it implies
+  std::vector<std::string> notes;    // one sentence per HOROVOD_* variable honoured
+  std::vector<std::string> ignored;  // the names of the HOROVOD_* variables set but ignored
+};
+HorovodTranslation translate_horovod_variables(const Environment& env);
+
 // Parses sizes such as "4096", "64K", "1M", "2G" (powers of 1024). std::nullopt if malformed.
 // Suffixes K, M, G and T in either case, optionally followed by "iB" or "B" ("64KiB", "1mb",
 // "4096B"); surrounding blanks are ignored; no sign, fraction or overflow is accepted.

@@ -58,12 +58,26 @@ bool Coordinator::complete(const Entry& entry) const {
   return entry.submitted > 0 && counted == settings_.ranks;
 }
 
-std::string Coordinator::joined_root_problem(const UnitSpec& spec, bool root_submitted) const {
-  if (spec.kind != Kind::kBroadcast || root_submitted || !joined_[spec.root]) return "";
+template <typename Submitted>
+std::string Coordinator::joined_broadcast_problem(const UnitSpec& spec,
+                                                  Submitted submitted) const {
+  if (spec.kind != Kind::kBroadcast || joined_count_ == 0) return "";
+  if (joined_[spec.root] && !submitted(spec.root)) {
+    return fmt::format(
+        "broadcast '{}' from rank {}, which has called kolo_join: a rank that has joined has no "
+        "data to broadcast",
+        spec.members.front().name, spec.root);
+  }
+  std::vector<int> missing;
+  for (int rank = 0; rank < settings_.ranks; ++rank) {
+    if (joined_[rank] && !submitted(rank)) missing.push_back(rank);
+  }
+  if (missing.empty()) return "";
   return fmt::format(
-      "broadcast '{}' from rank {}, which has called kolo_join: a rank that has joined has no "
-      "data to broadcast",
-      spec.members.front().name, spec.root);
+      "broadcast '{}' from rank {}: rank{} {} ha{} called kolo_join and would not receive it; a "
+      "broadcast needs every rank",
+      spec.members.front().name, spec.root, missing.size() > 1 ? "s" : "",
+      fmt::join(missing, ", "), missing.size() > 1 ? "ve" : "s");
 }
 
 Coordinator::Entry& Coordinator::entry_for(const std::string& key, Clock::time_point now) {
@@ -375,9 +389,8 @@ ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>
     for (int rank = 0; rank < ranks; ++rank) {
       if (joined_[rank] && !bit_set(lists[rank], slot)) ++counted;
     }
-    const std::string root_problem =
-        spec.kind == Kind::kBroadcast ? joined_root_problem(spec, bit_set(lists[spec.root], slot))
-                                      : std::string();
+    const std::string root_problem = joined_broadcast_problem(
+        spec, [&](int rank) { return bit_set(lists[rank], slot); });
     if (known == ledger_.end() && counted == static_cast<uint32_t>(ranks) && root_problem.empty()) {
       ready.push_back({true, static_cast<int32_t>(slot), &spec, now, next_order_++});
       touch(slot, cycle);
@@ -404,8 +417,8 @@ ResponseList Coordinator::process(uint64_t cycle, const std::vector<RequestList>
     }
     if (entry.specs.size() == 1 && capacity_error.empty() &&
         entry.specs.front().kind == Kind::kBroadcast) {
-      capacity_error = joined_root_problem(entry.specs.front(),
-                                           entry.spec_of_rank[entry.specs.front().root] >= 0);
+      capacity_error = joined_broadcast_problem(
+          entry.specs.front(), [&](int rank) { return entry.spec_of_rank[rank] >= 0; });
     }
     if (!capacity_error.empty()) {
       response.errors.push_back({it->first, Status::kInvalidArgument, std::move(capacity_error)});

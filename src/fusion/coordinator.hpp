@@ -154,8 +154,11 @@ class Coordinator {
   std::vector<Batch> plan(const std::vector<Ready>& ready, uint64_t fusion_threshold) const;
   // Submitted by every rank that has not joined (and by one rank at least)?
   bool complete(const Entry& entry) const;
-  // "" unless spec is a broadcast whose root has joined without submitting it (`submitted`).
-  std::string joined_root_problem(const UnitSpec& spec, bool root_submitted) const;
+  // "" unless spec is a broadcast and a rank has joined without submitting it (submitted(r)
+  // tells whether rank r did): its root would have no data to send, any other rank would miss
+  // what is sent (Horovod refuses a broadcast while a rank has joined, for the same reason).
+  template <typename Submitted>
+  std::string joined_broadcast_problem(const UnitSpec& spec, Submitted submitted) const;
   uint64_t padded_bytes(const UnitSpec& spec) const;
 
   CoordinatorSettings settings_;

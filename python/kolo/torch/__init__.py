@@ -16,14 +16,18 @@ ranks that were lost. The README's Python section has a table of Horovod's API a
 from .compression import Compression
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters)
-from .ops import (Adasum, Average, Max, Min, ProcessSet, Product, Sum, add_process_set,
-                  allgather, allgather_async, allreduce, allreduce_, allreduce_async,
-                  allreduce_async_, alltoall, barrier, broadcast, broadcast_, broadcast_async,
-                  broadcast_async_, cross_rank, cross_size, global_process_set, gloo_built,
+from .ops import (Adasum, Average, HorovodInternalError, Max, Min, ProcessSet, Product, Sum,
+                  add_process_set, allgather, allgather_async, allreduce, allreduce_,
+                  allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
+                  broadcast, broadcast_, broadcast_async, broadcast_async_, ccl_built,
+                  cross_rank, cross_size, cuda_built, ddl_built, global_process_set,
+                  gloo_built, gloo_enabled, grouped_allgather, grouped_allgather_async,
                   grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
-                  grouped_allreduce_async_, init, is_initialized, join, local_rank, local_size,
-                  mpi_built, mpi_threads_supported, nccl_built, poll, rank, reducescatter,
-                  remove_process_set, shrink, shutdown, size, synchronize)
+                  grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async,
+                  init, is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
+                  mpi_threads_supported, nccl_built, poll, rank, reducescatter,
+                  reducescatter_async, remove_process_set, rocm_built, shrink, shutdown, size,
+                  sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from . import elastic
@@ -42,5 +46,8 @@ __all__ = [
     "grouped_allreduce_async_", "init", "is_initialized", "join", "local_rank", "local_size",
     "mpi_built", "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
     "remove_process_set", "shrink", "shutdown", "size", "synchronize", "DistributedOptimizer",
-    "SyncBatchNorm", "elastic",
+    "SyncBatchNorm", "elastic", "HorovodInternalError", "alltoall_async", "ccl_built",
+    "cuda_built", "ddl_built", "gloo_enabled", "grouped_allgather", "grouped_allgather_async",
+    "grouped_reducescatter", "grouped_reducescatter_async", "mpi_enabled", "reducescatter_async",
+    "rocm_built", "sparse_allreduce_async", "start_timeline", "stop_timeline",
 ]

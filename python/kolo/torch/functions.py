@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from .._secret import require_authenticated_peers
-from .ops import _comm, broadcast_, broadcast_async_, global_process_set, synchronize
+from .ops import (_agree, _comm, _refuse_joined, _set_rank, broadcast_, broadcast_async_,
+                  global_process_set, synchronize)
 
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
@@ -45,10 +46,16 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     unpickled on every other rank (tensors inside are pickled too). Unpickling runs any code the
     root chose, so the job needs a secret: without one (Communicator.peers_authenticated False)
     raises ConfigError on every rank before sending or receiving anything. Every rank calls it
-    in the same order; obj is ignored except on the root. Blocks (two collectives: the length,
-    then the bytes)."""
+    in the same order; obj is ignored except on the root. root_rank is a rank of the job (a
+    member of process_set), as in Horovod. Blocks (an agreement, then two collectives: the
+    length, then the bytes); ranks that disagree about the call get MismatchError, and the calls
+    after it still work."""
     comm = _comm(process_set)
     require_authenticated_peers(comm, "broadcast_object")
+    root_rank = _set_rank(process_set, root_rank)
+    joined = _agree(comm, "broadcast", root=root_rank)
+    if joined:
+        _refuse_joined("broadcast_object", joined)
     if comm.rank == root_rank:
         buffer = io.BytesIO()
         pickle.dump(obj, buffer, protocol=pickle.HIGHEST_PROTOCOL)
@@ -69,9 +76,13 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every rank's obj, in rank order: each rank's obj pickled, and every
     other rank's bytes unpickled here. Unpickling runs any code the sender chose, so the job
     needs a secret: without one (Communicator.peers_authenticated False) raises ConfigError on
-    every rank before sending or receiving anything. Blocks (two collectives)."""
+    every rank before sending or receiving anything. Blocks (an agreement, then two
+    collectives)."""
     comm = _comm(process_set)
     require_authenticated_peers(comm, "allgather_object")
+    joined = _agree(comm, "allgather", first_dim_free=True)
+    if joined:
+        _refuse_joined("allgather_object", joined)
     payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),
                             dtype=np.uint8).copy()
     gathered, lengths = comm.allgather_rows(payload)
@@ -89,13 +100,23 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     dtypes) travel pickled and are unpickled on every rank but the root, the state tensors by
     broadcast in place: the job needs a secret, and without one (Communicator
     .peers_authenticated False) raises ConfigError on every rank before sending or receiving
-    anything. Every rank's optimizer must have the same parameter groups. Blocks until done."""
+    anything. Every rank's optimizer must have the same parameter groups. As in Horovod, every
+    parameter that requires a gradient and has none gets a zero gradient (parameters without
+    requires_grad keep None). Unlike Horovod, an optimizer that has not stepped is not stepped
+    once to make its state (which would count a step in Adam's bias correction): the root's
+    state, empty or not, is what every rank gets. root_rank is a rank of the job. Blocks until
+    done."""
     comm = _comm(process_set)
     require_authenticated_peers(comm, "broadcast_optimizer_state")
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("LBFGS keeps state that cannot be broadcast this way")
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
     state_dict = optimizer.state_dict()
-    if comm.rank == root_rank:
+    set_root = _set_rank(process_set, root_rank)
+    if comm.rank == set_root:
         layout = {"param_groups": state_dict["param_groups"], "state": {}}
         for index, entries in state_dict["state"].items():
             layout["state"][index] = {
@@ -113,12 +134,13 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
             if kind[0] == "value":
                 entries[key] = kind[1]
                 continue
-            if comm.rank == root_rank:
+            if comm.rank == set_root:
                 tensor = state_dict["state"][index][key].detach().contiguous().clone()
             else:
                 tensor = torch.empty(kind[1], dtype=kind[2])
             broadcast_(tensor, root_rank, process_set=process_set)
             entries[key] = tensor
         new_state[index] = entries
-    if comm.rank != root_rank:
+    if comm.rank != set_root:
         optimizer.load_state_dict({"state": new_state, "param_groups": layout["param_groups"]})
+

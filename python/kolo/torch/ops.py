@@ -3,7 +3,14 @@
 How calls map onto kolo:
   - a synchronous operation without a name (allreduce(t), broadcast(t, 0), ...) is an ordered
     kolo collective: every rank makes the same calls in the same order, as they do in a training
-    script, and it costs no negotiation;
+    script. Before it, the ranks agree on what they are about to do (_agree: a small named
+    allgather of each rank's operation, dtype, shape, op and root through kolo's fusion engine).
+    Ranks that disagree (one passes a tensor of another shape, or calls another operation) get
+    MismatchError on every rank and nothing reaches the ordered path, so the calls after it run
+    normally, as in Horovod, where one bad tensor fails that tensor only. The agreement also
+    shows which ranks have joined (join()): an allreduce then runs through the fusion engine
+    with zeros for them, and allgather, broadcast, alltoall, reducescatter and barrier raise, as
+    Horovod's do;
   - a synchronous operation with a name, and every asynchronous one, is a named operation of
     kolo's fusion engine: ranks may submit in any order, tensors are fused, and a tensor that
     ranks submit differently fails with MismatchError naming it on every rank. Unnamed
@@ -12,6 +19,7 @@ How calls map onto kolo:
 Synchronous out-of-place operations are autograd functions whose gradients are Horovod's.
 """
 
+import itertools
 import zlib
 
 import numpy as np
@@ -258,6 +266,58 @@ def nccl_built():
     return False
 
 
+def mpi_enabled():
+    """False: kolo runs no MPI (Horovod's suite asks before testing MPI-only features)."""
+    return False
+
+
+def gloo_enabled():
+    """False: kolo's own transports carry the collectives, not Gloo."""
+    return False
+
+
+def ccl_built():
+    """False: kolo has no oneCCL backend."""
+    return False
+
+
+def ddl_built():
+    """False: kolo has no IBM DDL backend."""
+    return False
+
+
+def cuda_built():
+    """Whether torch can see CUDA (kolo's GPU calls need it); kolo's own build is not asked."""
+    return torch.cuda.is_available()
+
+
+def rocm_built():
+    """False: kolo has no ROCm support."""
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Horovod's run-time timeline is not in kolo: raises UnsupportedError. kolo writes a
+    Chrome-trace timeline of the whole run to the file KOLO_TIMELINE (or HOROVOD_TIMELINE) names
+    when the job starts."""
+    raise UnsupportedError("start_timeline: kolo's timeline cannot be started from the program; "
+                           "set KOLO_TIMELINE (or HOROVOD_TIMELINE) to a file before the job "
+                           "starts")
+
+
+def stop_timeline():
+    """Horovod's run-time timeline is not in kolo: raises UnsupportedError (see
+    start_timeline)."""
+    raise UnsupportedError("stop_timeline: kolo's timeline cannot be stopped from the program; "
+                           "it covers the whole run of a job started with KOLO_TIMELINE set")
+
+
+# Horovod raises HorovodInternalError when a collective fails; kolo raises a KoloError subclass
+# naming what failed, so the two names are one class and `except HorovodInternalError` catches
+# every kolo failure.
+HorovodInternalError = kolo.KoloError
+
+
 # ---- helpers -----------------------------------------------------------------------------------
 
 def _resolve_op(average, op):
@@ -356,6 +416,78 @@ def _convert_dtype(tensor):
     return table[tensor.dtype]
 
 
+# ---- agreement before an ordered collective --------------------------------------------------
+
+# Descriptor of one rank's ordered call, as int64: its rank, the operation, the dtype, the op, the
+# root, the number of dimensions, the first eight dimensions (-1 beyond), a CRC of the whole shape.
+_KINDS = {"allreduce": 1, "broadcast": 2, "allgather": 3, "alltoall": 4, "reducescatter": 5,
+          "barrier": 6}
+_KIND_NAMES = {code: name for name, code in _KINDS.items()}
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+           torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
+_SHOWN_DIMS = 8
+_FIELDS = 6 + _SHOWN_DIMS + 1
+
+
+def _describe_call(rank, kind, dtype, shape, op, root, first_dim_free):
+    shape = list(shape)
+    if first_dim_free and shape:
+        shape[0] = -2  # allgather, alltoall: first dimensions may differ
+    row = np.full(_FIELDS, -1, np.int64)
+    row[:6] = [rank, _KINDS[kind], _DTYPES.index(dtype) if dtype in _DTYPES else
+               100 + zlib.crc32(str(dtype).encode()) % 1000, int(op), int(root), len(shape)]
+    row[6:6 + min(len(shape), _SHOWN_DIMS)] = shape[:_SHOWN_DIMS]
+    row[-1] = zlib.crc32(np.array(shape, np.int64).tobytes())
+    return row
+
+
+def _call_text(row):
+    kind = _KIND_NAMES.get(int(row[1]), "an operation")
+    if kind == "barrier":
+        return "barrier"
+    dtype = _DTYPES[row[2]] if 0 <= row[2] < len(_DTYPES) else "another dtype"
+    dims = [int(d) for d in row[6:6 + min(int(row[5]), _SHOWN_DIMS)]]
+    shape = "[" + ", ".join("*" if d == -2 else str(d) for d in dims) + \
+        (", ..." if row[5] > _SHOWN_DIMS else "") + "]"
+    text = f"{kind} of {str(dtype).replace('torch.', '')} {shape}"
+    if kind in ("allreduce", "reducescatter"):
+        text += f" ({kolo.OP_NAMES.get(int(row[3]), int(row[3]))})"
+    if kind == "broadcast":
+        text += f" from rank {int(row[4])}"
+    return text
+
+
+def _agree(comm, kind, tensor=None, op=0, root=-1, first_dim_free=False):
+    """Every rank of comm states the ordered call it is about to make (a named allgather of a
+    small descriptor through kolo's fusion engine, which completes even when ranks disagree) and
+    checks that all agree. Returns the ranks that have joined (join()), which contribute nothing.
+    Raises MismatchError on every rank that took part when the descriptors differ, naming each
+    rank's call. Blocks (bounded by KOLO_TIMEOUT)."""
+    if comm.size == 1:  # nobody to disagree with, nobody to have joined
+        return []
+    shape = () if tensor is None else tuple(tensor.shape)
+    dtype = None if tensor is None else tensor.dtype
+    mine = _describe_call(comm.rank, kind, dtype, shape, op, root, first_dim_free)
+    gathered = np.full((comm.size, _FIELDS), -1, np.int64)
+    handle = comm._submit_allgather(comm._name(None, "kolo.torch.agree"), mine, _FIELDS, gathered,
+                                    gathered.size, kolo.INT64, None, keep=(mine,))
+    handle.wait()
+    present = {int(row[0]): row for row in gathered if row[0] >= 0}
+    joined = [r for r in range(comm.size) if r not in present]
+    first = next(iter(present.values()))
+    if any(np.any(row[1:] != first[1:]) for row in present.values()):
+        calls = "; ".join(f"rank {r}: {_call_text(row)}" for r, row in sorted(present.items()))
+        raise kolo.MismatchError(f"{kind}: ranks disagree about the call ({calls})")
+    return joined
+
+
+def _refuse_joined(kind, joined):
+    raise kolo.MismatchError(f"{kind}: rank{'s' if len(joined) > 1 else ''} "
+                             f"{', '.join(map(str, joined))} ha{'ve' if len(joined) > 1 else 's'} "
+                             f"joined (join()); as in Horovod, only allreduce goes on with ranks "
+                             f"that have joined")
+
+
 # ---- allreduce ----------------------------------------------------------------------------------
 
 def _allreduce_into(tensor, output, name, op, prescale, postscale, process_set):
@@ -366,15 +498,17 @@ def _allreduce_into(tensor, output, name, op, prescale, postscale, process_set):
             raise UnsupportedError("named (fused) operations take CPU tensors only; GPU tensors "
                                    "use kolo's stream-ordered allreduce: pass no name")
         return _device_allreduce(tensor, output, op, prescale, postscale, comm)
+    joined = _agree(comm, "allreduce", tensor, op) if name is None else []
     check_tensor(tensor)
     source, dtype = as_array(tensor)
     target, _ = as_array(output)
-    if name is None:
+    if name is None and not joined:
         comm.raw_allreduce(source.ctypes.data if source.size else None,
                            target.ctypes.data if target.size else None, source.size,
                            kolo.communicator.kolo_dtype_of(source, dtype), op, prescale,
                            postscale)
-    else:
+    else:  # named, or some rank has joined: the fusion engine runs it with zeros for them
+        name = comm._name(name, "allreduce")
         comm.raw_allreduce_async(name, source.ctypes.data if source.size else None,
                                  target.ctypes.data if target.size else None, source.size,
                                  kolo.communicator.kolo_dtype_of(source, dtype), op, prescale,
@@ -577,6 +711,10 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 def _allgather(tensor, name, process_set):
     comm = _comm(process_set)
+    if name is None:
+        joined = _agree(comm, "allgather", tensor, first_dim_free=True)
+        if joined:
+            _refuse_joined("allgather", joined)
     check_tensor(tensor)
     source, dtype = as_array(tensor.detach().contiguous())
     if name is None:
@@ -598,17 +736,19 @@ class _AllgatherFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
+        # Horovod's: the average of the ranks' gradients (each rank's loss weighs 1/size)
         grad = grad_output.contiguous()
-        summed = _allreduce_into(grad, torch.empty_like(grad), None, Sum, 1.0, 1.0,
-                                 ctx.process_set)
+        averaged = _allreduce_into(grad, torch.empty_like(grad), None, Average, 1.0, 1.0,
+                                   ctx.process_set)
         start = sum(ctx.rows[:ctx.rank])
-        return summed.narrow(0, start, ctx.rows[ctx.rank]), None, None
+        return averaged.narrow(0, start, ctx.rows[ctx.rank]), None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Returns a new tensor: every rank's tensor concatenated along the first dimension in rank
     order (first dimensions may differ; the others must agree, else MismatchError on every
-    rank). Differentiable: the gradient is this rank's slice of the summed gradient. Blocks."""
+    rank). Differentiable as in Horovod: the gradient is this rank's slice of the average of the
+    ranks' gradients. Blocks."""
     _require_tensor(tensor)
     if tensor.dim() == 0:
         raise InvalidArgumentError("allgather needs a tensor of at least one dimension")
@@ -630,18 +770,36 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
 
 # ---- broadcast -------------------------------------------------------------------------------
 
+def _set_rank(process_set, rank, what="root_rank"):
+    """The index in process_set of the global rank `rank`, as Horovod numbers roots: by their
+    rank in the job. ValueError when it is not a member."""
+    process_set = process_set or global_process_set
+    if process_set is global_process_set:
+        return rank
+    try:
+        return process_set.ranks.index(int(rank))
+    except ValueError:
+        raise InvalidArgumentError(f"{what} {rank} is not a member of {process_set} (roots are "
+                                   f"ranks of the job, as in Horovod)") from None
+
+
 def _broadcast_inplace(tensor, root_rank, name, process_set):
     comm = _comm(process_set)
+    root = _set_rank(process_set, root_rank)
     if tensor.is_cuda:
         if name is not None:
             raise UnsupportedError("named (fused) operations take CPU tensors only")
-        return _device_broadcast(tensor, root_rank, comm)
+        return _device_broadcast(tensor, root, comm)
+    if name is None:
+        joined = _agree(comm, "broadcast", tensor, root=root)
+        if joined:
+            _refuse_joined("broadcast", joined)
     check_tensor(tensor)
     array, dtype = as_array(tensor)
     if name is None:
-        comm.broadcast_(array, root=root_rank, dtype=dtype)
+        comm.broadcast_(array, root=root, dtype=dtype)
     else:
-        comm.broadcast_async_(array, root=root_rank, name=name, dtype=dtype).wait()
+        comm.broadcast_async_(array, root=root, name=name, dtype=dtype).wait()
     return tensor
 
 
@@ -657,7 +815,7 @@ class _BroadcastFunction(torch.autograd.Function):
         grad = grad_output.contiguous()
         reduced = _allreduce_into(grad, torch.empty_like(grad), None, Average, 1.0, 1.0,
                                   ctx.process_set)
-        if _comm(ctx.process_set).rank != ctx.root_rank:
+        if _comm(ctx.process_set).rank != _set_rank(ctx.process_set, ctx.root_rank):
             reduced.zero_()
         return reduced, None, None, None
 
@@ -680,9 +838,10 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 
 def _submit_broadcast(work, root_rank, name, process_set, finish):
     comm = _comm(process_set)
+    root = _set_rank(process_set, root_rank)
     check_tensor(work)
     array, dtype = as_array(work)
-    inner = comm.broadcast_async_(array, root=root_rank, name=name, dtype=dtype)
+    inner = comm.broadcast_async_(array, root=root, name=name, dtype=dtype)
     return _Handle(inner, finish)
 
 
@@ -705,6 +864,9 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 def _alltoall(tensor, splits, process_set):
     comm = _comm(process_set)
+    joined = _agree(comm, "alltoall", tensor, first_dim_free=True)
+    if joined:
+        _refuse_joined("alltoall", joined)
     check_tensor(tensor)
     source, dtype = as_array(tensor.detach().contiguous())
     result, received = comm.alltoall(source, splits=splits, dtype=dtype)
@@ -740,18 +902,29 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return output if splits is None else (output, received)
 
 
+def _scaled(tensor, factor):
+    """tensor times factor in tensor's dtype: integers are scaled in float64 and truncated, as
+    Horovod scales them; half types in float32."""
+    if factor == 1.0:
+        return tensor
+    if tensor.is_floating_point() and tensor.element_size() >= 4:
+        return tensor * factor
+    wide = torch.float32 if tensor.is_floating_point() else torch.float64
+    return (tensor.to(wide) * factor).to(tensor.dtype)
+
+
 class _ReducescatterFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, prescale, postscale, process_set):
         comm = _comm(process_set)
+        joined = _agree(comm, "reducescatter", tensor, op)
+        if joined:
+            _refuse_joined("reducescatter", joined)
         check_tensor(tensor)
-        source = tensor.detach().contiguous()
-        if prescale != 1.0:
-            source = source * prescale
+        source = _scaled(tensor.detach().contiguous(), prescale)
         array, dtype = as_array(source)
-        result = from_array(comm.reduce_scatter(array, op=op, dtype=dtype), tensor.dtype)
-        if postscale != 1.0:
-            result = result * postscale
+        result = _scaled(from_array(comm.reduce_scatter(array, op=op, dtype=dtype),
+                                    tensor.dtype), postscale)
         ctx.op, ctx.scale, ctx.process_set = op, prescale * postscale, process_set
         return result
 
@@ -760,8 +933,10 @@ class _ReducescatterFunction(torch.autograd.Function):
         if ctx.op not in (Sum, Average):
             raise NotImplementedError("the gradient of reducescatter is defined for Sum and "
                                       "Average only")
+        # Horovod's: the gathered gradients, times size for Sum (each rank's loss weighs 1/size
+        # under Average, as for allgather), times the scale factors
         grad, _ = _allgather(grad_output.contiguous(), None, ctx.process_set)
-        scale = ctx.scale / (_comm(ctx.process_set).size if ctx.op == Average else 1)
+        scale = ctx.scale * (_comm(ctx.process_set).size if ctx.op == Sum else 1)
         return grad * scale, None, None, None, None
 
 
@@ -787,18 +962,177 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
 
 def barrier(process_set=global_process_set):
     """Returns once every rank of process_set has entered the barrier. Blocks (bounded)."""
-    _comm(process_set).barrier()
+    comm = _comm(process_set)
+    joined = _agree(comm, "barrier")
+    if joined:
+        _refuse_joined("barrier", joined)
+    comm.barrier()
 
 
 def join(device=-1):
     """Horovod's join, for uneven data: this rank has run out of batches. Until every rank has
     joined, the allreduces the others submit (DistributedOptimizer's gradients, the _async calls)
-    run with zeros for this rank, so Average divides their sum by size(), as in Horovod; its
-    allgather contributions are empty, and a broadcast from it fails. Blocks until every rank has
+    run with zeros for this rank, so Average divides their sum by size(), as in Horovod; their
+    named allgathers get no rows from it; their broadcasts, unnamed allgathers, alltoalls,
+    reducescatters and barriers raise, as Horovod's do. Blocks until every rank has
     joined (bounded by KOLO_TIMEOUT) and returns the rank that joined last, the same on every
     rank: a rank that joined early has missed the last updates, so broadcast the parameters from
     that rank afterwards (broadcast_parameters(model.state_dict(), root_rank=join())). Works on
     the global process set, whose named operations it covers; `device` is accepted for Horovod's
     signature (kolo's named operations take CPU tensors)."""
     del device
-    return _world().join()
+    world = _world()
+    last = world.join()
+    # The ranks that joined early skipped the agreements (and automatic names) of the calls made
+    # meanwhile; every rank starts counting again here, where all of them are.
+    world._names = itertools.count()
+    return last
+
+
+# ---- composite and derived operations --------------------------------------------------------
+
+class _GroupHandle:
+    """The handle of several kolo.torch operations submitted together: poll() is True once all
+    have completed; wait() returns finish(list of their outputs)."""
+
+    def __init__(self, handles, finish=list):
+        self._handles = handles
+        self._finish = finish
+        self._done = False
+        self._value = None
+
+    def poll(self):
+        """True once every part has completed. Never blocks."""
+        return all(handle.poll() for handle in self._handles)
+
+    def wait(self):
+        """Blocks (each part bounded by KOLO_TIMEOUT) and returns the outputs; raises the first
+        part's KoloError (the other parts are still waited for, so none is left pending)."""
+        if not self._done:
+            outputs, error = [], None
+            for handle in self._handles:
+                try:
+                    outputs.append(handle.wait())
+                except kolo.KoloError as failure:
+                    error = error or failure
+            if error is not None:
+                raise error
+            self._value = self._finish(outputs)
+            self._done = True
+        return self._value
+
+    synchronize = wait
+
+
+class _DoneHandle:
+    """The handle of an operation that ran when it was submitted."""
+
+    def __init__(self, value):
+        self._value = value
+
+    def poll(self):
+        return True
+
+    def wait(self):
+        return self._value
+
+    synchronize = wait
+
+
+def _my_rows(comm, rows):
+    """This rank's slice of `rows` under reducescatter's split (Horovod's: rows // size each,
+    one more for the first rows % size ranks)."""
+    counts = kolo.communicator.split_rows(rows, comm.size)
+    return sum(counts[:comm.rank]), counts[comm.rank]
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Submits the reducescatter of a copy of tensor under name (any order across ranks) and
+    returns a handle at once; synchronize(handle) returns this rank's share of the first
+    dimension, split as reducescatter splits it. It runs as a named allreduce of the whole
+    tensor in kolo's fusion engine (fused with other named operations), then keeps this rank's
+    rows: twice the bytes of a reduce-scatter, for Horovod's any-order semantics. Raises
+    InvalidArgumentError at once for bad arguments or a name still pending."""
+    _require_tensor(tensor)
+    if op not in (Sum, Average, Min, Max, Product):
+        raise InvalidArgumentError(f"unknown op {op!r}")
+    if tensor.dim() == 0:
+        raise InvalidArgumentError("reducescatter needs a tensor of at least one dimension")
+    comm = _comm(process_set)
+    handle = allreduce_async(tensor, name=comm._name(name, "reducescatter"), op=op,
+                             prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor, process_set=process_set)
+    start, rows = _my_rows(comm, tensor.shape[0])
+    return _GroupHandle([handle], lambda outputs: outputs[0].narrow(0, start, rows).clone())
+
+
+def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """reducescatter of each tensor of the list, in order; returns the list of this rank's
+    shares. Differentiable. Blocks. name is accepted and unused."""
+    if not isinstance(tensors, (list, tuple)):
+        raise InvalidArgumentError("tensors must be a list of tensors")
+    return [reducescatter(t, compression=compression, op=op, process_set=process_set,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+            for t in tensors]
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """Submits reducescatter_async of every tensor of the list under name.0, name.1, ...;
+    synchronize(handle) returns the list of this rank's shares."""
+    if not isinstance(tensors, (list, tuple)):
+        raise InvalidArgumentError("tensors must be a list of tensors")
+    base = _comm(process_set)._name(name, "grouped_reducescatter")
+    return _GroupHandle([reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
+                                             postscale_factor) for i, t in enumerate(tensors)])
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """allgather of each tensor of the list, in order; returns the list of gathered tensors.
+    Differentiable. Blocks. name is accepted and unused."""
+    if not isinstance(tensors, (list, tuple)):
+        raise InvalidArgumentError("tensors must be a list of tensors")
+    return [allgather(t, process_set=process_set) for t in tensors]
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Submits allgather_async of every tensor of the list under name.0, name.1, ...;
+    synchronize(handle) returns the list of gathered tensors."""
+    if not isinstance(tensors, (list, tuple)):
+        raise InvalidArgumentError("tensors must be a list of tensors")
+    base = _comm(process_set)._name(name, "grouped_allgather")
+    return _GroupHandle([allgather_async(t, f"{base}.{i}", process_set)
+                         for i, t in enumerate(tensors)])
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """alltoall, run when it is submitted (kolo has no named alltoall: every rank must submit
+    its alltoalls in the same order); synchronize(handle) returns what alltoall returns."""
+    return _DoneHandle(alltoall(tensor, splits, name, process_set))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Horovod's allreduce of a sparse COO tensor (the gradient of a sparse embedding): gathers
+    every rank's indices and values (named allgathers name.indices and name.values) and returns
+    a function that waits for them and returns the sparse tensor of all of them (duplicate
+    indices are summed when the tensor is coalesced), divided by the set's size for Average."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise InvalidArgumentError("sparse_allreduce_async needs a sparse COO tensor")
+    if op not in (Sum, Average):
+        raise InvalidArgumentError("sparse_allreduce_async supports Sum and Average only")
+    sparse = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    # allgather concatenates along the first dimension: one row per non-zero entry
+    indices = allgather_async(sparse.indices().t().contiguous(), f"{name}.indices", process_set)
+    values = allgather_async(sparse.values(), f"{name}.values", process_set)
+    members = _comm(process_set).size
+
+    def finish():
+        gathered_values = synchronize(values)
+        gathered_indices = synchronize(indices)
+        if op == Average:
+            gathered_values = gathered_values / members
+        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, tensor.size())
+    return finish

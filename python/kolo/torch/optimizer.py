@@ -23,7 +23,8 @@ import torch
 import kolo
 from .compression import Compression
 from .functions import allgather_object
-from .ops import Average, Sum, _comm, _world, allreduce_async_, global_process_set, synchronize
+from .ops import (Average, Sum, _comm, _world, allreduce_async_, global_process_set,
+                  sparse_allreduce_async, synchronize)
 
 _KOLO_DTYPES = {torch.float32: kolo.FLOAT32, torch.float64: kolo.FLOAT64,
                 torch.float16: kolo.FLOAT16, torch.bfloat16: kolo.BFLOAT16,
@@ -79,12 +80,31 @@ def _forget_pending_gradients():
         optimizer._forget_pending()
 
 
+class _SparseHandle:
+    """The handle of a sparse gradient's reduction (sparse_allreduce_async's function)."""
+
+    def __init__(self, finish):
+        self._finish = finish
+        self._value = None
+
+    def poll(self):
+        return True
+
+    def wait(self):
+        if self._value is None:
+            self._value = self._finish()
+        return self._value
+
+    synchronize = wait
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """The methods mixed into the wrapped optimizer's class (see DistributedOptimizer)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, process_set):
+                 gradient_predivide_factor, process_set, sparse_as_dense=False):
         super(self.__class__, self).__init__(params)
+        self._sparse_as_dense = sparse_as_dense
         self._compression = compression
         self._op = op
         self._gradient_predivide_factor = gradient_predivide_factor
@@ -171,6 +191,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if p.grad is None:  # a parameter that took no part in this step: reduce zeros
             p.grad = torch.zeros_like(p)
         grad = p.grad
+        if grad.is_sparse:  # an embedding's gradient (nn.Embedding(sparse=True))
+            if not self._sparse_as_dense:
+                return _SparseHandle(sparse_allreduce_async(
+                    grad, self._parameter_names[p], self._op, self._process_set)), (grad, None)
+            grad = grad.to_dense()
+            handle = allreduce_async_(grad, name=self._parameter_names[p], op=self._op,
+                                      process_set=self._process_set)
+            return handle, (grad, None)
         if self._compression is Compression.none and self._fast_submit is not None and \
                 grad.is_contiguous() and not grad.is_cuda and grad.dtype in _KOLO_DTYPES:
             # The common case, once per gradient and step: straight to kolo, in place.
@@ -206,7 +234,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p, (handle, (compressed, context)) in self._handles.items():
                 output = synchronize(handle)
                 self._allreduce_delay[p] = self.backward_passes_per_step
-                if output is not p.grad:
+                if p.grad.is_sparse:  # the optimizer (SparseAdam, say) wants a sparse one back
+                    p.grad = output if output.is_sparse else output.to_sparse()
+                elif output is not p.grad:
                     with torch.no_grad():
                         p.grad.copy_(self._compression.decompress(output, context))
         finally:
@@ -228,8 +258,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Blocks until the gradients are reduced."""
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() was called after optimizer.synchronize() "
-                              "outside optimizer.skip_synchronize(): the gradients are "
+                # The sentence Horovod's warning opens with, for scripts and tests that match it
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(): the gradients are "
                               "reduced twice. Use `with optimizer.skip_synchronize(): "
                               "optimizer.step()`.")
             self.synchronize()
@@ -257,7 +288,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     must be unique and cover every parameter of the optimizer); compression
     (Compression.fp16) shrinks what is sent; backward_passes_per_step > 1 accumulates that many
     backward passes locally before reducing; gradient_predivide_factor divides before the sum
-    and multiplies after it (Average only). Raises ValueError for bad arguments and, on every
+    and multiplies after it (Average only). Sparse gradients (nn.Embedding(sparse=True)) are
+    reduced by sparse_allreduce_async (every rank's rows gathered), or, with sparse_as_dense, as
+    dense tensors turned back into sparse ones for the step. Raises ValueError for bad arguments
+    and, on every
     rank, MismatchError when the ranks' parameters differ (names, shapes, dtypes,
     requires_grad), naming the first difference and the ranks: a collective on process_set, so
     every rank constructs its DistributedOptimizer at the same point."""
@@ -279,4 +313,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, process_set)
+               op, gradient_predivide_factor, process_set, sparse_as_dense)
