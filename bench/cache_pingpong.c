@@ -6,7 +6,8 @@
  *
  * kolo's shared-memory rings move every byte from one core's cache to another's, so they are
  * fast when the two cores share a last-level cache and slow when they do not. On a virtual
- * machine that can change while a job runs; the README's UCX section quotes this program for it.
+ * machine that can change while a job runs; docs/benchmarks.md lists it among the ceilings kolo's
+ * transports work under.
  */
 #define _GNU_SOURCE
 #include <pthread.h>

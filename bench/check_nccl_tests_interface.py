@@ -3,7 +3,7 @@
 parser of nccl-tests' output reads it.
 
 For each of nccl-tests' seven binaries (all_reduce_perf, all_gather_perf, broadcast_perf,
-reduce_perf, reduce_scatter_perf, alltoall_perf, sendrecv_perf): the README's quick example,
+reduce_perf, reduce_scatter_perf, alltoall_perf, sendrecv_perf): nccl-tests' README example,
 `<binary> -b 8 -e 128M -f 2 -g 1`, with -e scaled down so that it takes seconds, run alone (a world
 of one, no launcher) and under kolorun at N = 2 and 4. The output must be one table in nccl-tests'
 layout: every line that is not a row starts with "#" (no launcher prefix), the parameter line
@@ -155,7 +155,7 @@ def launch(program, ranks, flags):
     return run([KOLORUN, "-np", str(ranks), "--timeout", "200", binary] + flags)
 
 
-# The README's quick example, with -e scaled down: 8 B .. 1 MiB alone, 8 B .. 256 KiB in a job.
+# nccl-tests' README example, with -e scaled down: 8 B .. 1 MiB alone, 8 B .. 256 KiB in a job.
 for ranks, max_text, max_bytes in ((1, "1M", 1 << 20), (2, "256K", 256 << 10),
                                    (4, "256K", 256 << 10)):
     for program in FACTORS:

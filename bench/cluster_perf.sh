@@ -31,7 +31,7 @@
 #
 # Needs root (it makes network namespaces). Its hosts get addresses in CLUSTER_SUBNET
 # (default here 10.78.0, and CLUSTER_SUBNET6 fd78), so that it can run beside the tests'
-# cluster (10.77.0). Example, one of the README's measurements (section "Across hosts"):
+# cluster (10.77.0). Example, one of docs/performance.md's measurements ("Across hosts"):
 #
 #   sh scripts/build.sh && sh bench/cluster_perf.sh -k 3 -o bench/results/cluster_perf_4x2.tsv 4 2 1gbit
 set -eu

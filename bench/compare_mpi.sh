@@ -8,7 +8,7 @@
 # process sending to the next and receiving from the previous at once, the rate one process sends
 # at), with kolo's socket options and congestion control (reno within a host): the ceiling of
 # kolo's TCP column. Open MPI keeps the kernel's default congestion control (bbr on some kernels,
-# which is slower over the loopback: README, "Large buffers over TCP").
+# which is slower over the loopback: docs/performance.md, "Large buffers over TCP").
 #
 # Open MPI's allreduce mallocs a temporary buffer of the message's size on every call, which glibc
 # maps fresh (and pays page faults for) above its mmap threshold. The "MPI shm kept" column runs the

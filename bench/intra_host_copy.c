@@ -9,8 +9,8 @@
  *
  *   intra_host_copy cma|shm BYTES PIECE ITERATIONS
  *
- * Prints the best time of ITERATIONS and the bandwidth each way. The README's UCX section quotes
- * it: it bounds what an intra-host allreduce can reach on a machine.
+ * Prints the best time of ITERATIONS and the bandwidth each way. docs/benchmarks.md lists it:
+ * it bounds what an intra-host allreduce can reach on a machine.
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>

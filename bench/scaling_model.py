@@ -615,7 +615,8 @@ def main(argv=None):
     small.add_argument("--hosts", type=int, required=True)
     small.add_argument("--ranks-per-host", type=int, required=True)
     small.add_argument("--inter-alpha-us", type=non_negative, default=349.0,
-                       help="default: %(default)s, fitted on the simulated cluster (README)")
+                       help="default: %(default)s, fitted on the simulated cluster "
+                            "(docs/performance.md)")
     small.add_argument("--inter-gbit", type=positive, default=0.9066)
     small.add_argument("--intra-alpha-us", type=non_negative, default=7.6)
     small.add_argument("--intra-gbit", type=positive, default=6.8929)

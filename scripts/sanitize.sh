@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds kolo with sanitizers and runs tests under them; scripts/test.sh calls it beside the plain
-# suite and counts its results in its last line. What each part costs is in the README
-# (Development).
+# suite and counts its results in its last line. What each part costs is in
+# docs/contributing.md ("Sanitizers").
 #   build-asan  AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer on kolo's own
 #               code (-Dsanitize_kolo: the core, libkolo, kolorun; the tests and benchmarks that
 #               drive it are built at -O1 without them): the whole suite except the Python

@@ -2,7 +2,8 @@
 // allreduces or a split; the survivors shrink and go on, every later result checked element by
 // element by the worker (tests/worker_elastic.cpp). Here: every survivor passed, every victim died
 // by SIGKILL, no survivor took long, nothing is left in /dev/shm, and the time from the first
-// death to the last survivor's first allreduce on the new communicator, for the README.
+// death to the last survivor's first allreduce on the new communicator, for docs/performance.md ("A
+// lost rank: from the kill to the next step").
 #include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>

@@ -800,7 +800,7 @@ TEST_CASE("store keys name the communicator's context in hex, the item and the r
 
 // ---- the store's bounds ------------------------------------------------------------------------
 
-TEST_CASE("store: the default limits are those the README states", "[store]") {
+TEST_CASE("store: the default limits are those docs/errors.md states", "[store]") {
   StoreLimits limits;
   CHECK(limits.unauthenticated == 64);
   CHECK(limits.keys == 1048576);

@@ -1,8 +1,8 @@
-// One rank of the soak (meson test soak; the README's "Soak"): for a fixed time, threads of every
-// rank issue random collectives, sub-communicator calls and named operations through the C ABI and
-// check every result against tests/reference.hpp, never the library's code. At the end every rank
-// learns the calls made, the wrong results and every rank's memory, descriptors and shared memory
-// at the start and at the end, and rank 0 prints them.
+// One rank of the soak (meson test soak; docs/contributing.md, "The soak"): for a fixed time,
+// threads of every rank issue random collectives, sub-communicator calls and named operations
+// through the C ABI and check every result against tests/reference.hpp, never the library's code.
+// At the end every rank learns the calls made, the wrong results and every rank's memory,
+// descriptors and shared memory at the start and at the end, and rank 0 prints them.
 //
 //   kolo_soak_worker SECONDS [SEED]
 //

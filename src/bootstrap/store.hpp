@@ -5,11 +5,11 @@
 // reads one response each. Keys are at most 4 KiB and values at most 16 MiB; longer lengths read
 // from the wire drop the connection (logged) before anything is allocated.
 //
-// Bounds (StoreLimits; the README's "Errors and faults" lists the defaults): connections that have
-// not yet authenticated are capped, the oldest dropped to make room for a new one, so strangers
-// cannot take rank 0's descriptors; warnings about strangers are rate-limited; the keys stored and
-// their bytes are capped, a SET or ADD beyond either refused with an error that says so; a parked
-// GET or WAIT is forgotten when its connection closes, and answered with a timeout after
+// Bounds (StoreLimits; docs/errors.md, "What fails, and how", lists the defaults): connections that
+// have not yet authenticated are capped, the oldest dropped to make room for a new one, so
+// strangers cannot take rank 0's descriptors; warnings about strangers are rate-limited; the keys
+// stored and their bytes are capped, a SET or ADD beyond either refused with an error that says so;
+// a parked GET or WAIT is forgotten when its connection closes, and answered with a timeout after
 // park_seconds if its keys have not appeared by then, so that a client that never gives up holds
 // nothing forever. Authenticated connections are not capped: each belongs to a rank of the job.
 #pragma once

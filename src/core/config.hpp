@@ -126,7 +126,7 @@ Environment process_environment();
 Config resolve_config(const ConfigOverrides& overrides, const Environment& env,
                       std::vector<std::string>* unknown = nullptr);
 
-// One KOLO_* variable as the README documents it. known_variables() is the single list of
+// One KOLO_* variable as docs/environment.md documents it. known_variables() is the single list of
 // them: resolve_config() reports every other KOLO_* name as unknown.
 struct EnvVarInfo {
   const char* name;           // "KOLO_TIMEOUT"

@@ -12,8 +12,8 @@ using Clock = std::chrono::steady_clock;
 // A monotonic clock at the kernel tick's resolution (1-10 ms) that reads in a few nanoseconds,
 // where Clock takes about 20 ns on the virtual machines kolo is measured on. Deadlines and the
 // report of who is stuck count seconds, and every collective reads them several times: with
-// Clock that was a fifth of an 8-byte allreduce over shared memory (README, "Small messages over
-// TCP and shared memory"). Spins, which count microseconds, keep Clock.
+// Clock that was a fifth of an 8-byte allreduce over shared memory. Spins, which count
+// microseconds, keep Clock.
 struct CoarseClock {
   using duration = std::chrono::nanoseconds;
   using rep = duration::rep;

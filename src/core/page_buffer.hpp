@@ -6,7 +6,7 @@
 // from the arenas shared with the caller's own allocations. A buffer freed there (a communicator
 // destroyed, a buffer grown) leaves a hole between live blocks that the allocator keeps mapped, so
 // a job that splits and destroys communicators grew its resident memory by 10-25 MiB per rank in
-// the soak although the bytes in use stayed flat (README, Development: "The soak"). Mapped
+// the soak although the bytes in use stayed flat (docs/contributing.md, "The soak"). Mapped
 // buffers go back to the kernel whole when freed and never move the caller's threshold.
 // Under AddressSanitizer they come from new[] after all, so that a write past the end of one is
 // caught there rather than lost in the rest of its last page.

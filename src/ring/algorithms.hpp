@@ -2,8 +2,8 @@
 // per step, 2(N-1) steps for allreduce and N-1 for allgather; below a size the latency-optimal
 // schedules win: recursive doubling for allreduce (log2 N steps, two more when N is not a power
 // of two) and Bruck's allgather (ceil(log2 N) steps). The switch points were measured with
-// bench/all_reduce_perf and bench/all_gather_perf at N = 2..5 on one machine; the README's
-// "Choosing the algorithm" has the tables.
+// bench/all_reduce_perf and bench/all_gather_perf at N = 2..5 on one machine; docs/tuning.md's
+// "Choosing the allreduce schedule" has the tables.
 //
 // Across hosts, allreduce has a third schedule, hierarchical (through one leader per host), which
 // KOLO_ALLREDUCE chooses or leaves to auto.
@@ -40,7 +40,8 @@ inline constexpr uint64_t kRecursiveDoublingMaxBytesPerRank = KOLO_RECURSIVE_DOU
 // build that could switch): one shot lost at N = 4 with 128 KiB (1.35) and at N = 8 with 32 KiB
 // (1.32), and broke even at N = 3 with 32 KiB (1.00) and N = 8 with 8 KiB (0.96); below, it won
 // but for one size at N = 4 (32 B: 1.35, where single runs flip between two speeds). Over TCP on
-// loopback it lost (N = 4: 1.04-1.51, 0.98 at 2 KiB). The README has the measured result.
+// loopback it lost (N = 4: 1.04-1.51, 0.98 at 2 KiB). docs/tuning.md ("Recursive doubling in one
+// shot") and docs/performance.md ("Small messages") have the measured result.
 inline constexpr int kOneShotMaxRanks = 8;
 inline constexpr uint64_t kOneShotMaxBytes = 32u << 10;
 // Total bytes of the gathered buffer at and below which Bruck's allgather runs.
@@ -85,8 +86,8 @@ inline Algorithm flat_allreduce_algorithm(uint64_t bytes, int ranks) {
 // every rank of a host sends its whole buffer over the host's link at once, where only the leader
 // does here, and the steps inside a host cost little over kolo's shared-memory rings: measured on
 // the simulated cluster, the hierarchical schedule took 0.43-0.81 of recursive doubling's time at
-// 8 bytes and 0.25-0.53 at 32 KiB, at 2 x 2, 2 x 3 and 4 x 2 (README, "Hierarchical allreduce on
-// the cluster"). Above recursive doubling's size limit the flat ring runs.
+// 8 bytes and 0.25-0.53 at 32 KiB, at 2 x 2, 2 x 3 and 4 x 2 (docs/performance.md, "Hierarchical
+// allreduce on the cluster"). Above recursive doubling's size limit the flat ring runs.
 inline bool hierarchical_pays(const HostShape& shape) {
   return shape.hosts > 1 && shape.largest_host > 1 &&
          shape.hierarchical_network_steps <= shape.flat_network_steps;

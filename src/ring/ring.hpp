@@ -93,7 +93,7 @@ class Ring {
   // chain's whole buffer): KOLO_SEGMENT_BYTES, or less where that would leave fewer than
   // kPipelineDepth segments, but not below kMinSegmentBytes (nor above KOLO_SEGMENT_BYTES). A
   // 4 MiB allreduce at N = 2 thus runs 256 KiB segments, eight a chunk, instead of two of 1 MiB,
-  // so that both directions stay busy (measured: README, Benchmarks, "Segments").
+  // so that both directions stay busy (measured: docs/tuning.md, "Ring segments").
   size_t segment_for(uint64_t chunk_bytes) const {
     const uint64_t floor = std::min<uint64_t>(kMinSegmentBytes, segment_bytes_);
     return std::clamp<uint64_t>(chunk_bytes / kPipelineDepth, floor, segment_bytes_);

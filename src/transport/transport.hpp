@@ -38,8 +38,8 @@ class StoreClient;
 // What a transport is told to connect with, and nothing else of the job's configuration (no
 // fusion, GPU or ring settings). Every field is read and validated with the other settings in
 // core/config.cpp before anything connects, so that a bad value fails kolo_comm_init at once with
-// one message and the README's table of variables is one list; the communicator layer fills this
-// from it (comm/connect.cpp).
+// one message and docs/environment.md's table of variables is one list; the communicator layer
+// fills this from it (comm/connect.cpp).
 struct TransportSettings {
   std::string transport = "auto";     // KOLO_TRANSPORT: a registry name or "auto"
   std::string addr;                   // KOLO_ADDR: the store, and the route toward other hosts

@@ -92,7 +92,7 @@ void remove_stale_segments(const char* transport, int rank) {
 // this one, and from kStreamBytes on with non-temporal stores while it does not: with a shared
 // cache, plain copies leave the piece where the consumer reads it; without one, every line a
 // plain copy wrote is fetched out of the other cache, and streamed stores, which go to memory,
-// win (README, "Measurements behind the UCX transport"). Which case holds is read off the ring
+// win (docs/tuning.md, "Shared-memory rings"). Which case holds is read off the ring
 // itself (Link::far, below). The fence orders
 // the streamed stores before the store of `head` that publishes them.
 constexpr size_t kStreamBytes = size_t{16} << 10;

@@ -5,8 +5,9 @@
 // through the kernel and a system call per piece. Within a host UCX moves large messages with one
 // CMA copy (process_vm_readv), which pins pages and walks page tables on every call. Two plain
 // memcpy()s through a ring of shared slots that stays mapped for the life of the communicator move
-// more bytes a second (bench/intra_host_copy; the README's "Measurements behind the UCX transport"
-// has the figures), and a ring allreduce at N = 2 spends most of its time in these copies.
+// more bytes a second (bench/intra_host_copy measures both; docs/architecture.md, "The UCX
+// transport", describes the rings), and a ring allreduce at N = 2 spends most of its time in these
+// copies.
 //
 // The segment. Each pair of ranks on one host shares one segment, created by the lower rank
 // (shm_open with a random name, mode 0600, O_EXCL, the memory reserved with posix_fallocate so
@@ -19,8 +20,8 @@
 //
 // Why so small. A ring that holds 2 MiB stays in the last-level cache beside the caller's
 // buffers, so a piece is usually read out of the cache it was just written into; larger rings
-// push the caller's buffers out of it and measured slower (README, "Measurements behind the UCX
-// transport"). A segment is 4 MiB of /dev/shm per pair.
+// push the caller's buffers out of it and measured slower (docs/architecture.md, "The UCX
+// transport", has the figures). A segment is 4 MiB of /dev/shm per pair.
 //
 // Messages. A ring is a byte stream: the producer owns `head`, the consumer owns `tail`, both
 // counting bytes since the start, so `head - tail` bytes are readable and the rest is free. A

@@ -5,13 +5,14 @@
 // Spinning: poll for kPureSpin (a message through the rings arrives in about a microsecond), then
 // keep polling but call sched_yield() between polls until kSpin, then sleep. Yielding matters on a
 // busy machine: a spinning rank that shares its CPU with the peer it waits for would otherwise
-// hold the CPU for the whole spin while the peer cannot send (README, "Measurements behind the UCX
-// transport"). There is no plain spin at all (pure_spin_for) when this host runs more ranks than
-// this process may use CPUs, unless kolo bound each rank to a core of its own (a process bound to
-// one core may use one CPU, yet shares it with no other rank), nor for the fusion engine's thread,
-// which shares its CPU with the application's threads that submit and wait (README, "Spinning in
-// the engine's waits"). The next piece of a pipeline comes within a 256 KiB copy (tens of
-// microseconds), so the same spin covers it; a longer spin after each copy measured no better.
+// hold the CPU for the whole spin while the peer cannot send (docs/architecture.md, "The UCX
+// transport", has the figures). There is no plain spin at all (pure_spin_for) when this host runs
+// more ranks than this process may use CPUs, unless kolo bound each rank to a core of its own (a
+// process bound to one core may use one CPU, yet shares it with no other rank), nor for the fusion
+// engine's thread, which shares its CPU with the application's threads that submit and wait
+// (docs/tuning.md, "Spinning and binding"). The next piece of a pipeline comes within a 256 KiB
+// copy (tens of microseconds), so the same spin covers it; a longer spin after each copy measured
+// no better.
 #pragma once
 
 #include <chrono>

@@ -31,8 +31,8 @@
 // kSpin (transport/shm/waiting.hpp: plain polls, then polls with sched_yield() between them), and
 // only then sleeps in epoll_wait: a small message's reply comes within microseconds, where a
 // sleep costs a scheduler wake-up, about 24 us of the 28 an 8-byte allreduce took at N = 2 before
-// the spin (README, "Small messages over TCP"). With rings, before sleeping it asks the peers on
-// them for a doorbell (a WAKE frame on the control socket, which is in the epoll set); the
+// the spin (docs/performance.md, "Small messages"). With rings, before sleeping it asks the peers
+// on them for a doorbell (a WAKE frame on the control socket, which is in the epoll set); the
 // readiness flag joins the epoll set.
 #include "transport/tcp/tcp_transport.hpp"
 
@@ -69,9 +69,9 @@ constexpr int kSocketBufferBytes = 4 << 20;
 // backlogs drain independently, so the receiver sees segments out of order, takes them for
 // lost and halves the window: in `nstat`, 9,300 retransmitted segments and 13,900 out-of-order
 // arrivals in 300 allreduces of 64 MiB at N = 2, and the busbw fell from 2.0 to 1.6 GB/s as the
-// run went on (README, "Large buffers over TCP"). With at most 128 KiB unsent, little is left for
-// the acknowledgement path to send: 5 retransmissions and 44 out-of-order arrivals in the same
-// run, which kept 2.7 GB/s to its end.
+// run went on (docs/performance.md, "Large buffers over TCP"). With at most 128 KiB unsent, little
+// is left for the acknowledgement path to send: 5 retransmissions and 44 out-of-order arrivals in
+// the same run, which kept 2.7 GB/s to its end.
 constexpr int kUnsentBytes = 128 << 10;
 // serve_sends() reads the same connection after writing this much (see there).
 constexpr size_t kReadEveryBytes = 1 << 20;
@@ -374,7 +374,7 @@ class TcpTransport final : public Transport {
       // arrived every kReadEveryBytes written keeps both directions moving: writing until EAGAIN
       // (megabytes: the peer's window plus kUnsentBytes; 8 MiB before that limit) and only then
       // reading left the peer's data waiting, and ran a 16 MiB exchange at half of what the
-      // loopback carries (README, "Large buffers over TCP").
+      // loopback carries (docs/performance.md, "Large buffers over TCP").
       written += sent;
       if (written >= kReadEveryBytes && !connection.recvs.empty() && !connection.closed) {
         written = 0;

@@ -6,13 +6,14 @@
 // Why a TCP control channel beside UCX. UCX reports a dead peer only in its peer error-handling
 // mode (UCP_ERR_HANDLING_MODE_PEER), and UCX 1.13 then refuses the transports that cannot detect
 // failures itself: shared memory (posix, sysv) and CMA drop out and a job on one host falls back
-// to UCX's TCP, 0.3 GB/s instead of several GB/s (measured: see the README). So the endpoints are
-// created without error handling, which keeps every fast path, and one authenticated TCP socket
-// per pair carries ABORT and GOODBYE frames and shows a death: the kernel closes a killed
-// process's sockets, and a closed control socket without a goodbye means the peer was lost. It
-// costs one socket per peer and one more fd in the poll that waits for UCX events; nothing per
-// message. The price of running UCX without error handling is that UCX treats a CMA read from a
-// process that just died as fatal; filter_peer_death() below turns exactly that into an error.
+// to UCX's TCP, 0.3 GB/s instead of several GB/s (measured: docs/architecture.md, "The UCX
+// transport"). So the endpoints are created without error handling, which keeps every fast path,
+// and one authenticated TCP socket per pair carries ABORT and GOODBYE frames and shows a death: the
+// kernel closes a killed process's sockets, and a closed control socket without a goodbye means the
+// peer was lost. It costs one socket per peer and one more fd in the poll that waits for UCX
+// events; nothing per message. The price of running UCX without error handling is that UCX treats a
+// CMA read from a process that just died as fatal; filter_peer_death() below turns exactly that
+// into an error.
 //
 // Start-up, and the job secret before any data. 1. The control mesh is connected and every
 // socket proves the job secret (net/auth.hpp). 2. Over each authenticated control socket the
@@ -530,9 +531,10 @@ class UcxTransport final : public Transport {
   // the other way. Where a ring's two directions share one connection (two hosts, one rank each)
   // every handshake waits behind megabytes: measured on the simulated cluster with 1 Gbit/s links,
   // busbw fell to 0.67-0.73 of the link at 16-64 MiB, and rose to 0.95 with every message sent
-  // eagerly (README, "The UCX transport"). So, in a job across hosts without an active RDMA port
-  // here, UCX_RNDV_THRESH=inf unless it is set. A payload that arrives before kolo posts its receive
-  // waits in UCX's memory: at most what the sender posted ahead, one ring chunk per peer.
+  // eagerly (docs/architecture.md, "The UCX transport"). So, in a job across hosts without an
+  // active RDMA port here, UCX_RNDV_THRESH=inf unless it is set. A payload that arrives before kolo
+  // posts its receive waits in UCX's memory: at most what the sender posted ahead, one ring chunk
+  // per peer.
   void eager_over_tcp(ucp_config_t* ucx_config) {
     if (!shm_.any_other_host() || std::getenv("UCX_RNDV_THRESH") != nullptr ||
         has_active_rdma_port()) {
