@@ -121,11 +121,12 @@ def rank_horovod_calls():
     handle = hvd.reducescatter_async(tensor, name="rs.avg")
     assert torch.allclose(hvd.synchronize(handle), mine / n)
     # a name still pending is refused at once; the others submit it only after the barrier,
-    # so rank 0's first submission cannot have completed
+    # so rank 0's first submission cannot have completed (alone, it may have: nothing to wait for)
     if me == 0:
         first = hvd.reducescatter_async(tensor, name="twice", op=hvd.Sum)
-        with pytest.raises(ValueError, match="twice"):
-            hvd.reducescatter_async(tensor, name="twice", op=hvd.Sum)
+        if n > 1:
+            with pytest.raises(ValueError, match="twice"):
+                hvd.reducescatter_async(tensor, name="twice", op=hvd.Sum)
         hvd.barrier()
     else:
         hvd.barrier()
@@ -311,7 +312,8 @@ def test_horovod_variables_reach_the_library():
     env = ranks.test_environment({"HOROVOD_FUSION_THRESHOLD": "1048576",
                                   "HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_NOT_IN_KOLO": "1",
                                   "KOLO_DEBUG": "INFO"})
-    output = ranks.run(2, __file__, "rank_horovod_variables", timeout=300, env=env)
+    output = ranks.run(2, __file__, "rank_horovod_variables", timeout=300, env=env,
+                       kolorun_options=["--tag-output"])
     for rank in range(2):
         lines = [line for line in output.splitlines() if line.startswith(f"[{rank}]")]
         mapped = [line for line in lines if "HOROVOD_FUSION_THRESHOLD=1048576 read as "
