@@ -222,6 +222,35 @@ def rank_optimizer_state_before_any_step():
     hvd.shutdown()
 
 
+def rank_int16():
+    import torch
+    import kolo.torch as hvd
+    hvd.init()
+    n, me = hvd.size(), hvd.rank()
+    # 20000 * (1 + 2 + ...) overflows int16: the sum wraps as two's complement integers do
+    values = np.array([20000, -32768, 7, me], np.int64) * (me + 1)
+    mine = torch.tensor(values.astype(np.int16))
+    everyone = sum((np.array([20000, -32768, 7, r], np.int64) * (r + 1)).astype(np.int16)
+                   .astype(np.int64) for r in range(n))
+    wrapped = torch.tensor(((everyone + 32768) % 65536 - 32768).astype(np.int16))
+    assert torch.equal(hvd.allreduce(mine, op=hvd.Sum), wrapped)
+    assert torch.equal(hvd.synchronize(hvd.allreduce_async(mine, name="i16", op=hvd.Sum)), wrapped)
+    gathered = hvd.allgather(mine.reshape(1, 4))
+    assert gathered.dtype == torch.int16 and gathered.shape == (n, 4)
+    assert torch.equal(gathered[me], mine)
+    assert torch.equal(hvd.broadcast(mine, root_rank=n - 1), gathered[n - 1])
+    model = torch.nn.Linear(2, 1)
+    model.register_buffer("steps", torch.tensor([me], dtype=torch.int16))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    assert model.steps.item() == 0
+    hvd.shutdown()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_int16_through_the_horovod_api(n):
+    ranks.run(n, __file__, "rank_int16", timeout=300)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_failed_call_fails_only_itself_on_every_rank(n):
     ranks.run(n, __file__, "rank_failed_calls_leave_the_ranks_in_step", timeout=300)

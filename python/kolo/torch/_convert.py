@@ -5,10 +5,15 @@ kolo's bfloat16 dtype."""
 import numpy as np
 import torch
 
+from .. import communicator as _kolo
 from ..errors import InvalidArgumentError, UnsupportedError
 
-_SUPPORTED = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
-              torch.uint8, torch.int16, torch.int32, torch.int64)
+# Every torch dtype kolo communicates, with kolo's dtype for it: the one table of kolo.torch.
+KOLO_DTYPES = {torch.float32: _kolo.FLOAT32, torch.float64: _kolo.FLOAT64,
+               torch.float16: _kolo.FLOAT16, torch.bfloat16: _kolo.BFLOAT16,
+               torch.int8: _kolo.INT8, torch.uint8: _kolo.UINT8, torch.int16: _kolo.INT16,
+               torch.int32: _kolo.INT32, torch.int64: _kolo.INT64}
+_SUPPORTED = tuple(KOLO_DTYPES)
 
 
 _SUPPORTED_SET = frozenset(_SUPPORTED)

@@ -28,7 +28,7 @@ import torch
 import kolo
 from .. import _capi
 from ..errors import InvalidArgumentError, UnsupportedError
-from ._convert import as_array, check_tensor, from_array
+from ._convert import KOLO_DTYPES, as_array, check_tensor, from_array
 
 Sum = kolo.SUM
 Average = kolo.AVG
@@ -408,12 +408,9 @@ def _device_broadcast(tensor, root, comm):
 
 
 def _convert_dtype(tensor):
-    table = {torch.float32: kolo.FLOAT32, torch.float64: kolo.FLOAT64,
-             torch.float16: kolo.FLOAT16, torch.bfloat16: kolo.BFLOAT16, torch.int8: kolo.INT8,
-             torch.uint8: kolo.UINT8, torch.int32: kolo.INT32, torch.int64: kolo.INT64}
-    if tensor.dtype not in table:
+    if tensor.dtype not in KOLO_DTYPES:
         raise InvalidArgumentError(f"tensor has dtype {tensor.dtype}, which kolo does not have")
-    return table[tensor.dtype]
+    return KOLO_DTYPES[tensor.dtype]
 
 
 # ---- agreement before an ordered collective --------------------------------------------------

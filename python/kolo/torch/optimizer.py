@@ -21,15 +21,11 @@ import numpy as np
 import torch
 
 import kolo
+from ._convert import KOLO_DTYPES
 from .compression import Compression
 from .functions import allgather_object
 from .ops import (Average, Sum, _comm, _world, allreduce_async_, global_process_set,
                   sparse_allreduce_async, synchronize)
-
-_KOLO_DTYPES = {torch.float32: kolo.FLOAT32, torch.float64: kolo.FLOAT64,
-                torch.float16: kolo.FLOAT16, torch.bfloat16: kolo.BFLOAT16,
-                torch.int8: kolo.INT8, torch.uint8: kolo.UINT8, torch.int32: kolo.INT32,
-                torch.int64: kolo.INT64}
 
 
 def _describe(name, parameter):
@@ -200,12 +196,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                       process_set=self._process_set)
             return handle, (grad, None)
         if self._compression is Compression.none and self._fast_submit is not None and \
-                grad.is_contiguous() and not grad.is_cuda and grad.dtype in _KOLO_DTYPES:
+                grad.is_contiguous() and not grad.is_cuda and grad.dtype in KOLO_DTYPES:
             # The common case, once per gradient and step: straight to kolo, in place.
             name, comm, prescale, postscale = self._fast_submit(p)
             handle = comm.raw_allreduce_async(
                 name, grad.data_ptr() or None, grad.data_ptr() or None, grad.numel(),
-                _KOLO_DTYPES[grad.dtype], self._op, prescale, postscale, keep=grad,
+                KOLO_DTYPES[grad.dtype], self._op, prescale, postscale, keep=grad,
                 result=grad)
             return handle, (grad, None)
         compressed, context = self._compression.compress(p.grad)
