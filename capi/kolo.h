@@ -154,7 +154,11 @@ typedef struct kolo_comm *kolo_comm_t;
  * meets the other ranks through the rendezvous store that rank 0 serves at the configured address,
  * and connects to every peer. Blocks until all ranks have joined, or the timeout passes. A process
  * that no launcher started (no rank from config, KOLO_RANK or a launcher's variables, and no size
- * or local rank either) is rank 0 of a world of one, said in one INFO line.
+ * or local rank either) is rank 0 of a world of one, said in one INFO line. A process may make
+ * communicators at the same address one after another (destroy, then init again, as Horovod's
+ * shutdown and init do) when every rank does so in the same order: the Nth communicator made at
+ * an address admits only ranks making their Nth there, so a rank that is early waits for rank 0's
+ * next store instead of joining the one rank 0 is about to close.
  *
  * On success *comm holds a new communicator that the caller owns and must pass to
  * kolo_comm_destroy(). On failure *comm is set to NULL and the status says why:

@@ -59,6 +59,16 @@ TEST_CASE("a rank that never joins is named, with the store it was awaited at", 
   CHECK(result.output.find("waiting for key") == std::string::npos);
 }
 
+TEST_CASE("ranks that make a communicator again while rank 0 still serves the old store join the "
+          "new one",
+          "[startup]") {
+  // Rank 0 destroys each communicator 0.5 s after the others, which meanwhile make the next one
+  // at the same address: they must wait for rank 0's next store, not register in the old one
+  // (which vanished under them: "rank 1 of 3 never joined").
+  auto job = kolo::test::start_job(3, {"reinit", "0.5"}, {{"KOLO_TIMEOUT", "10"}});
+  kolo::test::expect_all_pass(job.wait(60), "made 3 communicators one after the other");
+}
+
 TEST_CASE("a rank that waits with rank 0 for a rank that never joins names it too", "[startup]") {
   // Ranks 0 and 2 of 3: rank 1 is never started. Rank 0 times out and its store closes; rank 2,
   // whose own timeout has not yet come, says which rank it was waiting for when the store went.

@@ -399,6 +399,33 @@ int run_stall(kolo_comm_t comm, double seconds) {
   return status == KOLO_SUCCESS ? 0 : 3;
 }
 
+// Sums the ranks, destroys the communicator and makes the next one from the same configuration,
+// twice, as Horovod's shutdown and init do; rank 0 destroys `delay` seconds after the others, so
+// they reach the store's address while rank 0 still serves the old communicator's store.
+int run_reinit(kolo_comm_t* comm, const kolo_config_t& config, double delay) {
+  for (int round = 0;; ++round) {
+    int32_t sum = g_rank;
+    kolo_status_t status = kolo_allreduce(*comm, &sum, &sum, 1, KOLO_INT32, KOLO_SUM);
+    if (status != KOLO_SUCCESS || sum != g_size * (g_size - 1) / 2) {
+      fmt::print("rank {}: round {}: sum {} ({}: {})\n", g_rank, round, sum,
+                 kolo_status_string(status), kolo_comm_last_error(*comm));
+      return 3;
+    }
+    if (round == 2) break;
+    if (g_rank == 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+    if (kolo_comm_destroy(*comm) != KOLO_SUCCESS) fail("destroy failed");
+    *comm = nullptr;
+    status = kolo_comm_init(&config, comm);
+    if (status != KOLO_SUCCESS) {
+      fmt::print("rank {}: init {} failed: {}: {}\n", g_rank, round + 2,
+                 kolo_status_string(status), kolo_comm_last_error(nullptr));
+      return 4;
+    }
+  }
+  fmt::print("rank {}: made 3 communicators one after the other\n", g_rank);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -435,10 +462,12 @@ int main(int argc, char** argv) {
     result = run_error_threads(comm);
   else if (scenario == "identical")
     result = run_identical(comm);
+  else if (scenario == "reinit")
+    result = run_reinit(&comm, config, argument.empty() ? 0.5 : std::atof(argument.c_str()));
   else if (scenario == "loop")
     result = run_loop(comm, argument.empty() ? 5.0 : std::atof(argument.c_str()));
   else
     fail("unknown scenario " + scenario);
-  if (kolo_comm_destroy(comm) != KOLO_SUCCESS) fail("destroy failed");
+  if (comm != nullptr && kolo_comm_destroy(comm) != KOLO_SUCCESS) fail("destroy failed");
   return result;
 }

@@ -36,6 +36,9 @@ struct StoreLimits {
   // How long a GET or WAIT may wait for its keys on the server; longer than the clients' own
   // timeouts (rank 0 makes it at least twice KOLO_TIMEOUT), which normally end a wait first.
   double park_seconds = 3600;
+  // The generation clients must name (StoreClient's generation): a client of another one is
+  // turned away at the handshake. Config::store_generation says why.
+  uint64_t generation = 0;
 };
 
 // A snapshot of what the server holds, published by its thread after every round of events.
@@ -72,8 +75,10 @@ class StoreServer {
 // A connection to the store. Not thread-safe: one caller at a time.
 class StoreClient {
  public:
-  // Connects (retrying until the server is up) and authenticates, within timeout_s.
-  StoreClient(const net::Endpoint& endpoint, const std::string& secret, int rank, double timeout_s);
+  // Connects (retrying until the server is up and serves generation: see StoreLimits) and
+  // authenticates, within timeout_s.
+  StoreClient(const net::Endpoint& endpoint, const std::string& secret, int rank, double timeout_s,
+              uint64_t generation = 0);
   ~StoreClient();
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;

@@ -39,6 +39,7 @@ struct StoreClient::Impl {
   std::string secret;
   int rank = -1;
   double timeout_s = 0;
+  uint64_t generation = 0;
   net::Socket socket;
   // After the server went away or spoke nonsense, every later call fails at once with this
   // instead of waiting out its timeout against a store that is not coming back.
@@ -56,6 +57,7 @@ struct StoreClient::Impl {
     net::Hello hello;
     hello.purpose = net::kPurposeStore;
     hello.rank = rank;
+    hello.context = generation;
     socket = net::connect_authenticated(endpoint, secret, hello, deadline);
     net::enable_keepalive(socket);  // a parked request to a vanished rank 0 fails, not hangs
   }
@@ -126,8 +128,9 @@ struct StoreClient::Impl {
 };
 
 StoreClient::StoreClient(const net::Endpoint& endpoint, const std::string& secret, int rank,
-                         double timeout_s)
+                         double timeout_s, uint64_t generation)
     : impl_(std::make_unique<Impl>()) {
+  impl_->generation = generation;
   impl_->endpoint = endpoint;
   impl_->where = fmt::format("the rendezvous store at {}", endpoint.to_string());
   impl_->secret = secret;

@@ -647,10 +647,16 @@ StoreServer::StoreServer(net::Socket listener, std::string secret, StoreLimits l
   try {
     impl_->gate = std::make_unique<net::Gate>(
         std::move(listener), impl_->secret, "rendezvous store",
-        [](const net::Hello& hello) {
-          return hello.purpose == net::kPurposeStore
-                     ? std::string()
-                     : fmt::format("opened it for purpose {}, not for the store", hello.purpose);
+        [generation = limits.generation](const net::Hello& hello) {
+          if (hello.purpose != net::kPurposeStore) {
+            return fmt::format("opened it for purpose {}, not for the store", hello.purpose);
+          }
+          if (hello.context != generation) {
+            return fmt::format("came for communicator {} made at this address, and this store "
+                               "serves communicator {} (it retries until that one is served)",
+                               hello.context, generation);
+          }
+          return std::string();
         },
         net::GateLimits{limits.unauthenticated,
                         std::chrono::duration<double>(kHandshakeTime).count()});

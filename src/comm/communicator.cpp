@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <vector>
 
 #include "bootstrap/store.hpp"
@@ -51,6 +52,16 @@ net::Socket inherited_store_socket(const Config& config, const net::Endpoint& st
   return socket;
 }
 
+// The number of communicators made at addr in this process so far, this one included
+// (Config::store_generation): every rank of a job makes them in the same order, so the numbers
+// agree without being exchanged.
+uint64_t next_store_generation(const std::string& addr) {
+  static std::mutex mutex;
+  static std::map<std::string, uint64_t> made;
+  std::lock_guard<std::mutex> lock(mutex);
+  return ++made[addr];
+}
+
 }  // namespace
 
 Communicator::Communicator(const ConfigOverrides& overrides) {
@@ -79,6 +90,7 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   }
 
   net::Endpoint store_endpoint = net::parse_endpoint(config_.addr, "KOLO_ADDR");
+  config_.store_generation = next_store_generation(config_.addr);
   if (config_.rank == 0) {
     // A host name may resolve to loopback on rank 0's own host (127.0.1.1 on Debian) and to a
     // network address elsewhere: the store then listens on every interface at that port.

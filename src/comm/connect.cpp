@@ -14,12 +14,13 @@ namespace kolo {
 
 std::unique_ptr<StoreClient> open_store(const Config& config) {
   return std::make_unique<StoreClient>(net::parse_endpoint(config.addr, "KOLO_ADDR"), config.secret,
-                                       config.rank, config.timeout_s);
+                                       config.rank, config.timeout_s, config.store_generation);
 }
 
 StoreLimits store_limits(const Config& config) {
   StoreLimits limits;
   limits.park_seconds = std::max(limits.park_seconds, 2 * config.timeout_s);
+  limits.generation = config.store_generation;
   return limits;
 }
 
