@@ -32,6 +32,53 @@ def _init(timeout_s=60):
     return dist
 
 
+# ---- failures at wait() ----------------------------------------------------------------------
+
+def rank_async_failure():
+    import torch
+    import kolo
+    dist = _init()
+    me = dist.get_rank()
+    # the ranks disagree about the root: the operation fails on every rank, and async_op=True
+    # returns a Work whose wait() raises, as gloo's does
+    work = dist.broadcast(torch.ones(4), src=me, async_op=True)
+    assert work.is_completed()
+    try:
+        work.wait()
+    except kolo.MismatchError as error:
+        print("wait raised", type(error).__name__, flush=True)
+    else:
+        raise AssertionError("a broadcast whose ranks named different roots succeeded")
+    try:
+        work.get_future().wait()
+    except kolo.MismatchError:
+        pass
+    else:
+        raise AssertionError("the future of a failed broadcast completed")
+    # the synchronous form raises from the call, with the same error
+    try:
+        dist.broadcast(torch.ones(4), src=me)
+    except kolo.MismatchError:
+        print("sync raised", flush=True)
+    else:
+        raise AssertionError("a synchronous broadcast with different roots succeeded")
+    # bad arguments raise at the call, before anything is sent
+    try:
+        dist.all_gather_into_tensor(torch.zeros(3), torch.ones(2), async_op=True)
+    except kolo.InvalidArgumentError:
+        print("argument error at the call", flush=True)
+    else:
+        raise AssertionError("a wrong-sized output was accepted")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_failed_collective_raises_from_wait(n):
+    output = ranks.run(n, __file__, "rank_async_failure", timeout=120)
+    assert output.count("wait raised MismatchError") == n, output
+    assert output.count("sync raised") == n, output
+    assert output.count("argument error at the call") == n, output
+
+
 # ---- point to point -------------------------------------------------------------------------
 
 def rank_isend_irecv_ring():

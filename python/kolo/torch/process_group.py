@@ -114,10 +114,56 @@ def _reduce_op(op):
                            f"{op}")
 
 
+class _FailedWork(dist.Work):
+    """The Work of an operation that failed once its arguments were accepted (ranks that
+    disagree, a lost peer, the timeout): wait() and the future raise kolo's error, as gloo's
+    Work does, so async_op=True callers meet it where they wait."""
+
+    def __init__(self, error):
+        super().__init__()
+        self._error = error
+        self._future = torch.futures.Future()
+        self._future.set_exception(error)
+
+    def wait(self, timeout=None):
+        raise self._error
+
+    def get_future(self):
+        return self._future
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return False
+
+    def exception(self):
+        return self._error
+
+    def result(self):
+        raise self._error
+
+
+def _failures_at_wait(method):
+    """Wraps a ProcessGroup method whose kolo call runs inside it: bad arguments (and what kolo
+    does not support) still raise at the call, as gloo checks them before enqueueing; a failure
+    of the operation itself is returned as a _FailedWork."""
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (InvalidArgumentError, UnsupportedError):
+            raise
+        except KoloError as error:
+            return _FailedWork(error)
+    call.__name__ = method.__name__
+    call.__doc__ = method.__doc__
+    return call
+
+
 def _CompletedWork(result=None):
-    """A Work whose operation has already finished (failures raise in the call itself): torch's
-    own work around a completed future, so that C++ callers see wait() and get_future() of a
-    finished operation without calling back into Python."""
+    """A Work whose operation has already finished successfully (a failure is a _FailedWork):
+    torch's own work around a completed future, so that C++ callers see wait() and get_future()
+    of a finished operation without calling back into Python."""
     future = torch.futures.Future()
     future.set_result(result)
     return _create_work_from_future(future)
@@ -514,6 +560,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         to report), so that an ordered call never overtakes them."""
         self._completions.wait_for(None)
 
+    @_failures_at_wait
     def broadcast(self, tensors, opts=None):
         """Copies opts.rootRank's tensors into every rank's, in place. Blocks until done."""
         self._after_pending()
@@ -523,6 +570,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
             self._comm.broadcast_(array, root=root, dtype=dtype)
         return _CompletedWork(tensors)
 
+    @_failures_at_wait
     def allgather(self, output_tensors, input_tensors, opts=None):
         """Fills output_tensors[i][r] with rank r's input_tensors[i] (same shapes on every
         rank). Blocks until done."""
@@ -542,6 +590,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
                 output.copy_(gathered[r])
         return _CompletedWork(output_tensors)
 
+    @_failures_at_wait
     def _allgather_base(self, output, input, opts=None):
         """allgather into one tensor of size x input's elements, in rank order (kolo_allgather
         straight into output). Blocks."""
@@ -559,6 +608,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
                                   [send.size] * self._comm.size, kolo_dtype_of(send, dtype))
         return _CompletedWork(output)
 
+    @_failures_at_wait
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         """output_tensors[i] receives the reduction over the ranks of their
         input_tensors[i][rank]. Blocks until done."""
@@ -577,6 +627,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
                                            kolo_dtype_of(array, dtype), op)
         return _CompletedWork(output_tensors)
 
+    @_failures_at_wait
     def _reduce_scatter_base(self, output, input, opts=None):
         """reduce_scatter_tensor: block r of input (size x output's elements) is reduced over
         the ranks into rank r's output, by kolo_reduce_scatter. Blocks until done."""
@@ -596,6 +647,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
                                        kolo_dtype_of(array, dtype), op)
         return _CompletedWork(output)
 
+    @_failures_at_wait
     def reduce(self, tensors, opts=None):
         """Reduces each tensor over the ranks into opts.rootRank's, in place there
         (kolo_reduce); the other ranks' tensors are left as they were. Blocks until done."""
@@ -618,6 +670,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
             self._comm.raw_alltoallv(_address(send), send_counts, _address(receive),
                                      receive_counts, kind)
 
+    @_failures_at_wait
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """all_to_all_single: rows (blocks of the first dimension) of input go to the ranks in
         order, input_split_sizes[p] rows to rank p (an even split when empty); output receives
@@ -639,6 +692,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
                         [r * receive_row for r in receive_rows], kolo_dtype_of(send, dtype))
         return _CompletedWork(output)
 
+    @_failures_at_wait
     def alltoall(self, output_tensors, input_tensors, opts=None):
         """all_to_all: input_tensors[p] goes to rank p, output_tensors[r] comes from rank r
         (one dtype, any sizes). Packed into one kolo_alltoallv. Blocks until done."""
@@ -664,6 +718,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
             offset += t.numel()
         return _CompletedWork(output_tensors)
 
+    @_failures_at_wait
     def gather(self, output_tensors, input_tensors, opts=None):
         """Rank r's input_tensors[0] lands in output_tensors[0][r] on opts.rootRank: a
         kolo_alltoallv in which only the root receives, so each rank sends its tensor once,
@@ -692,6 +747,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
                             [0] * n, kind)
         return _CompletedWork(output_tensors)
 
+    @_failures_at_wait
     def scatter(self, output_tensors, input_tensors, opts=None):
         """opts.rootRank's input_tensors[0][p] lands in rank p's output_tensors[0]: a
         kolo_alltoallv in which only the root sends. Blocks until done."""
@@ -717,6 +773,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
                             kind)
         return _CompletedWork(output_tensors)
 
+    @_failures_at_wait
     def barrier(self, opts=None):
         """Returns once every rank of the group has entered it."""
         self._after_pending()
