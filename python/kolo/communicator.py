@@ -641,7 +641,10 @@ class Communicator:
                 raise invalid(f"alltoall: the first dimension ({rows}) is not a multiple of "
                               f"the number of ranks ({self.size}); pass splits")
             splits = [rows // self.size] * self.size
-        splits = np.asarray(splits, dtype=np.int64).reshape(-1)
+        given = np.asarray(splits)
+        if given.dtype.kind not in "iu":
+            raise invalid(f"alltoall: splits must be integers (row counts), not {given.dtype}")
+        splits = given.astype(np.int64).reshape(-1)
         if len(splits) != self.size or np.any(splits < 0) or splits.sum() != rows:
             raise invalid(f"alltoall: splits must be {self.size} non-negative row counts "
                           f"summing to the first dimension ({rows}), not {splits.tolist()}")

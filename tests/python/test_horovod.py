@@ -155,6 +155,11 @@ def rank_horovod_calls():
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), got
     got = hvd.synchronize(hvd.alltoall_async(torch.arange(n) + 10 * me))
     assert got.tolist() == [10 * r + me for r in range(n)]
+    # splits that are not integers are refused before anything is sent, whatever their values
+    # (uninitialized memory included, which a conversion to int could overflow)
+    for bad in (torch.full((n,), 1e30), torch.ones(n, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="integers"):
+            hvd.alltoall(torch.ones(n), bad)
 
     # sparse allreduce: every rank's entries; duplicates add up once coalesced
     sparse = torch.sparse_coo_tensor([[me, n]], [1.0 + me, 1.0], (n + 1,))

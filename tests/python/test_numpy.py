@@ -277,6 +277,7 @@ def rank_bad_arguments():
         (lambda: kolo.broadcast(np.zeros(3, np.float32), root=n), "root"),
         (lambda: kolo.allreduce(np.zeros(3, np.float32), dtype="bfloat16"), "uint16"),
         (lambda: kolo.alltoall(np.zeros(4, np.float32), splits=[5] * n), "splits"),
+        (lambda: kolo.alltoall(np.zeros(n, np.float32), splits=[1.0] * n), "integers"),
         (lambda: kolo.allreduce_async(np.zeros(3, np.float32), name=""), "name"),
     ]
     readonly = np.zeros(3, np.float32)

@@ -894,6 +894,10 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     if tensor.dim() == 0:
         raise InvalidArgumentError("alltoall needs a tensor of at least one dimension")
     if isinstance(splits, torch.Tensor):
+        if splits.dtype.is_floating_point or splits.dtype.is_complex or \
+                splits.dtype == torch.bool:
+            raise InvalidArgumentError(
+                f"alltoall: splits must be a tensor of integers (row counts), not {splits.dtype}")
         splits = splits.tolist()
     output, received = _AlltoallFunction.apply(tensor, splits, process_set)
     return output if splits is None else (output, received)
