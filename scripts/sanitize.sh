@@ -34,7 +34,7 @@ list_asan() {
   meson test -C "$1" --no-rebuild --list --no-suite python --no-suite soak --no-suite fuzz \
     2>/dev/null | grep " / " |
     sed 's|.* / ||' |
-    grep -v -E '^(install_consumers|install_deps|layers|scaling_model)$'
+    grep -v -E '^(install_consumers|install_deps|layers|scaling_model|docs|docs_self_test)$'
 }
 if [ "$which" = --list-asan ]; then
   list_asan "$2"
