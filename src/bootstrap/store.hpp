@@ -37,7 +37,8 @@ struct StoreLimits {
   // timeouts (rank 0 makes it at least twice KOLO_TIMEOUT), which normally end a wait first.
   double park_seconds = 3600;
   // The generation clients must name (StoreClient's generation): a client of another one is
-  // turned away at the handshake. Config::store_generation says why.
+  // turned away at the handshake; one that names none (0: a tool, a test) is admitted.
+  // Config::store_generation says why.
   uint64_t generation = 0;
 };
 

@@ -651,7 +651,7 @@ StoreServer::StoreServer(net::Socket listener, std::string secret, StoreLimits l
           if (hello.purpose != net::kPurposeStore) {
             return fmt::format("opened it for purpose {}, not for the store", hello.purpose);
           }
-          if (hello.context != generation) {
+          if (hello.context != 0 && hello.context != generation) {
             return fmt::format("came for communicator {} made at this address, and this store "
                                "serves communicator {} (it retries until that one is served)",
                                hello.context, generation);

@@ -52,14 +52,15 @@ net::Socket inherited_store_socket(const Config& config, const net::Endpoint& st
   return socket;
 }
 
-// The number of communicators made at addr in this process so far, this one included
+// The number of communicators made at addr as rank in this process so far, this one included
 // (Config::store_generation): every rank of a job makes them in the same order, so the numbers
-// agree without being exchanged.
-uint64_t next_store_generation(const std::string& addr) {
+// agree without being exchanged. Counted per rank, so that ranks that are threads of one process
+// (as in tests) count their own.
+uint64_t next_store_generation(const std::string& addr, int rank) {
   static std::mutex mutex;
-  static std::map<std::string, uint64_t> made;
+  static std::map<std::pair<std::string, int>, uint64_t> made;
   std::lock_guard<std::mutex> lock(mutex);
-  return ++made[addr];
+  return ++made[{addr, rank}];
 }
 
 }  // namespace
@@ -90,7 +91,7 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
   }
 
   net::Endpoint store_endpoint = net::parse_endpoint(config_.addr, "KOLO_ADDR");
-  config_.store_generation = next_store_generation(config_.addr);
+  config_.store_generation = next_store_generation(config_.addr, config_.rank);
   if (config_.rank == 0) {
     // A host name may resolve to loopback on rank 0's own host (127.0.1.1 on Debian) and to a
     // network address elsewhere: the store then listens on every interface at that port.

@@ -70,8 +70,8 @@ struct Config {
   // KOLO_STORE_FD: a socket listening at addr's port that rank 0's launcher bound and handed down
   // (kolorun does), which rank 0's store serves on instead of binding the port; -1: none.
   int store_fd = -1;
-  // How many communicators this process has made from a configuration at addr, this one
-  // included (set by the communicator, not configured). Store clients name it and rank 0's store
+  // How many communicators this process has made as this rank from a configuration at addr, this
+  // one included (set by the communicator, not configured). Store clients name it and rank 0's store
   // admits only its own: a rank that destroys a communicator and makes the next one at the same
   // address (Horovod's shutdown and init) before rank 0 has destroyed the old one would otherwise
   // register in the old store, which then vanishes under it.
