@@ -1008,10 +1008,17 @@ TEST_CASE("a process started alone is a world of one, and says so once at INFO",
   char self[4096] = {};
   ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
   REQUIRE(length > 0);
-  // env -i: nothing of the test's own environment (a CI job under Slurm, say) reaches the child.
-  std::string command =
-      "env -i PATH=/usr/bin:/bin KOLO_DEBUG=INFO KOLO_TRANSPORT=tcp timeout 60 '" +
-      std::string(self, length) + "' '[.world_of_one_child]' 2>&1";
+  // env -i: nothing of the test's own environment (a CI job under Slurm, say) reaches the child,
+  // but the sanitizer runs' settings (scripts/sanitize.sh: UCX_MEM_EVENTS=no keeps UCX's memory
+  // hooks out of ThreadSanitizer's way) do.
+  std::string kept;
+  for (const char* name : {"UCX_MEM_EVENTS", "TSAN_OPTIONS", "ASAN_OPTIONS", "UBSAN_OPTIONS",
+                           "LSAN_OPTIONS"}) {
+    if (const char* value = std::getenv(name)) kept += std::string(name) + "='" + value + "' ";
+  }
+  std::string command = "env -i PATH=/usr/bin:/bin " + kept +
+                        "KOLO_DEBUG=INFO KOLO_TRANSPORT=tcp timeout 60 '" +
+                        std::string(self, length) + "' '[.world_of_one_child]' 2>&1";
   std::FILE* pipe = popen(command.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::string output;
