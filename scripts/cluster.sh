@@ -11,7 +11,14 @@
 #   cluster.sh exec NAME H CMD [ARG…]  runs CMD on host H (1-based) as host name NAMEH
 #   cluster.sh addr NAME H             prints host H's IPv4 and IPv6 addresses
 #   cluster.sh cut NAME H              takes host H's link down (the host vanishes from the network)
+#   cluster.sh sshd NAME               starts an sshd on every host (see below)
 #   cluster.sh down NAME               kills every process on the hosts and removes everything
+#
+# `sshd` makes a host key and a user key for this cluster only and starts OpenSSH's sshd on port 22
+# of every host. From then on every command run with `exec` sees, over the caller's ~/.ssh (again
+# a private mount), a folder holding that key, the hosts' keys as known hosts and a config, so that
+# `ssh NAME2 cmd`, mpirun and kolorun -H reach the other hosts as root with nothing else set, as
+# on a cluster whose nodes trust each other's keys. The machine's own ~/.ssh is never changed.
 #
 # Needs root and `ip netns`. `up` first removes what an earlier cluster of the same NAME left.
 # CLUSTER_SUBNET (default 10.77.0) is the /24 the hosts get addresses in: .1, .2, …; they
@@ -19,7 +26,7 @@
 set -eu
 
 usage() {
-  sed -n '10,14p' "$0" >&2
+  sed -n '10,15p' "$0" >&2
   exit 2
 }
 
@@ -91,8 +98,51 @@ up() {
   done
 }
 
+# Keys, known hosts and client config in $state/ssh/home (mounted over ~/.ssh by `exec`); an sshd
+# per host, started inside the host by `exec`, so that what it runs sees the host's name and files.
+start_sshd() {
+  [ -f "$state/hosts-count" ] || { echo "cluster.sh: no cluster '$name' (run: cluster.sh up $name HOSTS)" >&2; exit 2; }
+  count=$(cat "$state/hosts-count")
+  dir=$state/ssh
+  rm -rf "$dir"
+  mkdir -p -m 700 "$dir" "$dir/home"
+  ssh-keygen -q -t ed25519 -N '' -C "$name-host" -f "$dir/host_key"
+  ssh-keygen -q -t ed25519 -N '' -C "$name-user" -f "$dir/home/id_ed25519"
+  cp "$dir/home/id_ed25519.pub" "$dir/home/authorized_keys"
+  for host in $(seq 1 "$count"); do
+    printf '%s,%s.%s %s\n' "$(host_namespace "$host")" "$subnet" "$host" "$(cat "$dir/host_key.pub")"
+  done >"$dir/home/known_hosts"
+  printf 'Host *\n  StrictHostKeyChecking yes\n  BatchMode yes\n  ConnectTimeout 5\n' >"$dir/home/config"
+  cat >"$dir/sshd_config" <<EOF
+Port 22
+HostKey $dir/host_key
+AuthorizedKeysFile $dir/home/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PrintMotd no
+MaxStartups 100:30:200
+MaxSessions 100
+EOF
+  mkdir -p /run/sshd
+  for host in $(seq 1 "$count"); do
+    sh "$0" exec "$name" "$host" /usr/sbin/sshd -f "$dir/sshd_config" -o "PidFile=$dir/sshd.$host.pid"
+  done
+  for host in $(seq 1 "$count"); do  # sshd forks once it listens; its pid file says so
+    tries=0
+    until [ -s "$dir/sshd.$host.pid" ]; do
+      tries=$((tries + 1))
+      [ "$tries" -le 50 ] || { echo "cluster.sh: sshd on host $host did not start" >&2; exit 1; }
+      sleep 0.1
+    done
+  done
+}
+
 case "$command" in
   up) [ $# -ge 1 ] || usage; up "$@" ;;
+  sshd) start_sshd ;;
   down) down ;;
   addr) [ $# -eq 1 ] || usage; echo "$subnet.$1 $subnet6::$1" ;;
   cut) [ $# -eq 1 ] || usage; ip -n "$switch" link set "port$1" down ;;
@@ -102,9 +152,15 @@ case "$command" in
     shift
     [ -f "$state/hosts.$host" ] || { echo "cluster.sh: no cluster '$name' (run: cluster.sh up $name HOSTS)" >&2; exit 2; }
     namespace=$(host_namespace "$host")
+    ssh_home=""
+    if [ -d "$state/ssh/home" ]; then
+      ssh_home=$(getent passwd "$(id -u)" | cut -d: -f6)/.ssh
+      [ -d "$ssh_home" ] || mkdir -m 700 "$ssh_home"
+    fi
     exec ip netns exec "$namespace" unshare --uts --mount sh -c \
-      'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"' \
-      sh "$state/hosts.$host" "$namespace" "$@"
+      'mount --bind "$1" /etc/hosts && hostname "$2" &&
+       { [ -z "$4" ] || mount --bind "$3" "$4"; } && shift 4 && exec "$@"' \
+      sh "$state/hosts.$host" "$namespace" "$state/ssh/home" "$ssh_home" "$@"
     ;;
   *) usage ;;
 esac

@@ -11,7 +11,10 @@ A fenced block runs when its info string is exactly one of
            as 2 ranks under BUILD_DIR/src/kolorun;
   python   a script run as 2 ranks under kolorun by /usr/bin/python3, with PYTHONPATH=python
            and KOLO_LIBRARY set.
-Any other info string (`sh norun`, `python norun`, `text`, `cmake`, ...) is not run. A shell
+Any other info string (`sh norun`, `python norun`, `text`, `cmake`, ...) is not run. A block
+whose info string is `LANG example=PATH` is a file that tests run as it is (docs/several-hosts.md's
+job scripts, which need the namespace cluster): it is not run here, but its text must be
+byte-identical to PATH (relative to the repository root). A shell
 block that installs packages or runs the whole test suite (apt-get, scripts/test.sh,
 scripts/bench.sh, ...) is recognised, reported and skipped: it takes far longer than this test.
 A shell block may start at most 4 ranks (-np, --np, --nproc_per_node).
@@ -96,6 +99,22 @@ def fenced_blocks(path, text):
 def snippets_of(path, text):
     return [Snippet(path, line, info, body) for line, info, body in fenced_blocks(path, text)
             if info in RUNNABLE]
+
+
+def check_examples(root, path, text):
+    """Problems with the `LANG example=PATH` blocks of a page: each must equal the file it names."""
+    problems = []
+    for line, info, body in fenced_blocks(path, text):
+        match = re.match(r"^\w+\s+example=(\S+)$", info)
+        if not match:
+            continue
+        example = os.path.join(root, match.group(1))
+        if not os.path.isfile(example):
+            problems.append(f"{path}:{line}: the example file {match.group(1)} does not exist")
+        elif read(example) != body:
+            problems.append(f"{path}:{line}: the block differs from {match.group(1)}, which the "
+                            "tests run: copy the file into the page")
+    return problems
 
 
 def tail(text, lines=25):
@@ -379,6 +398,16 @@ def self_test(root, build):
     blocks = snippets_of("self-test.md", "```sh norun\nfalse\n```\n```text\nx\n```\n```sh\ntrue\n```\n")
     expect("only exactly `sh` runs, not `sh norun` or `text`", [b.line for b in blocks] == [7])
 
+    with tempfile.TemporaryDirectory(prefix="kolo-docs-") as scratch:
+        with open(os.path.join(scratch, "job.sh"), "w") as out:
+            out.write("srun hostname\n")
+        expect("an example block equal to its file passes",
+               not check_examples(scratch, "p.md", "```sh example=job.sh\nsrun hostname\n```\n"))
+        expect("an example block that differs from its file is reported",
+               check_examples(scratch, "p.md", "```sh example=job.sh\nsrun -N 2 hostname\n```\n"))
+        expect("an example block whose file is missing is reported",
+               check_examples(scratch, "p.md", "```sh example=gone.sh\ntrue\n```\n"))
+
     table = read(os.path.join(root, "docs", "environment.md"))
     problems, _ = check_environment(root, table)
     expect("docs/environment.md as it is passes", not problems)
@@ -449,6 +478,8 @@ def main(argv):
     problems += symbol_problems
     link_problems, unwritten = check_links(root, files)
     problems += link_problems
+    for path in files:
+        problems += check_examples(root, os.path.relpath(path, root), read(path))
     print(f"links: {'all lead somewhere' if not link_problems else 'some lead nowhere'}"
           + (f"; pages the index lists that are not written yet: {', '.join(unwritten)}"
              if unwritten else ""))
