@@ -16,6 +16,8 @@ python3-torch python3-pytest python3-sklearn"
 packages="$packages python3-mesonpy python3-venv python3-pip"
 # Fuzzing (tests/fuzz/run.sh): clang and the libFuzzer runtime that -fsanitize=fuzzer links.
 packages="$packages clang-14 libclang-rt-14-dev"
+# The simulated cluster's sshd (scripts/cluster.sh sshd), for tests that start ranks over ssh.
+packages="$packages openssh-server"
 # Benchmarks: Open MPI beside kolo in bench/compare_mpi.sh.
 packages="$packages openmpi-bin libopenmpi-dev"
 
