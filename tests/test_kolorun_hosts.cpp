@@ -48,11 +48,14 @@ std::string source_dir() {
   return path != nullptr ? path : "..";
 }
 
-std::string host_name(int host) { return fmt::format("{}{}", kClusterName, host); }
+std::string host_name(int host) {
+  return fmt::format("{}{}", kClusterName, host);
+}
 
 int run_script(const std::string& arguments) {
-  std::string command = fmt::format("CLUSTER_SUBNET={} CLUSTER_SUBNET6={} sh '{}' {} >/dev/null 2>&1",
-                                    kSubnet, kSubnet6, cluster_script(), arguments);
+  std::string command =
+      fmt::format("CLUSTER_SUBNET={} CLUSTER_SUBNET6={} sh '{}' {} >/dev/null 2>&1", kSubnet,
+                  kSubnet6, cluster_script(), arguments);
   return std::system(command.c_str());
 }
 
@@ -76,7 +79,9 @@ Process on_host_one(const std::string& command, std::map<std::string, std::strin
                  env);
 }
 
-std::string kolorun() { return built_program("src/kolorun"); }
+std::string kolorun() {
+  return built_program("src/kolorun");
+}
 
 std::string host_list(int hosts, int per_host) {
   std::string list;
@@ -126,7 +131,8 @@ std::vector<std::string> left_on_hosts(double seconds) {
   for (;;) {
     std::vector<std::string> left;
     for (int host = 1; host <= kHosts; ++host) {
-      FILE* pids = ::popen(fmt::format("ip netns pids {} 2>/dev/null", host_name(host)).c_str(), "r");
+      FILE* pids =
+          ::popen(fmt::format("ip netns pids {} 2>/dev/null", host_name(host)).c_str(), "r");
       for (long pid; pids && std::fscanf(pids, "%ld", &pid) == 1;) {
         std::string comm = read_file(fmt::format("/proc/{}/comm", pid));
         std::string command = read_file(fmt::format("/proc/{}/cmdline", pid));
@@ -194,11 +200,11 @@ TEST_CASE("kolorun -H and --hostfile start ranks over ssh on every host", "[clus
     REQUIRE(result.exit_code == 0);
     for (int rank = 0; rank < 7; ++rank) {
       int host = rank / 2 + 1;
-      CHECK_THAT(result.output,
-                 Contains(fmt::format("[{}@{}] host={} rank={} size=7 local={}/{} secret={} pwd={}",
-                                      rank, host_name(host), host_name(host), rank, rank % 2,
-                                      host == 4 ? 1 : 2, kSecret,
-                                      std::filesystem::canonical(source_dir()).string())));
+      CHECK_THAT(
+          result.output,
+          Contains(fmt::format("[{}@{}] host={} rank={} size=7 local={}/{} secret={} pwd={}", rank,
+                               host_name(host), host_name(host), rank, rank % 2, host == 4 ? 1 : 2,
+                               kSecret, std::filesystem::canonical(source_dir()).string())));
     }
   }
 
@@ -214,7 +220,8 @@ TEST_CASE("kolorun -H and --hostfile start ranks over ssh on every host", "[clus
          job.output_so_far().find("parameters sha256") == std::string::npos;
          ++scans) {
       for (const auto& [pid, line] : command_lines()) {
-        if (line.find(kSecret) != std::string::npos) holders.insert(fmt::format("{}: {}", pid, line));
+        if (line.find(kSecret) != std::string::npos)
+          holders.insert(fmt::format("{}: {}", pid, line));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -274,19 +281,19 @@ TEST_CASE("kolorun across hosts: a missing program, an unreachable host, signals
     ProcessResult result = job.wait(60);
     INFO("output:\n" << result.output);
     CHECK(result.exit_code == 127);
-    CHECK_THAT(result.output,
-               Contains(fmt::format("rank 0 on {}: cannot run /nonexistent/kolo-program",
-                                    host_name(2))));
-    CHECK(std::regex_search(result.output,
-                            std::regex(fmt::format("rank [23] on {}: cannot run", host_name(3)))));
+    // The first rank to fail names itself and its host; the others may be stopped before.
+    CHECK(std::regex_search(
+        result.output,
+        std::regex(fmt::format(
+            "kolorun: rank [0-3] on {}[23]: cannot run /nonexistent/kolo-program", kClusterName))));
     CHECK(left_on_hosts(10).empty());
   }
 
   // SIGTERM and SIGINT to kolorun, and SIGKILL, whose ssh connections' end stops the remote ranks:
   // nothing of the job is left on any host. Rank 0 on this host, then on another.
   for (int signal : {SIGTERM, SIGINT, SIGKILL}) {
-    std::string hosts = signal == SIGINT ? host_name(2) + ":2," + host_name(3) + ":2"
-                                         : host_list(3, 2);
+    std::string hosts =
+        signal == SIGINT ? host_name(2) + ":2," + host_name(3) + ":2" : host_list(3, 2);
     Process job = on_host_one(
         fmt::format("{} -H {} /bin/sh -c 'echo started; exec {}'", kolorun(), hosts, marker));
     INFO("signal " << signal << ", hosts " << hosts);

@@ -174,6 +174,12 @@ struct Stream {
   }
 };
 
+// "rank 4" or "ranks 4-7".
+std::string describe_ranks(int first, int count) {
+  return count == 1 ? fmt::format("rank {}", first)
+                    : fmt::format("ranks {}-{}", first, first + count - 1);
+}
+
 // The ranks one host runs: ranks first..first+count-1 of the job.
 struct HostPlan {
   std::string name;  // as the user wrote it (-H, --hostfile), or this machine's name
@@ -196,10 +202,7 @@ struct Child {
   int control_fd = -1;  // remote: ssh's stdin, which carries signals to the agent
   Clock::time_point kill_ssh_at = kNever;
 
-  std::string ranks_text() const {
-    return rank_count == 1 ? fmt::format("rank {}", first_rank)
-                           : fmt::format("ranks {}-{}", first_rank, first_rank + rank_count - 1);
-  }
+  std::string ranks_text() const { return describe_ranks(first_rank, rank_count); }
 };
 
 // The children of this (single-threaded) process: ranks, and the orphans it adopted as subreaper.
@@ -438,8 +441,7 @@ struct AgentSetup {
   std::vector<std::string> environment;  // NAME=VALUE
   std::string host;                      // the host's name as the user gave it
   int first_rank = 0, rank_count = 0, size = 0;
-  bool serve_store = false, tag_output = false, tag_hosts = false, verbose = false,
-       elastic = false;
+  bool serve_store = false, tag_output = false, tag_hosts = false, verbose = false, elastic = false;
   double grace_s = 5;
 
   std::string encode() const {
@@ -496,13 +498,13 @@ struct Job {
   double timeout_s = 0, grace_s = 5;
   bool verbose = false;
   bool elastic = false;
-  bool tag_output = false;        // "[i] " before every line of rank i
-  bool tag_hosts = false;         // "[i@host] " instead, for a job across hosts
-  std::string host;               // this machine's name, in what kolorun says about a rank
+  bool tag_output = false;  // "[i] " before every line of rank i
+  bool tag_hosts = false;   // "[i@host] " instead, for a job across hosts
+  std::string host;         // this machine's name, in what kolorun says about a rank
   std::string ssh_port, ssh_identity_file;
   std::vector<std::string> forwarded;  // -x NAME: variables remote ranks get besides the defaults
   std::string self_path;               // this kolorun, which runs as the agent on other hosts
-  int control_in = -1;       // an agent: ssh's stdin, where signals arrive; end of file stops the job
+  int control_in = -1;  // an agent: ssh's stdin, where signals arrive; end of file stops the job
   std::string control_pending;
   std::optional<int> first_lost;  // --elastic: the status of the first rank killed by a signal
   int finished = 0;               // ranks that exited on their own
@@ -615,8 +617,8 @@ struct Job {
   // Starts ssh to `plan`'s host running "kolorun --agent", and writes the agent's set-up to its
   // stdin, which stays open for signals. False (errno set) when ssh cannot be forked.
   bool start_remote(const HostPlan& plan, bool serve_store) {
-    std::vector<std::string> ssh = {"ssh", "-T", "-x", "-o", "BatchMode=yes",
-                                    "-o", "ConnectTimeout=10"};
+    std::vector<std::string> ssh = {
+        "ssh", "-T", "-x", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"};
     if (!ssh_port.empty()) ssh.insert(ssh.end(), {"-p", ssh_port});
     if (!ssh_identity_file.empty()) ssh.insert(ssh.end(), {"-i", ssh_identity_file});
     ssh.push_back(plan.name);
@@ -645,8 +647,8 @@ struct Job {
       ::dup2(err_pipe[1], STDERR_FILENO);
       ::execvp(argv[0], argv.data());
       std::string error = std::strerror(errno);
-      write_all(STDERR_FILENO, fmt::format("kolorun: cannot run ssh for {}: {}\n", plan.name,
-                                           error));
+      write_all(STDERR_FILENO,
+                fmt::format("kolorun: cannot run ssh for {}: {}\n", plan.name, error));
       _exit(255);
     }
     ::setpgid(pid, pid);
@@ -805,7 +807,8 @@ struct Job {
       signal_ranks(signal);
     } else if (signal == SIGTSTP) {
       signal_ranks(signal);
-      if (control_in < 0) ::raise(SIGSTOP);  // continues here on SIGCONT, which then reaches the ranks too
+      if (control_in < 0)
+        ::raise(SIGSTOP);  // continues here on SIGCONT, which then reaches the ranks too
     } else if (signal == SIGKILL) {
       signal_ranks(signal);
       stopping = true;
@@ -818,23 +821,31 @@ struct Job {
   void read_control() {
     char buffer[4096];
     ssize_t count;
-    while ((count = ::read(control_in, buffer, sizeof buffer)) > 0 || (count < 0 && errno == EINTR)) {
+    while ((count = ::read(control_in, buffer, sizeof buffer)) > 0 ||
+           (count < 0 && errno == EINTR)) {
       if (count > 0) control_pending.append(buffer, static_cast<size_t>(count));
     }
+    const bool at_end = count == 0 || errno != EAGAIN;  // before forwarding changes errno
+    take_control_lines();
+    if (at_end) {
+      if (verbose || !stopping) say("lost kolorun's connection on {}: stopping the ranks", host);
+      ::close(control_in);
+      control_in = -1;
+      if (!failure_code) failure_code = 1;
+      if (!stopping) stop(SIGTERM);
+    }
+  }
+
+  void take_control_lines() {
     for (size_t end; (end = control_pending.find('\n')) != std::string::npos;) {
       std::string line = control_pending.substr(0, end);
       control_pending.erase(0, end + 1);
       int signal = 0;
       if (std::sscanf(line.c_str(), "signal %d", &signal) == 1 && signal > 0 && signal < NSIG) {
         forward(signal);
+        // told to stop before any rank started: the agent ends as its ranks would have
+        if (stopping && children.empty() && !failure_code) failure_code = 128 + signal;
       }
-    }
-    if (count == 0 || errno != EAGAIN) {
-      if (verbose || !stopping) say("lost kolorun's connection on {}: stopping the ranks", host);
-      ::close(control_in);
-      control_in = -1;
-      if (!failure_code) failure_code = 1;
-      if (!stopping) stop(SIGTERM);
     }
   }
 
@@ -847,8 +858,8 @@ struct Job {
       Child& first = children.front();
       if (!first.streams[0].ready_port) return;
       ready_by = kNever;
-      ::setenv("KOLO_ADDR", fmt::format("{}:{}", hosts[0].name, *first.streams[0].ready_port).c_str(),
-               1);
+      ::setenv("KOLO_ADDR",
+               fmt::format("{}:{}", hosts[0].name, *first.streams[0].ready_port).c_str(), 1);
       if (verbose) say("rank 0's store is at {}", std::getenv("KOLO_ADDR"));
     }
     for (; *started < hosts.size() && !stopping; ++*started) start_host(hosts[*started], false);
@@ -859,7 +870,8 @@ struct Job {
     if (timeout_s > 0) timeout_at = seconds_from_now(timeout_s);
     const bool remote_store = !hosts[0].local && !std::getenv("KOLO_ADDR");
     if (remote_store) ready_by = seconds_from_now(kAgentStartSeconds);
-    start_host(hosts[0], remote_store);
+    if (control_in >= 0) take_control_lines();  // what came with the set-up, before any start
+    if (!stopping) start_host(hosts[0], remote_store);
     size_t started = 1;
     start_the_rest(&started);
     bool cleaning_up = false;  // every rank has exited; what they left behind is being stopped
@@ -1009,8 +1021,9 @@ int agent_main() {
     return 1;
   }
   if (::chdir(setup.directory.c_str()) != 0) {
-    say("ranks {}-{} on {}: cannot enter the working directory {}: {}", setup.first_rank,
-        setup.first_rank + setup.rank_count - 1, host, setup.directory, std::strerror(errno));
+    say("{} on {}: cannot enter the working directory {}: {}",
+        describe_ranks(setup.first_rank, setup.rank_count), host, setup.directory,
+        std::strerror(errno));
     return 1;
   }
   for (const std::string& variable : setup.environment) {
@@ -1116,7 +1129,8 @@ int main(int argc, char** argv) {
   app.add_option("--hostfile", hostfile, "a file naming one host per line: host slots=N or host:N");
   app.add_option("-x", exports,
                  "NAME or NAME=VALUE: a variable remote ranks get too (repeatable); =VALUE sets it "
-                 "for every rank");
+                 "for every rank")
+      ->allow_extra_args(false);
   app.add_option("--ssh-port", job.ssh_port, "the port ssh connects to (ssh -p)");
   app.add_option("--ssh-identity-file", job.ssh_identity_file,
                  "the private key ssh authenticates with (ssh -i)");
@@ -1180,13 +1194,15 @@ int main(int argc, char** argv) {
     if (!problem.empty()) break;
     size_t equals = exported.find('=');
     std::string name = exported.substr(0, equals);
-    if (name.empty() || name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                                               "0123456789_") != name.npos) {
+    if (name.empty() ||
+        name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                               "0123456789_") != name.npos) {
       problem = fmt::format("-x {}: expected NAME or NAME=VALUE", exported);
     } else if (equals != std::string::npos) {
       ::setenv(name.c_str(), exported.substr(equals + 1).c_str(), 1);
     } else if (!std::getenv(name.c_str())) {
-      problem = fmt::format("-x {}: {} is not set here, so there is nothing to forward", name, name);
+      problem =
+          fmt::format("-x {}: {} is not set here, so there is nothing to forward", name, name);
     }
     job.forwarded.push_back(name);
   }
@@ -1244,7 +1260,7 @@ int main(int argc, char** argv) {
   int signal_fd = handle_signals();
   if (job.verbose) {
     for (const HostPlan& plan : job.hosts) {
-      say("ranks {}-{} on {}{}", plan.first_rank, plan.first_rank + plan.rank_count - 1, plan.name,
+      say("{} on {}{}", describe_ranks(plan.first_rank, plan.rank_count), plan.name,
           plan.local ? " (this machine)" : " (over ssh)");
     }
     const char* known = std::getenv("KOLO_ADDR");
