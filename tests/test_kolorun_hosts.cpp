@@ -236,7 +236,7 @@ TEST_CASE("kolorun -H and --hostfile start ranks over ssh on every host", "[clus
   }
 }
 
-TEST_CASE("kolorun --hostfile runs the collectives checks and all_reduce_perf at 2x2 and 4x2",
+TEST_CASE("kolorun runs the collectives checks, all_reduce_perf and training at 2x2 and 4x2",
           "[cluster][kolorun]") {
   Cluster cluster;
   struct Check {
@@ -264,6 +264,15 @@ TEST_CASE("kolorun --hostfile runs the collectives checks and all_reduce_perf at
       CHECK(count_of(result.output, check.marker) == (check.per_rank ? 2 * hosts : 1));
       // every rank saw every host: kolo counted them from where the ranks really run
       CHECK(count_of(result.output, fmt::format("{} node(s)", hosts)) >= 2 * hosts);
+    }
+    if (hosts == 2) {  // training from the hostfile too (the example script trains at 4x2 from -H)
+      Process job = on_host_one(fmt::format(
+          "{} --hostfile {} --tag-output /usr/bin/python3 examples/pytorch_digits.py --epochs 2",
+          kolorun(), hostfile));
+      ProcessResult result = job.wait(180);
+      INFO("2 hosts x 2 ranks: pytorch_digits\noutput:\n" << result.output);
+      CHECK(result.exit_code == 0);
+      expect_same_parameters(result.output, 4, 2);
     }
     std::filesystem::remove(hostfile);
   }
