@@ -655,7 +655,8 @@ struct Job {
     ::close(in_pipe[0]);
     ::close(out_pipe[1]);
     ::close(err_pipe[1]);
-    // The set-up is a few KiB at most, less than a pipe holds: this write does not wait for ssh.
+    // The set-up is usually a few KiB, less than a pipe holds, so this write does not wait for ssh;
+    // a larger one (a very long command line) waits until ssh has connected and reads it.
     write_all(in_pipe[1], setup_for(plan, serve_store).encode());
     ::fcntl(in_pipe[1], F_SETFL, O_NONBLOCK);
     Child child;
