@@ -1,8 +1,11 @@
 // kolorun, run for real with small /bin/sh ranks, and the tests' own process helper under it.
 #include <arpa/inet.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +13,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -631,9 +635,258 @@ TEST_CASE("kolorun's errors show one usage line; --help adds examples, variables
   CHECK(help.result.exit_code == 0);
   CHECK(count_of(help.result.output, "Usage: kolorun -np N [options] [--] program [args...]") == 1);
   CHECK(count_of(help.result.output, "Usage:") == 1);
-  for (const char* word : {"Examples:", "kolorun -np 4 ", "--tag-output", "KOLO_RANK", "KOLO_SIZE",
-                           "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "KOLO_ADDR", "KOLO_STORE_FD",
-                           "KOLO_SECRET", "Exit status:", "124", "127", "128+S"}) {
+  for (const char* word : {"Examples:",
+                           "kolorun -np 4 ",
+                           "--tag-output",
+                           "KOLO_RANK",
+                           "KOLO_SIZE",
+                           "KOLO_LOCAL_RANK",
+                           "KOLO_LOCAL_SIZE",
+                           "KOLO_ADDR",
+                           "KOLO_STORE_FD",
+                           "KOLO_SECRET",
+                           "Exit status:",
+                           "124",
+                           "127",
+                           "128+S",
+                           "-H,--host",
+                           "--hostfile",
+                           "-x",
+                           "--ssh-port",
+                           "255",
+                           "node1:4,node2:4"}) {
     CHECK_THAT(help.result.output, Contains(word));
   }
+}
+
+// ---- Several hosts (-H, --hostfile), on one machine: every name of this machine runs its ranks
+// here, and a stand-in for ssh (first on PATH) runs "another host"'s agent here too, with an
+// environment as bare as sshd gives, after writing down the command line it was given. Hosts
+// named dead* cannot be reached: it says so as ssh does and exits 255. The real ssh, on a
+// simulated cluster, is tests/test_kolorun_hosts.cpp's.
+
+struct FakeSsh {
+  std::string folder;
+  std::string log;  // one line per ssh started: its arguments
+  FakeSsh() {
+    char name[] = "/tmp/kolorun-fake-ssh-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    folder = name;
+    log = folder + "/log";
+    std::ofstream script(folder + "/ssh");
+    script << "#!/bin/sh\n"
+              "printf '%s\\n' \"$*\" >> '"
+           << log
+           << "'\n"
+              "host=; command=\n"
+              "for arg; do host=$command; command=$arg; done\n"
+              "case $host in dead*) echo \"ssh: connect to host $host port 22: Connection timed "
+              "out\" >&2; exit 255;; esac\n"
+              "exec env -i HOME=/ PATH=/usr/bin:/bin FAKE_HOST=$host /bin/sh -c \"$command\"\n";
+    script.close();
+    ::chmod((folder + "/ssh").c_str(), 0755);
+  }
+  ~FakeSsh() {
+    std::error_code ignored;
+    std::filesystem::remove_all(folder, ignored);
+  }
+  std::map<std::string, std::string> env() const {
+    return {{"PATH", folder + ":" + std::getenv("PATH")}};
+  }
+  std::string arguments() const {
+    std::ifstream file(log);
+    std::ostringstream text;
+    text << file.rdbuf();
+    return text.str();
+  }
+};
+
+const char* const kPlaceScript =
+    "echo rank=$KOLO_RANK size=$KOLO_SIZE local=$KOLO_LOCAL_RANK/$KOLO_LOCAL_SIZE "
+    "fd=${KOLO_STORE_FD:-none} addr=$KOLO_ADDR secret=$KOLO_SECRET on=${FAKE_HOST:-here}";
+
+TEST_CASE("kolorun -H: every name of this machine is one host, whose ranks start without ssh",
+          "[kolorun][hosts]") {
+  clear_job_environment();
+  FakeSsh ssh;
+  Run run = run_kolorun({"-H", "localhost:2," + this_host() + ",127.0.0.1", "--tag-output",
+                         "/bin/sh", "-c", kPlaceScript},
+                        ssh.env());
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 0);
+  std::vector<std::string> lines = lines_of(run.result.output);
+  std::sort(lines.begin(), lines.end());
+  REQUIRE(lines.size() == 4);  // no -np: every slot
+  for (int rank = 0; rank < 4; ++rank) {
+    std::string prefix = fmt::format(
+        "[{0}] rank={0} size=4 local={0}/4 fd={1} addr=127.0.0.1:", rank, rank == 0 ? "3" : "none");
+    CHECK(lines[rank].rfind(prefix, 0) == 0);
+    CHECK_THAT(lines[rank], Contains("on=here"));
+  }
+  CHECK(ssh.arguments().empty());
+}
+
+TEST_CASE("kolorun --hostfile reads mpirun's and horovodrun's lines and fills hosts in order",
+          "[kolorun][hosts]") {
+  clear_job_environment();
+  FakeSsh ssh;
+  std::string hostfile = ssh.folder + "/hosts";
+  std::ofstream(hostfile) << "# the nodes of this job\n"
+                             "alpha slots=2 max_slots=8  # mpirun's words\n"
+                             "\n"
+                             "   beta:3\n"  // horovodrun's
+                             "gamma\n";     // one slot
+  auto env = ssh.env();
+  env["KOLO_SECRET"] = "a-secret-of-this-test-0123456789";
+  Run run = run_kolorun(
+      {"-np", "5", "--hostfile", hostfile, "--tag-output", "/bin/sh", "-c", kPlaceScript}, env);
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 0);
+  std::vector<std::string> lines = lines_of(run.result.output);
+  std::sort(lines.begin(), lines.end());
+  REQUIRE(lines.size() == 5);
+  // Rank 0 runs on alpha, whose agent bound the store's port and named alpha in KOLO_ADDR.
+  std::smatch port;
+  REQUIRE(std::regex_search(lines[0], port, std::regex(R"(addr=alpha:(\d+) )")));
+  const std::string hosts[] = {"alpha", "alpha", "beta", "beta", "beta"};
+  const std::string local[] = {"0/2", "1/2", "0/3", "1/3", "2/3"};
+  for (int rank = 0; rank < 5; ++rank) {
+    CHECK(lines[rank] == fmt::format("[{0}@{1}] rank={0} size=5 local={2} fd={3} addr=alpha:{4} "
+                                     "secret=a-secret-of-this-test-0123456789 on={1}",
+                                     rank, hosts[rank], local[rank], rank == 0 ? "3" : "none",
+                                     port[1].str()));
+  }
+  // One ssh per host that runs ranks (gamma runs none), BatchMode, and no secret in its arguments.
+  std::string arguments = ssh.arguments();
+  CHECK(lines_of(arguments).size() == 2);
+  CHECK_THAT(arguments, Contains("-o BatchMode=yes") && Contains(" alpha exec '") &&
+                            Contains(" beta exec '") && Contains("' --agent"));
+  CHECK_THAT(arguments, !Contains("a-secret-of-this-test") && !Contains("gamma"));
+}
+
+TEST_CASE("kolorun forwards PATH, PYTHONPATH, KOLO_* and -x variables to other hosts, no others",
+          "[kolorun][hosts]") {
+  clear_job_environment();
+  FakeSsh ssh;
+  auto env = ssh.env();
+  env.insert({{"PYTHONPATH", "/some/python"},
+              {"KOLO_TIMEOUT", "77"},
+              {"ASKED_FOR", "yes"},
+              {"NOT_ASKED", "no"}});
+  Run run = run_kolorun({"-H", "localhost:1,otherhost:1", "-x", "ASKED_FOR", "-x", "SET_HERE=1 2",
+                         "--tag-output", "/bin/sh", "-c",
+                         "echo path=$PATH py=$PYTHONPATH timeout=$KOLO_TIMEOUT asked=$ASKED_FOR "
+                         "set=\"$SET_HERE\" not=${NOT_ASKED:-unset}"},
+                        env);
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 0);
+  const std::string common = fmt::format("path={}:{} py=/some/python timeout=77 asked=yes set=1 2",
+                                         ssh.folder, std::getenv("PATH"));
+  CHECK_THAT(run.result.output, Contains("[0@localhost] " + common + " not=no"));
+  CHECK_THAT(run.result.output, Contains("[1@otherhost] " + common + " not=unset"));
+}
+
+TEST_CASE("kolorun reports a host it cannot reach with its ranks, stops the others, exits 255",
+          "[kolorun][hosts]") {
+  clear_job_environment();
+  FakeSsh ssh;
+  Run run =
+      run_kolorun({"-H", "localhost:2,deadhost:2", "/bin/sh", "-c", "exec sleep 30"}, ssh.env());
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 255);
+  CHECK_THAT(run.result.output, Contains("Connection timed out") &&
+                                    Contains("kolorun: could not start ranks 2-3 on deadhost: "
+                                             "ssh exited with status 255"));
+  CHECK(run.seconds < 8);  // the local ranks were stopped, not waited for
+}
+
+TEST_CASE("kolorun reports a program missing on another host by rank and host, exits 127",
+          "[kolorun][hosts]") {
+  clear_job_environment();
+  FakeSsh ssh;
+  Run run = run_kolorun({"-H", "remote1:2", "/nonexistent/program"}, ssh.env());
+  INFO("output: " << run.result.output);
+  CHECK(run.result.exit_code == 127);
+  // The first rank to fail names itself; the other may be stopped before it fails too.
+  CHECK(std::regex_search(
+      run.result.output,
+      std::regex(fmt::format("kolorun: rank [01] on {}: cannot run /nonexistent/program: No such "
+                             "file or directory",
+                             this_host()))));
+}
+
+TEST_CASE("kolorun's SIGTERM reaches the ranks on other hosts, which then end",
+          "[kolorun][hosts]") {
+  clear_job_environment();
+  FakeSsh ssh;
+  std::vector<std::string> argv = {kolorun_path(),
+                                   "-H",
+                                   "remote1:2,remote2",
+                                   "/bin/sh",
+                                   "-c",
+                                   "echo pid=$$; trap 'echo term-$KOLO_RANK; exit 5' TERM; "
+                                   "while :; do sleep 0.1; done"};
+  Process kolorun(argv, ssh.env());
+  REQUIRE(output_appears(kolorun, 3, "pid="));
+  std::vector<pid_t> ranks = reported_pids(kolorun.output_so_far());
+  ::kill(kolorun.pid(), SIGTERM);
+  ProcessResult result = kolorun.wait(10);
+  INFO("output: " << result.output);
+  CHECK(result.exit_code == 5);
+  for (int rank = 0; rank < 3; ++rank)
+    CHECK_THAT(result.output, Contains(fmt::format("term-{}", rank)));
+  CHECK(all_gone_within(ranks, 5));
+}
+
+TEST_CASE("the ranks on other hosts die with kolorun", "[kolorun][hosts]") {
+  clear_job_environment();
+  FakeSsh ssh;
+  Process kolorun(
+      {kolorun_path(), "-H", "remote1:2", "/bin/sh", "-c", "echo pid=$$; exec sleep 30"},
+      ssh.env());
+  REQUIRE(output_appears(kolorun, 2, "pid="));
+  std::vector<pid_t> ranks = reported_pids(kolorun.output_so_far());
+  ::kill(kolorun.pid(), SIGKILL);  // its ssh dies with it; the agent sees its stdin end
+  kolorun.wait(5);
+  CHECK(all_gone_within(ranks, 10));
+}
+
+TEST_CASE("kolorun rejects bad hosts, hostfiles and -x with exit status 2 and says why",
+          "[kolorun][hosts]") {
+  clear_job_environment();
+  FakeSsh ssh;
+  auto hostfile = [&](const std::string& text) {
+    std::string path = ssh.folder + "/hosts-" + std::to_string(std::hash<std::string>()(text));
+    std::ofstream(path) << text;
+    return path;
+  };
+  struct Bad {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  std::vector<Bad> cases = {
+      {{"-np", "9", "-H", "a:4,b:4", "/bin/true"}, "-np 9 is more than the 8 slots"},
+      {{"-H", "a:0", "/bin/true"}, "-H a:0: cannot read 'a:0'"},
+      {{"-H", "a:x", "/bin/true"}, "cannot read 'a:x'"},
+      {{"-H", "a,,b", "/bin/true"}, "cannot read ''"},
+      {{"-H", "a:2:3", "/bin/true"}, "cannot read 'a:2:3'"},
+      {{"-H", "a", "--hostfile", hostfile("b\n"), "/bin/true"}, "give one of them"},
+      {{"--hostfile", ssh.folder + "/none", "/bin/true"}, "cannot read it: No such file"},
+      {{"--hostfile", hostfile("a slots=2\nb slots=two\n"), "/bin/true"},
+       "line 2: cannot read 'slots=two'"},
+      {{"--hostfile", hostfile("a cpus=2\n"), "/bin/true"}, "line 1: cannot read 'cpus=2'"},
+      {{"--hostfile", hostfile("# nothing\n\n"), "/bin/true"}, "names no host"},
+      {{"-H", "a", "-x", "KOLO_NOT_SET_ANYWHERE", "/bin/true"}, "is not set here"},
+      {{"-H", "a", "-x", "=1", "/bin/true"}, "expected NAME or NAME=VALUE"},
+      {{"-H", "a", "--ssh-port", "http", "/bin/true"}, "--ssh-port http: not a port number"},
+  };
+  for (const Bad& bad : cases) {
+    Run run = run_kolorun(bad.args, ssh.env());
+    INFO("args: " << fmt::format("{}", fmt::join(bad.args, " "))
+                  << "\noutput: " << run.result.output);
+    CHECK(run.result.exit_code == 2);
+    CHECK_THAT(run.result.output,
+               Contains("kolorun: ") && Contains(bad.says) && Contains("Usage: kolorun -np N"));
+  }
+  CHECK(ssh.arguments().empty());  // nothing was started
 }
