@@ -1091,14 +1091,20 @@ TEST_CASE("bind_process policies", "[topology]") {
 TEST_CASE("srun: rank 0's store is on the step's first node at a port from the job and step",
           "[config][slurm]") {
   // As srun 22.05 exports them to task 3 of `srun -N 2 --ntasks-per-node 2` in job 1234.
-  Environment env = {{"SLURM_PROCID", "3"},          {"SLURM_NTASKS", "4"},
-                     {"SLURM_LOCALID", "1"},         {"SLURM_NODEID", "1"},
+  Environment env = {{"SLURM_PROCID", "3"},
+                     {"SLURM_NTASKS", "4"},
+                     {"SLURM_LOCALID", "1"},
+                     {"SLURM_NODEID", "1"},
                      {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
-                     {"SLURM_JOB_ID", "1234"},       {"SLURM_STEP_ID", "0"},
+                     {"SLURM_JOB_ID", "1234"},
+                     {"SLURM_STEP_ID", "0"},
                      {"SLURM_STEP_NODELIST", "gpu[07-08]"},
-                     {"SLURM_JOB_NODELIST", "gpu[05-08]"}, {"SLURM_DISTRIBUTION", "block"}};
+                     {"SLURM_JOB_NODELIST", "gpu[05-08]"},
+                     {"SLURM_DISTRIBUTION", "block"}};
   // 20000 + (10 * job + step) mod 10000, computed by hand.
-  SECTION("the step's node list and ids") { CHECK(resolve(env).addr == "gpu07:22340"); }
+  SECTION("the step's node list and ids") {
+    CHECK(resolve(env).addr == "gpu07:22340");
+  }
   SECTION("the next step of the job gets the next port") {
     env["SLURM_STEP_ID"] = "1";
     CHECK(resolve(env).addr == "gpu07:22341");
@@ -1124,7 +1130,8 @@ TEST_CASE("srun: rank 0's store is on the step's first node at a port from the j
     CHECK(resolve(env).addr == "gpu07:20243");
   }
   SECTION("cyclic and plane also start on the first node") {
-    for (const char* distribution : {"cyclic", "plane", "cyclic:block", "block:cyclic,Pack", "*:*"}) {
+    for (const char* distribution :
+         {"cyclic", "plane", "cyclic:block", "block:cyclic,Pack", "*:*"}) {
       env["SLURM_DISTRIBUTION"] = distribution;
       CHECK(resolve(env).addr == "gpu07:22340");
     }
@@ -1141,8 +1148,8 @@ TEST_CASE("srun: rank 0's store is on the step's first node at a port from the j
     env["SLURM_DISTRIBUTION"] = "arbitrary";
     Failure failure = resolve_failure(env);
     CHECK(failure.status == Status::kConfig);
-    CHECK_THAT(failure.message, Contains("SLURM_DISTRIBUTION=arbitrary") &&
-                                    Contains("KOLO_ADDR=host:port"));
+    CHECK_THAT(failure.message,
+               Contains("SLURM_DISTRIBUTION=arbitrary") && Contains("KOLO_ADDR=host:port"));
   }
   SECTION("refused: a malformed node list, named with where it is wrong") {
     env["SLURM_STEP_NODELIST"] = "gpu[07-08";
@@ -1164,6 +1171,7 @@ TEST_CASE("srun: rank 0's store is on the step's first node at a port from the j
     CHECK_THAT(resolve_failure(env).message, Contains("SLURM_JOB_ID=-1 is not a Slurm id"));
     env["SLURM_JOB_ID"] = "12";
     env["SLURM_STEP_ID"] = "4294967296";
-    CHECK_THAT(resolve_failure(env).message, Contains("SLURM_STEP_ID=4294967296 is not a Slurm id"));
+    CHECK_THAT(resolve_failure(env).message,
+               Contains("SLURM_STEP_ID=4294967296 is not a Slurm id"));
   }
 }

@@ -40,9 +40,13 @@ std::string source_dir() {
   return path != nullptr ? path : "..";
 }
 
-std::string script(const std::string& name) { return source_dir() + "/scripts/" + name; }
+std::string script(const std::string& name) {
+  return source_dir() + "/scripts/" + name;
+}
 
-std::string host_name(int host) { return fmt::format("{}{}", kClusterName, host); }
+std::string host_name(int host) {
+  return fmt::format("{}{}", kClusterName, host);
+}
 
 // Runs a command, its output in `output`; returns its exit status.
 int run_command(const std::string& command, std::string* output = nullptr) {
@@ -66,11 +70,11 @@ struct SlurmCluster {
   std::string secret_file;
 
   explicit SlurmCluster(int host_count) : hosts(host_count) {
-    REQUIRE(run_command(fmt::format("sh '{}' up {} {}", script("cluster.sh"), kClusterName,
-                                    hosts)) == 0);
+    REQUIRE(run_command(
+                fmt::format("sh '{}' up {} {}", script("cluster.sh"), kClusterName, hosts)) == 0);
     std::string output;
-    int status = run_command(fmt::format("sh '{}' up {}", script("slurm.sh"), kClusterName),
-                             &output);
+    int status =
+        run_command(fmt::format("sh '{}' up {}", script("slurm.sh"), kClusterName), &output);
     INFO("slurm.sh up:\n" << output);
     REQUIRE(status == 0);
     std::istringstream lines(output);
@@ -108,8 +112,12 @@ struct SlurmCluster {
   Process srun(int per_host, const std::vector<std::string>& program,
                std::map<std::string, std::string> env = {},
                const std::vector<std::string>& options = {}) const {
-    std::vector<std::string> command = {"srun", "--label", "-N", std::to_string(hosts),
-                                        "--ntasks-per-node", std::to_string(per_host)};
+    std::vector<std::string> command = {"srun",
+                                        "--label",
+                                        "-N",
+                                        std::to_string(hosts),
+                                        "--ntasks-per-node",
+                                        std::to_string(per_host)};
     command.insert(command.end(), options.begin(), options.end());
     command.insert(command.end(), program.begin(), program.end());
     env["KOLO_SECRET_FILE"] = secret_file;
@@ -124,7 +132,8 @@ std::map<int, std::string> by_task(const std::string& output) {
   std::istringstream lines(output);
   for (std::string line; std::getline(lines, line);) {
     std::smatch match;
-    if (std::regex_match(line, match, labelled)) tasks[std::stoi(match[1])] += match[2].str() + "\n";
+    if (std::regex_match(line, match, labelled))
+      tasks[std::stoi(match[1])] += match[2].str() + "\n";
   }
   return tasks;
 }
@@ -190,8 +199,8 @@ TEST_CASE("srun starts kolo jobs across hosts with no address set", "[slurm][sru
       {
         auto started = std::chrono::steady_clock::now();
         auto result = cluster
-                          .srun(shape.per_host, {built_program("bench/all_reduce_perf"), "-b",
-                                                 "1K", "-e", "4M", "-f", "4", "-c", "1"})
+                          .srun(shape.per_host, {built_program("bench/all_reduce_perf"), "-b", "1K",
+                                                 "-e", "4M", "-f", "4", "-c", "1"})
                           .wait(120);
         INFO("all_reduce_perf, " << seconds_since(started) << " s:\n" << result.output);
         CHECK(result.exit_code == 0);
@@ -260,10 +269,11 @@ TEST_CASE("sbatch runs the job script of docs/several-hosts.md as printed", "[sl
   // files in its scratch folder (an option given to sbatch overrides the script's #SBATCH line).
   const std::string output_file = cluster.scratch + "/job.out";
   auto started = std::chrono::steady_clock::now();
-  auto submitted = cluster
-                       .on_host1({"/bin/sh", "-c", "cd \"$1\" && exec sbatch --wait --output=\"$2\" \"$3\"",
-                                  "sh", cluster.scratch, output_file, job_script})
-                       .wait(240);
+  auto submitted =
+      cluster
+          .on_host1({"/bin/sh", "-c", "cd \"$1\" && exec sbatch --wait --output=\"$2\" \"$3\"",
+                     "sh", cluster.scratch, output_file, job_script})
+          .wait(240);
   std::ifstream file(output_file);
   std::string job_output((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   INFO("sbatch, " << seconds_since(started) << " s:\n"
@@ -326,8 +336,9 @@ TEST_CASE("a node lost in an srun job is reported by number on every survivor", 
   for (int rank : {0, 2}) {
     INFO("task " << rank << " output:\n" << tasks[rank]);
     std::smatch status;
-    REQUIRE(std::regex_search(tasks[rank], status,
-                              std::regex(fmt::format("rank {}: status KOLO_ERR_PEER_LOST.*", rank))));
+    REQUIRE(
+        std::regex_search(tasks[rank], status,
+                          std::regex(fmt::format("rank {}: status KOLO_ERR_PEER_LOST.*", rank))));
     CHECK(contains(status[0].str(), fmt::format("rank {}", victim)));
     CHECK(seconds_to_failure(status[0].str()) < bound_s);
   }
@@ -346,8 +357,9 @@ int main(int argc, char** argv) {
   }
   if (std::system("command -v slurmctld >/dev/null && command -v slurmd >/dev/null && "
                   "command -v srun >/dev/null && command -v munged >/dev/null") != 0) {
-    std::puts("skipped: Slurm (slurmctld, slurmd, slurm-client) or munge is not installed "
-              "(scripts/install-deps.sh installs them)");
+    std::puts(
+        "skipped: Slurm (slurmctld, slurmd, slurm-client) or munge is not installed "
+        "(scripts/install-deps.sh installs them)");
     return 77;
   }
   return Catch::Session().run(argc, argv);

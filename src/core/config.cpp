@@ -426,7 +426,9 @@ std::string slurm_step_address(const Environment& env) {
   int64_t step_id = slurm_id(*step);
   auto job = from_env(env, "SLURM_JOB_ID");
   if (!job) job = from_env(env, "SLURM_JOBID");
-  if (!job) fail(fmt::format("kolo: srun exported no SLURM_JOB_ID to derive a port from; {}", advice));
+  if (!job) {
+    fail(fmt::format("kolo: srun exported no SLURM_JOB_ID to derive a port from; {}", advice));
+  }
   int64_t job_id = slurm_id(*job);
   if (auto distribution = from_env(env, "SLURM_DISTRIBUTION")) {
     // "cyclic:block,Pack": the first word places tasks on nodes; "*" is the default, block.
@@ -453,9 +455,10 @@ std::string slurm_step_address(const Environment& env) {
                      error.what(), advice));
   }
   int64_t port = kSlurmFirstPort + (10 * job_id + step_id) % kSlurmPortCount;
-  log::info("srun step {}.{}: rank 0's store at {}:{} (the first node of {}={}; KOLO_ADDR "
-            "overrides)",
-            job_id, step_id, host, port, nodes->source, nodes->text);
+  log::info(
+      "srun step {}.{}: rank 0's store at {}:{} (the first node of {}={}; KOLO_ADDR "
+      "overrides)",
+      job_id, step_id, host, port, nodes->source, nodes->text);
   return fmt::format("{}:{}", host, port);
 }
 

@@ -48,8 +48,7 @@ class Parser {
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    throw Error(Status::kConfig,
-                fmt::format("{} at character {} of '{}'", what, at_ + 1, text_));
+    throw Error(Status::kConfig, fmt::format("{} at character {} of '{}'", what, at_ + 1, text_));
   }
 
   std::vector<Piece> entry() {
@@ -95,9 +94,9 @@ class Parser {
         return result;
       }
       if (text_[at_] != ',') {
-        fail(text_[at_] == '[' ? std::string("nested '['")
-                               : fmt::format("'{}' in a range (expected a digit, '-', ',' or ']')",
-                                             text_[at_]));
+        fail(text_[at_] == '['
+                 ? std::string("nested '['")
+                 : fmt::format("'{}' in a range (expected a digit, '-', ',' or ']')", text_[at_]));
       }
       ++at_;
     }
@@ -108,7 +107,8 @@ class Parser {
     size_t start = at_;
     uint32_t value = 0;
     while (at_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[at_])) != 0) {
-      if (at_ - start == kMaxDigits) fail(fmt::format("a number of more than {} digits", kMaxDigits));
+      if (at_ - start == kMaxDigits)
+        fail(fmt::format("a number of more than {} digits", kMaxDigits));
       value = value * 10 + static_cast<uint32_t>(text_[at_] - '0');
       ++at_;
     }
@@ -133,7 +133,9 @@ std::string_view trimmed(std::string_view text) {
   return text;
 }
 
-std::string number_text(uint32_t value, size_t width) { return fmt::format("{:0{}}", value, width); }
+std::string number_text(uint32_t value, size_t width) {
+  return fmt::format("{:0{}}", value, width);
+}
 
 // Appends the names of one entry, the last piece varying fastest.
 void expand_entry(const std::vector<Piece>& pieces, size_t index, std::string& prefix,
@@ -182,8 +184,7 @@ std::vector<std::string> expand_hostlist(std::string_view text, size_t max_names
   for (const auto& pieces : entries) {
     total += entry_size(pieces, max_names);
     if (total > max_names) {
-      throw Error(Status::kConfig,
-                  fmt::format("more than {} names in '{}'", max_names, list));
+      throw Error(Status::kConfig, fmt::format("more than {} names in '{}'", max_names, list));
     }
   }
   std::vector<std::string> names;
@@ -197,8 +198,9 @@ std::string first_host_of_hostlist(std::string_view text) {
   auto entries = Parser(trimmed(text)).entries();
   std::string name;
   for (const Piece& piece : entries.front()) {
-    name += piece.ranges.empty() ? piece.text
-                                 : number_text(piece.ranges.front().low, piece.ranges.front().width);
+    name += piece.ranges.empty()
+                ? piece.text
+                : number_text(piece.ranges.front().low, piece.ranges.front().width);
   }
   return name;
 }

@@ -7,9 +7,10 @@
 //   range    := digits | digits "-" digits      low <= high
 //
 // "h[1-4]" is h1 h2 h3 h4; "a1,b[2,5-7]" is a1 b2 b5 b6 b7; "node[01-10]" keeps the low bound's
-// width, node01 .. node10 (each range its own: "n[01-02,10]" is n01 n02 n10); "r[1-2]n[1-2]" is every combination, r1n1 r1n2 r2n1 r2n2. The order is
-// the written one: Slurm writes a step's node list in its nodes' order, in which task 0 runs on
-// the first node under block, cyclic and plane distributions.
+// width, node01 .. node10 (each range its own: "n[01-02,10]" is n01 n02 n10); "r[1-2]n[1-2]" is
+// every combination, r1n1 r1n2 r2n1 r2n2. The order is the written one: Slurm writes a step's node
+// list in its nodes' order, in which task 0 runs on the first node under block, cyclic and plane
+// distributions.
 #pragma once
 
 #include <cstddef>
