@@ -56,6 +56,7 @@ stop_pidfiles() {
     [ -f "$file" ] && pids="$pids $(cat "$file")"
   done
   [ -n "$pids" ] || return 0
+  # shellcheck disable=SC2086 # one word per pid
   kill $pids 2>/dev/null || true
   for _ in $(seq 1 50); do
     alive=""
@@ -63,6 +64,7 @@ stop_pidfiles() {
     [ -n "$alive" ] || return 0
     sleep 0.1
   done
+  # shellcheck disable=SC2086
   kill -9 $alive 2>/dev/null || true
 }
 

@@ -15,7 +15,7 @@ secret=$HOME/.kolo-secret-$SLURM_JOB_ID
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$secret"
 trap 'rm -f "$secret"' EXIT
 export KOLO_SECRET_FILE="$secret"
-export PYTHONPATH=$PWD/python KOLO_LIBRARY=$PWD/build/capi/libkolo.so
+export PYTHONPATH="$PWD/python" KOLO_LIBRARY="$PWD/build/capi/libkolo.so"
 # The network first: an allreduce that checks its results, then the training.
 srun build/bench/all_reduce_perf -b 1K -e 4M -f 4 -c 1
 srun python3 examples/pytorch_digits.py --epochs 2
