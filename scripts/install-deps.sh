@@ -20,6 +20,9 @@ packages="$packages clang-14 libclang-rt-14-dev"
 packages="$packages openssh-server"
 # Benchmarks: Open MPI beside kolo in bench/compare_mpi.sh.
 packages="$packages openmpi-bin libopenmpi-dev"
+# Slurm on the simulated cluster (scripts/slurm.sh, tests/test_slurm.cpp): its controller, node
+# daemon, commands (srun, sbatch, squeue) and the munge daemon that signs their credentials.
+packages="$packages slurmctld slurmd slurm-client munge"
 
 if [ "${1:-}" = "--list" ]; then
   printf '%s\n' $packages

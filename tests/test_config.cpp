@@ -495,11 +495,12 @@ TEST_CASE("no address: the message says what to set", "[config]") {
     CHECK_THAT(failure.message, Contains("KOLO_ADDR=host:port") && Contains("MASTER_ADDR") &&
                                     Contains("MASTER_PORT"));
   }
-  SECTION("under srun, which exports none") {
+  SECTION("in a Slurm batch script, which is no srun step") {
     Failure failure =
         resolve_failure({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}});
     REQUIRE(failure.thrown);
-    CHECK_THAT(failure.message, Contains("srun") && Contains("KOLO_ADDR=$(hostname):29500"));
+    CHECK_THAT(failure.message, Contains("SLURM_STEP_ID is not") && Contains("with srun") &&
+                                    Contains("KOLO_ADDR=host:port"));
   }
   SECTION("under mpirun") {
     Failure failure =
@@ -1082,5 +1083,95 @@ TEST_CASE("bind_process policies", "[topology]") {
       WARN("binding not permitted here: " << error.what());
     }
     REQUIRE(sched_setaffinity(0, sizeof(original), &original) == 0);
+  }
+}
+
+// ---- Plain srun: rank 0's address from the step -------------------------------------------------
+
+TEST_CASE("srun: rank 0's store is on the step's first node at a port from the job and step",
+          "[config][slurm]") {
+  // As srun 22.05 exports them to task 3 of `srun -N 2 --ntasks-per-node 2` in job 1234.
+  Environment env = {{"SLURM_PROCID", "3"},
+                     {"SLURM_NTASKS", "4"},
+                     {"SLURM_LOCALID", "1"},
+                     {"SLURM_NODEID", "1"},
+                     {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+                     {"SLURM_JOB_ID", "1234"},
+                     {"SLURM_STEP_ID", "0"},
+                     {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+                     {"SLURM_JOB_NODELIST", "gpu[05-08]"},
+                     {"SLURM_DISTRIBUTION", "block"}};
+  // 20000 + (10 * job + step) mod 10000, computed by hand.
+  SECTION("the step's node list and ids") {
+    CHECK(resolve(env).addr == "gpu07:22340");
+  }
+  SECTION("the next step of the job gets the next port") {
+    env["SLURM_STEP_ID"] = "1";
+    CHECK(resolve(env).addr == "gpu07:22341");
+  }
+  SECTION("Slurm's older names") {
+    env.erase("SLURM_STEP_ID");
+    env.erase("SLURM_JOB_ID");
+    env["SLURM_STEPID"] = "2";
+    env["SLURM_JOBID"] = "98765";
+    CHECK(resolve(env).addr == "gpu07:27652");
+  }
+  SECTION("the job's node list when the step's is missing") {
+    env.erase("SLURM_STEP_NODELIST");
+    CHECK(resolve(env).addr == "gpu05:22340");
+  }
+  SECTION("a list of names") {
+    env["SLURM_STEP_NODELIST"] = "a1,b[2,5-7]";
+    CHECK(resolve(env).addr == "a1:22340");
+  }
+  SECTION("the largest ids") {
+    env["SLURM_JOB_ID"] = "4294967295";
+    env["SLURM_STEP_ID"] = "4294967293";
+    CHECK(resolve(env).addr == "gpu07:20243");
+  }
+  SECTION("cyclic and plane also start on the first node") {
+    for (const char* distribution :
+         {"cyclic", "plane", "cyclic:block", "block:cyclic,Pack", "*:*"}) {
+      env["SLURM_DISTRIBUTION"] = distribution;
+      CHECK(resolve(env).addr == "gpu07:22340");
+    }
+  }
+  SECTION("KOLO_ADDR and MASTER_ADDR still win") {
+    env["KOLO_ADDR"] = "login:29500";
+    CHECK(resolve(env).addr == "login:29500");
+    env.erase("KOLO_ADDR");
+    env["MASTER_ADDR"] = "node9";
+    env["MASTER_PORT"] = "29400";
+    CHECK(resolve(env).addr == "node9:29400");
+  }
+  SECTION("refused: an arbitrary distribution") {
+    env["SLURM_DISTRIBUTION"] = "arbitrary";
+    Failure failure = resolve_failure(env);
+    CHECK(failure.status == Status::kConfig);
+    CHECK_THAT(failure.message,
+               Contains("SLURM_DISTRIBUTION=arbitrary") && Contains("KOLO_ADDR=host:port"));
+  }
+  SECTION("refused: a malformed node list, named with where it is wrong") {
+    env["SLURM_STEP_NODELIST"] = "gpu[07-08";
+    Failure failure = resolve_failure(env);
+    CHECK(failure.status == Status::kConfig);
+    CHECK_THAT(failure.message, Contains("SLURM_STEP_NODELIST") && Contains("unbalanced '['") &&
+                                    Contains("KOLO_ADDR"));
+  }
+  SECTION("refused: no node list") {
+    env.erase("SLURM_STEP_NODELIST");
+    env.erase("SLURM_JOB_NODELIST");
+    CHECK_THAT(resolve_failure(env).message,
+               Contains("neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST"));
+  }
+  SECTION("refused: no job id, or ids that are no Slurm ids") {
+    env.erase("SLURM_JOB_ID");
+    CHECK_THAT(resolve_failure(env).message, Contains("no SLURM_JOB_ID"));
+    env["SLURM_JOB_ID"] = "-1";
+    CHECK_THAT(resolve_failure(env).message, Contains("SLURM_JOB_ID=-1 is not a Slurm id"));
+    env["SLURM_JOB_ID"] = "12";
+    env["SLURM_STEP_ID"] = "4294967296";
+    CHECK_THAT(resolve_failure(env).message,
+               Contains("SLURM_STEP_ID=4294967296 is not a Slurm id"));
   }
 }

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "core/hostlist.hpp"
 #include "core/log.hpp"
 #include "kolo/status.hpp"
 
@@ -39,7 +40,8 @@ const std::vector<EnvVarInfo> kKnownVariables = {
     {"KOLO_SIZE", "from the launcher", "the number of ranks in the job"},
     {"KOLO_LOCAL_RANK", "from the launcher, else by host", "this rank's index on its machine"},
     {"KOLO_LOCAL_SIZE", "from the launcher, else by host", "the number of ranks on this machine"},
-    {"KOLO_ADDR", "MASTER_ADDR:MASTER_PORT", "host:port where rank 0 serves the rendezvous store"},
+    {"KOLO_ADDR", "MASTER_ADDR:MASTER_PORT; under srun, from the step",
+     "host:port where rank 0 serves the rendezvous store"},
     {"KOLO_STORE_FD", "(none: rank 0 binds KOLO_ADDR)",
      "rank 0: an inherited descriptor that already listens at KOLO_ADDR's port (kolorun sets it)"},
     {"KOLO_SECRET", "(none: unauthenticated)",
@@ -395,6 +397,71 @@ void resolve_identity(const ConfigOverrides& overrides, const Environment& env, 
   }
 }
 
+// A plain srun step exports no address, but every task sees the step's node list and ids. Rank 0
+// (task 0) runs on the list's first node under block, cyclic and plane distributions, and its store
+// listens at a port from the job and step ids: every task computes the same address, and steps that
+// run at once on one node differ unless their job ids differ by a multiple of 1000.
+constexpr int64_t kSlurmFirstPort = 20000;
+constexpr int64_t kSlurmPortCount = 10000;
+
+std::string slurm_step_address(const Environment& env) {
+  const char* advice = "or set KOLO_ADDR=host:port (rank 0's host and a free port)";
+  auto step = from_env(env, "SLURM_STEP_ID");
+  if (!step) step = from_env(env, "SLURM_STEPID");
+  if (!step) {
+    fail(fmt::format(
+        "kolo: SLURM_PROCID is set but SLURM_STEP_ID is not: this is a Slurm job's batch script "
+        "or allocation shell, not a task that srun started; start the program with srun, {}",
+        advice));
+  }
+  // Slurm's ids are 32-bit unsigned; integer_in_range() stops at int's range.
+  auto slurm_id = [](const Setting& setting) {
+    auto value = parse_integer(setting.text);
+    if (!value || *value < 0 || *value > std::numeric_limits<uint32_t>::max()) {
+      fail(fmt::format("kolo: {}={} is not a Slurm id: expected an integer from 0 to {}",
+                       setting.source, setting.text, std::numeric_limits<uint32_t>::max()));
+    }
+    return *value;
+  };
+  int64_t step_id = slurm_id(*step);
+  auto job = from_env(env, "SLURM_JOB_ID");
+  if (!job) job = from_env(env, "SLURM_JOBID");
+  if (!job) {
+    fail(fmt::format("kolo: srun exported no SLURM_JOB_ID to derive a port from; {}", advice));
+  }
+  int64_t job_id = slurm_id(*job);
+  if (auto distribution = from_env(env, "SLURM_DISTRIBUTION")) {
+    // "cyclic:block,Pack": the first word places tasks on nodes; "*" is the default, block.
+    std::string_view text = trim(distribution->text);
+    std::string_view nodes = text.substr(0, text.find_first_of(":,"));
+    if (nodes != "block" && nodes != "cyclic" && nodes != "plane" && nodes != "*") {
+      fail(fmt::format(
+          "kolo: SLURM_DISTRIBUTION={} does not place task 0 on the step's first node (kolo "
+          "derives rank 0's address only for block, cyclic and plane); {}",
+          distribution->text, advice));
+    }
+  }
+  auto nodes = from_env(env, "SLURM_STEP_NODELIST");
+  if (!nodes) nodes = from_env(env, "SLURM_JOB_NODELIST");
+  if (!nodes) {
+    fail(fmt::format("kolo: srun exported neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST; {}",
+                     advice));
+  }
+  std::string host;
+  try {
+    host = first_host_of_hostlist(nodes->text);
+  } catch (const Error& error) {
+    fail(fmt::format("kolo: cannot read {} as a Slurm node list: {}; {}", nodes->source,
+                     error.what(), advice));
+  }
+  int64_t port = kSlurmFirstPort + (10 * job_id + step_id) % kSlurmPortCount;
+  log::info(
+      "srun step {}.{}: rank 0's store at {}:{} (the first node of {}={}; KOLO_ADDR "
+      "overrides)",
+      job_id, step_id, host, port, nodes->source, nodes->text);
+  return fmt::format("{}:{}", host, port);
+}
+
 void resolve_address(const ConfigOverrides& overrides, const Environment& env, Config& config) {
   if (auto fd = from_env(env, "KOLO_STORE_FD")) {
     config.store_fd =
@@ -433,12 +500,15 @@ void resolve_address(const ConfigOverrides& overrides, const Environment& env, C
                      master_addr ? "MASTER_ADDR" : "MASTER_PORT",
                      master_addr ? "MASTER_PORT" : "MASTER_ADDR"));
   }
+  if (config.launcher == "slurm") {
+    config.addr = slurm_step_address(env);
+    return;
+  }
   std::string hint;
-  if (config.launcher == "slurm" || config.launcher == "ompi" || config.launcher == "pmi") {
-    hint = fmt::format(
-        "; {} exports no address, so set KOLO_ADDR to rank 0's host and a free "
-        "port in the job script, e.g. KOLO_ADDR=$(hostname):29500",
-        config.launcher == "slurm" ? "srun" : "mpirun");
+  if (config.launcher == "ompi" || config.launcher == "pmi") {
+    hint =
+        "; mpirun exports no address, so set KOLO_ADDR to rank 0's host and a free "
+        "port in the job script, e.g. KOLO_ADDR=$(hostname):29500";
   }
   fail(
       "kolo: no rendezvous address: set KOLO_ADDR=host:port (rank 0 serves the store there), or "

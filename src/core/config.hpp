@@ -21,10 +21,12 @@
 //   torchrun   RANK                   WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
 // When the rank comes from kolo_config_t ("config") or KOLO_RANK ("kolo"), no launcher variable
 // is read for the other fields either. The address comes from KOLO_ADDR, else torchrun's
-// MASTER_ADDR and MASTER_PORT, whatever the launcher; mpirun and srun export none, so jobs they
-// start must set KOLO_ADDR. When no row matches, the process was started alone and is a world of
-// one (rank 0 of 1, its store on the loopback), unless a size or local rank says that a launcher
-// did start it (KOLO_SIZE without KOLO_RANK, say): that is an error naming the variable.
+// MASTER_ADDR and MASTER_PORT, whatever the launcher; under srun, rank 0's host is the step's first
+// node and its port comes from the job and step ids (slurm_step_address in config.cpp); mpirun
+// exports none, so jobs it starts must set KOLO_ADDR. When no row matches, the process was started
+// alone and is a world of one (rank 0 of 1, its store on the loopback), unless a size or local
+// rank says that a launcher did start it (KOLO_SIZE without KOLO_RANK, say): that is an error
+// naming the variable.
 #pragma once
 
 #include <cstdint>
