@@ -19,8 +19,8 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <ctime>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -121,11 +121,11 @@ std::vector<Process> start_nodes(const Cluster& cluster, const Shape& shape,
       env[text.substr(0, text.find('='))] = "";
     }
   }
+  const std::string script = source_dir() + "/examples/several-hosts/torchrun-node.sh";
   std::vector<Process> nodes;
   for (int host = 1; host <= cluster.hosts; ++host) {
-    std::vector<std::string> argv = {"/bin/sh", cluster_script(), "exec", kClusterName,
-                                     std::to_string(host), "/bin/sh",
-                                     source_dir() + "/examples/several-hosts/torchrun-node.sh"};
+    std::vector<std::string> argv = {
+        "/bin/sh", cluster_script(), "exec", kClusterName, std::to_string(host), "/bin/sh", script};
     argv.insert(argv.end(), program.begin(), program.end());
     nodes.emplace_back(argv, env);
   }
@@ -188,8 +188,8 @@ void expect_all_reduce_perf_passed(const Shape& shape, const std::vector<std::st
   CHECK(contains(all, "# Out of bounds values : 0 OK"));
   const std::regex device(R"(#\s+Rank\s+(\d+) Group\s+\d+ Pid\s+\d+ on\s+(\S+) device)");
   std::map<int, std::string> host_of;
-  for (auto it = std::sregex_iterator(all.begin(), all.end(), device);
-       it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(all.begin(), all.end(), device); it != std::sregex_iterator();
+       ++it) {
     host_of[std::stoi((*it)[1])] = (*it)[2];
   }
   CHECK(static_cast<int>(host_of.size()) == shape.hosts * shape.per_host);
@@ -238,23 +238,22 @@ TEST_CASE("torchrun on every host: DDP on kolo, kolo.torch and all_reduce_perf",
   }
 }
 
-TEST_CASE("a node whose torchrun dies is reported by every rank on the other hosts",
-          "[torchrun]") {
+TEST_CASE("a node whose torchrun dies is reported by every rank on the other hosts", "[torchrun]") {
   struct Case {
     const char* what;
     int victim_host;
     bool whole_node;  // SIGKILL to the agent and its ranks, else SIGTERM to the agent alone
   };
   const Shape shape{3, 2, 1};
-  for (const Case& c : {Case{"the last host's agent and ranks killed", 3, true},
-                        Case{"the rendezvous host's agent (rank 0's) stopped with SIGTERM", 1,
-                             false}}) {
+  for (const Case& c :
+       {Case{"the last host's agent and ranks killed", 3, true},
+        Case{"the rendezvous host's agent (rank 0's) stopped with SIGTERM", 1, false}}) {
     DYNAMIC_SECTION(c.what) {
       Cluster cluster(shape.hosts);
       SecretFile secret;
-      auto nodes = start_nodes(cluster, shape, job_id("lost"), secret,
-                               {"--no_python", built_program("tests/kolo_test_worker"), "loop",
-                                "60"});
+      auto nodes =
+          start_nodes(cluster, shape, job_id("lost"), secret,
+                      {"--no_python", built_program("tests/kolo_test_worker"), "loop", "60"});
       // Which ranks each host runs, from their "rank R: looping" (up to 60 s: the ranks start
       // only once every node has joined the rendezvous).
       std::vector<std::map<int, std::string>> looping(nodes.size());
@@ -333,6 +332,10 @@ int main(int argc, char** argv) {
   }
   if (!std::filesystem::exists("/usr/bin/torchrun")) {
     std::puts("skipped: Debian's torchrun (python3-torch) is not installed");
+    return 77;
+  }
+  if (std::system("/usr/bin/python3 -c 'import sklearn' >/dev/null 2>&1") != 0) {
+    std::puts("skipped: the examples need python3-sklearn, which is not installed");
     return 77;
   }
   return Catch::Session().run(argc, argv);
