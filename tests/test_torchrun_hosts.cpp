@@ -157,10 +157,12 @@ std::map<int, std::string> rank_lines(const std::string& output, const std::stri
   return found;
 }
 
-// A training example: every rank of every host printed the same parameters' digest.
-void expect_same_parameters(const Shape& shape, const std::vector<std::string>& outputs) {
+// A training example: every rank of every host printed the same parameters' digest. Returns the
+// host (1-based) on which rank 0 ran.
+int expect_same_parameters(const Shape& shape, const std::vector<std::string>& outputs) {
   const int size = shape.hosts * shape.per_host;
   std::map<int, std::string> digests;
+  int rank0_host = 0;
   for (size_t host = 0; host < outputs.size(); ++host) {
     auto here = rank_lines(outputs[host], "parameters sha256 ([0-9a-f]{64})");
     INFO("host " << host + 1 << " output:\n" << outputs[host]);
@@ -168,6 +170,7 @@ void expect_same_parameters(const Shape& shape, const std::vector<std::string>& 
     for (const auto& [rank, digest] : here) {
       CHECK(digests.count(rank) == 0);  // and each rank ran once
       digests[rank] = digest;
+      if (rank == 0) rank0_host = static_cast<int>(host) + 1;
     }
   }
   REQUIRE(static_cast<int>(digests.size()) == size);
@@ -177,6 +180,7 @@ void expect_same_parameters(const Shape& shape, const std::vector<std::string>& 
     INFO("rank " << rank);
     CHECK(digest == digests.at(0));
   }
+  return rank0_host;
 }
 
 // all_reduce_perf: rank 0's table says every element was right, and lists every rank on its
@@ -219,7 +223,8 @@ TEST_CASE("torchrun on every host: DDP on kolo, kolo.torch and all_reduce_perf",
         INFO("examples/ddp_digits.py (DistributedDataParallel on the \"kolo\" backend)");
         auto nodes = start_nodes(cluster, shape, job_id("ddp"), secret,
                                  {examples + "ddp_digits.py", "--epochs", "2"});
-        expect_same_parameters(shape, expect_nodes_succeed(nodes, 180));
+        const int rank0_host = expect_same_parameters(shape, expect_nodes_succeed(nodes, 180));
+        if (shape.rendezvous_host != 1) CHECK(rank0_host != shape.rendezvous_host);
       }
       {
         INFO("examples/pytorch_digits.py (kolo.torch)");
