@@ -43,18 +43,23 @@ def init(**config):
     """Joins the job and makes the world communicator, which it returns; a second call returns
     the same one. Keyword arguments (rank, size, local_rank, local_size, addr, secret, timeout)
     override the environment (KOLO_RANK, KOLO_SIZE, KOLO_ADDR, ..., or what kolorun, mpirun,
-    srun or torchrun export). Under torchrun, whose store holds MASTER_PORT, rank 0 publishes
-    kolo's address in torchrun's store; the job secret comes from KOLO_SECRET or
+    srun or torchrun export). Under torchrun, when its agent serves a store at MASTER_PORT
+    (TORCHELASTIC_USE_AGENT_STORE=True: the default static rendezvous), rank 0 publishes
+    kolo's address in that store; the job secret comes from KOLO_SECRET or
     KOLO_SECRET_FILE (or `secret`) and never enters that store, and only when none is set does
     rank 0 generate one and publish it there, with a warning: the world then counts as
     unauthenticated (Communicator.peers_authenticated), since whoever reaches MASTER_PORT can
-    read it. Blocks until every rank has joined, at most the timeout. Raises ConfigError naming
-    the variable to set, KoloTimeoutError, KoloSystemError."""
+    read it. Under torchrun's other rendezvous (c10d, etcd) nothing serves MASTER_PORT, and
+    the core's own reading applies: kolo's store at MASTER_ADDR (rank 0's host) and
+    MASTER_PORT + 1, the secret from KOLO_SECRET or KOLO_SECRET_FILE (without one the job is
+    unauthenticated, with a warning). Blocks until every rank has joined, at most the timeout.
+    Raises ConfigError naming the variable to set, KoloTimeoutError, KoloSystemError."""
     global _world
     with _lock:
         if _world is None or _world.closed:
             if "addr" not in config and not os.environ.get("KOLO_ADDR") and \
-                    os.environ.get("TORCHELASTIC_RUN_ID"):
+                    os.environ.get("TORCHELASTIC_RUN_ID") and \
+                    os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
                 config.update(_torchrun_rendezvous(config.get("timeout"),
                                                    config.get("secret") is not None))
             _world = Communicator.create(**config)
@@ -62,7 +67,7 @@ def init(**config):
 
 
 def _torchrun_rendezvous(timeout, own_secret):
-    """Under torchrun, MASTER_PORT is taken by torchrun's own store: rank 0 picks a free port
+    """Under torchrun's agent store, MASTER_PORT is taken by that store: rank 0 picks a free port
     for kolo's store and publishes it in torchrun's store, where the other ranks read it, and
     the secret is settled as _secret.secret_through_torch_store says. Returns the arguments for
     Communicator.create."""

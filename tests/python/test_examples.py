@@ -55,6 +55,23 @@ def test_horovod_style_example_under_torchrun(tmp_path):
     assert "done: 2 ranks" in output and _final_accuracy(output) > 0.85, output[-2000:]
 
 
+def test_horovod_style_example_under_torchrun_c10d(tmp_path):
+    """With the c10d rendezvous (every multi-node torchrun, and --standalone) torchrun serves no
+    store at MASTER_PORT: kolo.init() meets in kolo's own store at MASTER_PORT + 1 instead of
+    waiting for one there (docs/several-hosts.md)."""
+    secret = tmp_path / "kolo-secret"
+    secret.write_text(os.urandom(32).hex())
+    secret.chmod(0o600)
+    command = [ranks.PYTHON, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1",
+               "--nproc_per_node", "2", "--nnodes", "1", "--rdzv_backend", "c10d",
+               "--rdzv_endpoint", f"127.0.0.1:{free_port('127.0.0.1')}",
+               os.path.join(EXAMPLES, "pytorch_digits.py"), "--epochs", "2"]
+    output = _run(command, env={"KOLO_SECRET": "", "KOLO_SECRET_FILE": str(secret)})
+    digests = re.findall(r"rank (\d): parameters sha256 ([0-9a-f]{64})", output)
+    assert sorted(rank for rank, _ in digests) == ["0", "1"], output[-2000:]
+    assert len({digest for _, digest in digests}) == 1, output[-2000:]
+
+
 def test_ddp_example_under_torchrun():
     output = _run(_torchrun(2) + [os.path.join(EXAMPLES, "ddp_digits.py"), "--epochs", "4"])
     assert _final_accuracy(output) > 0.85, output[-2000:]
