@@ -121,7 +121,13 @@ bool built_with_pmix() {
 }
 
 std::string share_store_address(const Config& config, const std::string& own_store_address) {
+  using Clock = std::chrono::steady_clock;
+  auto milliseconds = [](Clock::time_point since) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - since).count();
+  };
+  const auto started = Clock::now();
   const Client& me = client();
+  const double init_ms = milliseconds(started);
   if (me.init_status != PMIX_SUCCESS) {
     throw Error(
         Status::kConfig,
@@ -151,7 +157,11 @@ std::string share_store_address(const Config& config, const std::string& own_sto
                               config.size, key, error_name(put), kUseStoreInstead));
     }
   }
+  const auto fence_started = Clock::now();
   fence(config);
+  log::info("PMIx: rank 0's store address exchanged in {:.1f} ms (PMIx_Init {:.1f} ms, "
+            "the fence {:.1f} ms)",
+            milliseconds(started), init_ms, milliseconds(fence_started));
   if (config.rank == 0) return own_store_address;
 
   pmix_proc_t root;
