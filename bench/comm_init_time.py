@@ -21,5 +21,7 @@ if status != 0:
 rank, size = ctypes.c_int(), ctypes.c_int()
 library.kolo_comm_rank(comm, ctypes.byref(rank))
 library.kolo_comm_size(comm, ctypes.byref(size))
-print(f"rank {rank.value} of {size.value}: kolo_comm_init {seconds:.4f} s", flush=True)
+# One write, so that mpirun's forwarding cannot split the line from its end.
+sys.stdout.write(f"rank {rank.value} of {size.value}: kolo_comm_init {seconds:.4f} s\n")
+sys.stdout.flush()
 library.kolo_comm_destroy(comm)
