@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <pmix.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -33,8 +34,12 @@ struct Client {
   pmix_proc_t self{};
 };
 
+// The process that called PMIx_Init; a child forked from it (a data loader's worker) that exits
+// through exit() must not finalize the parent's connection.
+pid_t g_initialized_in = 0;
+
 void finalize_at_exit() {
-  PMIx_Finalize(nullptr, 0);
+  if (::getpid() == g_initialized_in) PMIx_Finalize(nullptr, 0);
 }
 
 const Client& client() {
@@ -42,6 +47,7 @@ const Client& client() {
     Client made;
     made.init_status = PMIx_Init(&made.self, nullptr, 0);
     if (made.init_status == PMIX_SUCCESS) {
+      g_initialized_in = ::getpid();
       std::atexit(finalize_at_exit);
       log::info("PMIx client of namespace {}, rank {} (PMIx {})", made.self.nspace, made.self.rank,
                 PMIx_Get_version());
