@@ -39,9 +39,10 @@ bool built_with_pmix();
 
 // Hands rank 0's store address to every rank: rank 0 passes `own_store_address` ("host:port")
 // and gets it back, the other ranks pass "" and get rank 0's. Blocks at most config.timeout_s in
-// the fence. Throws kolo::Error: kTimeout when the fence does not complete in time, kConfig when
-// PMIx_Init fails, PMIx's rank differs from config.rank or rank 0's key is missing,
-// kUnsupported in a build without PMIx; each message names PMIx, the rank and KOLO_ADDR.
+// the fence. Throws kolo::Error: kTimeout when the fence does not complete in time, kPeerLost
+// when the server fails it (a process of the job ended), kConfig when PMIx_Init fails, PMIx's
+// rank differs from config.rank or rank 0's key is missing, kUnsupported in a build without
+// PMIx; each message names PMIx, the rank and KOLO_ADDR.
 std::string share_store_address(const Config& config, const std::string& own_store_address);
 
 }  // namespace kolo::pmix
