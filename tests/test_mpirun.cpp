@@ -74,8 +74,7 @@ TEST_CASE("mpirun with no address: collectives compute right, rendezvous through
   for (int ranks : {2, 4}) {
     for (const char* scenario : {"allreduce", "broadcast", "barrier"}) {
       DYNAMIC_SECTION(scenario << ", mpirun -np " << ranks) {
-        ProcessResult result =
-            mpirun({"-np", std::to_string(ranks), worker, scenario, "quick"});
+        ProcessResult result = mpirun({"-np", std::to_string(ranks), worker, scenario, "quick"});
         INFO(result.output);
         CHECK_FALSE(result.timed_out);
         if (!kBuiltWithPmix) {
@@ -93,8 +92,7 @@ TEST_CASE("mpirun with no address: collectives compute right, rendezvous through
   }
 }
 
-TEST_CASE("mpirun: communicators made one after another each get their own PMIx key",
-          "[mpirun]") {
+TEST_CASE("mpirun: communicators made one after another each get their own PMIx key", "[mpirun]") {
   ProcessResult result =
       mpirun({"-np", "3", built_program("tests/kolo_test_worker"), "reinit", "0.2"});
   INFO(result.output);
@@ -110,10 +108,9 @@ TEST_CASE("mpirun: a process of the job that never starts kolo fails the fence w
   // Rank 1 is in mpirun's job but sleeps instead of calling kolo_comm_init: rank 0 waits in the
   // PMIx fence, gives up after KOLO_TIMEOUT and says what to set instead.
   const auto started = std::chrono::steady_clock::now();
-  ProcessResult result =
-      mpirun({"-np", "1", built_program("tests/kolo_test_worker"), "allreduce", "quick", ":",
-              "-np", "1", "sleep", "8"},
-             {{"KOLO_TIMEOUT", "2"}});
+  ProcessResult result = mpirun({"-np", "1", built_program("tests/kolo_test_worker"), "allreduce",
+                                 "quick", ":", "-np", "1", "sleep", "8"},
+                                {{"KOLO_TIMEOUT", "2"}});
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   INFO(result.output);

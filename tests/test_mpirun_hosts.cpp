@@ -40,7 +40,9 @@ std::string source_dir() {
   return path != nullptr ? path : "..";
 }
 
-std::string cluster_script() { return source_dir() + "/scripts/cluster.sh"; }
+std::string cluster_script() {
+  return source_dir() + "/scripts/cluster.sh";
+}
 
 int run_script(const std::string& arguments) {
   std::string command =
@@ -90,17 +92,13 @@ struct Cluster {
   Process start(int per_host, const std::vector<std::string>& program) const {
     // mpirun hands its own environment to the ranks on host 1 only: a setting of the test's
     // environment (meson's KOLO_TRANSPORT=tcp) would make those ranks differ from the others.
-    std::vector<std::string> argv = {"/usr/bin/env",
-                                     "-u",
-                                     "KOLO_TRANSPORT",
-                                     "/bin/sh",
-                                     cluster_script(),
-                                     "exec",
-                                     kClusterName,
-                                     "1",
-                                     "/bin/sh",
-                                     source_dir() + "/examples/several-hosts/mpirun.sh",
-                                     host_list(per_host)};
+    std::vector<std::string> argv = {
+        "/usr/bin/env",     "-u",
+        "KOLO_TRANSPORT",   "/bin/sh",
+        cluster_script(),   "exec",
+        kClusterName,       "1",
+        "/bin/sh",          source_dir() + "/examples/several-hosts/mpirun.sh",
+        host_list(per_host)};
     argv.insert(argv.end(), program.begin(), program.end());
     std::map<std::string, std::string> env = kClusterEnv;
     env.insert({{"KOLO_SECRET_FILE", secret_file},
@@ -135,19 +133,18 @@ TEST_CASE("mpirun over ssh with nothing of kolo's set", "[cluster][mpirun]") {
       Cluster cluster(hosts);
       {
         INFO("all_reduce_perf -c 1");
-        ProcessResult result =
-            cluster.start(per_host, {build + "/bench/all_reduce_perf", "-b", "8", "-e", "4M",
-                                     "-f", "8", "-c", "1"})
-                .wait(120);
+        ProcessResult result = cluster
+                                   .start(per_host, {build + "/bench/all_reduce_perf", "-b", "8",
+                                                     "-e", "4M", "-f", "8", "-c", "1"})
+                                   .wait(120);
         INFO(result.output);
         expect_pmix_job(result, hosts, per_host);
         CHECK(contains(result.output, "# Out of bounds values : 0 OK"));
         // all_reduce_perf's header names the host of every rank: block placement, per_host each.
         for (int rank = 0; rank < size; ++rank) {
           CHECK(std::regex_search(
-              result.output,
-              std::regex(fmt::format(R"(Rank +{} Group +0 Pid +\d+ on +{}{} )", rank,
-                                     kClusterName, rank / per_host + 1))));
+              result.output, std::regex(fmt::format(R"(Rank +{} Group +0 Pid +\d+ on +{}{} )", rank,
+                                                    kClusterName, rank / per_host + 1))));
         }
       }
       for (const char* scenario : {"allreduce", "broadcast", "barrier"}) {
@@ -227,8 +224,9 @@ TEST_CASE("mpirun over ssh: a rank killed mid-job is named by every survivor",
   // mpirun then ends the job and says why: the first process it saw end, either the victim
   // ("exited on signal 9") or a survivor that returned its error first ("non-zero status").
   CHECK((contains(result.output, fmt::format("process rank {} with PID {}", victim, pid)) ||
-         contains(result.output, "mpirun detected that one or more processes exited with "
-                                 "non-zero status")));
+         contains(result.output,
+                  "mpirun detected that one or more processes exited with "
+                  "non-zero status")));
   CHECK(seconds < 20);
 }
 

@@ -165,9 +165,10 @@ std::string share_store_address(const Config& config, const std::string& own_sto
   }
   const auto fence_started = Clock::now();
   fence(config);
-  log::info("PMIx: rank 0's store address exchanged in {:.1f} ms (PMIx_Init {:.1f} ms, "
-            "the fence {:.1f} ms)",
-            milliseconds(started), init_ms, milliseconds(fence_started));
+  log::info(
+      "PMIx: rank 0's store address exchanged in {:.1f} ms (PMIx_Init {:.1f} ms, "
+      "the fence {:.1f} ms)",
+      milliseconds(started), init_ms, milliseconds(fence_started));
   if (config.rank == 0) return own_store_address;
 
   pmix_proc_t root;
