@@ -7,6 +7,8 @@ set -eu
 # Build: compilers, Meson, and the libraries that meson.build requires.
 packages="meson ninja-build g++ pkg-config libfmt-dev libcli11-dev libsodium-dev libhwloc-dev \
 libucx-dev"
+# The PMIx rendezvous under mpirun and srun --mpi=pmix (src/bootstrap/pmix.hpp; -Dpmix=auto).
+packages="$packages libpmix-dev"
 # Tests: Catch2, the timeline parser, CMake for the find_package(kolo) consumer, the tools that
 # multi-process tests call, and Python with numpy, torch and pytest for the Python package.
 packages="$packages catch2 nlohmann-json3-dev cmake iproute2 procps python3 python3-numpy \

@@ -487,6 +487,47 @@ TEST_CASE("a rank without a size names KOLO_SIZE", "[config]") {
   CHECK_THAT(failure.message, Contains("KOLO_RANK") && Contains("KOLO_SIZE"));
 }
 
+TEST_CASE("under a PMIx server with no address given, the address comes from PMIx", "[config]") {
+  Environment mpirun = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                        {"PMIX_RANK", "1"}, {"PMIX_NAMESPACE", "1234"}};
+  SECTION("mpirun") {
+    Config config = resolve(mpirun);
+    CHECK(config.pmix_rendezvous);
+    CHECK(config.addr.empty());
+  }
+  SECTION("srun --mpi=pmix") {
+    Config config = resolve({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
+                             {"PMIX_RANK", "0"}, {"PMIX_NAMESPACE", "slurm.pmix.7.0"}});
+    CHECK(config.launcher == "slurm");
+    CHECK(config.pmix_rendezvous);
+  }
+  SECTION("KOLO_ADDR wins") {
+    mpirun["KOLO_ADDR"] = "node0:29500";
+    Config config = resolve(mpirun);
+    CHECK_FALSE(config.pmix_rendezvous);
+    CHECK(config.addr == "node0:29500");
+  }
+  SECTION("MASTER_ADDR and MASTER_PORT win") {
+    mpirun["MASTER_ADDR"] = "node0";
+    mpirun["MASTER_PORT"] = "29500";
+    Config config = resolve(mpirun);
+    CHECK_FALSE(config.pmix_rendezvous);
+    CHECK(config.addr == "node0:29500");
+  }
+  SECTION("KOLO_RANK's job (kolorun inside an allocation) does not use it") {
+    Failure failure = resolve_failure(
+        {{"KOLO_RANK", "0"}, {"KOLO_SIZE", "2"}, {"PMIX_RANK", "0"}, {"PMIX_NAMESPACE", "1"}});
+    REQUIRE(failure.thrown);
+    CHECK_THAT(failure.message, Contains("KOLO_ADDR=host:port"));
+  }
+  SECTION("PMIX_RANK without PMIX_NAMESPACE is no PMIx server") {
+    mpirun.erase("PMIX_NAMESPACE");
+    Failure failure = resolve_failure(mpirun);
+    REQUIRE(failure.thrown);
+    CHECK_THAT(failure.message, Contains("mpirun") && Contains("KOLO_ADDR"));
+  }
+}
+
 TEST_CASE("no address: the message says what to set", "[config]") {
   SECTION("by hand") {
     Failure failure = resolve_failure({{"KOLO_RANK", "0"}, {"KOLO_SIZE", "2"}});

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "bootstrap/pmix.hpp"
 #include "bootstrap/store.hpp"
 #include "comm/connect.hpp"
 #include "comm/lifeline.hpp"
@@ -90,8 +91,13 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     }
   }
 
-  net::Endpoint store_endpoint = net::parse_endpoint(config_.addr, "KOLO_ADDR");
-  config_.store_generation = next_store_generation(config_.addr, config_.rank);
+  // Under PMIx rank 0's store binds a free port on every interface, and the address it publishes
+  // (its host name, or KOLO_SOCKET_IFNAME's address) reaches the other ranks through PMIx.
+  net::Endpoint store_endpoint = config_.pmix_rendezvous
+                                     ? net::Endpoint{"", 0}
+                                     : net::parse_endpoint(config_.addr, "KOLO_ADDR");
+  config_.store_generation =
+      next_store_generation(config_.pmix_rendezvous ? "PMIx" : config_.addr, config_.rank);
   if (config_.rank == 0) {
     // A host name may resolve to loopback on rank 0's own host (127.0.1.1 on Debian) and to a
     // network address elsewhere: the store then listens on every interface at that port.
@@ -110,6 +116,17 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     }
     // A world of one asks for any free port: the store's clients connect where it landed.
     if (store_endpoint.port == 0) config_.addr = server_->endpoint().to_string();
+  }
+  if (config_.pmix_rendezvous) {
+    const std::string own_address =
+        config_.rank != 0 ? std::string()
+        : !config_.socket_ifname.empty()
+            ? net::Endpoint{net::interface_address(config_.socket_ifname),
+                            server_->endpoint().port}
+                  .to_string()
+            : net::Endpoint{net::host_name(), server_->endpoint().port}.to_string();
+    config_.addr = pmix::share_store_address(config_, own_address);
+    log::info("rendezvous store at {}, from PMIx", config_.addr);
   }
   store_ = open_store(config_);
   discover_hosts();
@@ -137,12 +154,14 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     // One line per job that says what ran, for bug reports and for comparing runs (rank 0 only).
     log::info("kolo {} (commit {}): {} rank(s) on {} node(s), transport {}, allreduce {} "
               "(KOLO_ALLREDUCE={}; flat: recursive doubling up to {} bytes, ring above), "
-              "segments of {} bytes, KOLO_SHM={}, {} TCP stream(s), started by {}",
+              "segments of {} bytes, KOLO_SHM={}, {} TCP stream(s), started by {}, rendezvous "
+              "{}",
               build_version(), build_commit(), config_.size, node_count_, transport_->name(),
               allreduce_choice, config_.allreduce,
               kRecursiveDoublingMaxBytesPerRank * static_cast<uint64_t>(config_.size),
               config_.segment_bytes, config_.shm, config_.tcp_streams,
-              config_.launcher.empty() ? "config" : config_.launcher);
+              config_.launcher.empty() ? "config" : config_.launcher,
+              config_.pmix_rendezvous ? "through PMIx" : "at " + config_.addr);
   }
   report_on(this);
 }

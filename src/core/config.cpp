@@ -500,6 +500,11 @@ void resolve_address(const ConfigOverrides& overrides, const Environment& env, C
                      master_addr ? "MASTER_ADDR" : "MASTER_PORT",
                      master_addr ? "MASTER_PORT" : "MASTER_ADDR"));
   }
+  if ((config.launcher == "ompi" || config.launcher == "pmi" || config.launcher == "slurm") &&
+      from_env(env, "PMIX_NAMESPACE") && from_env(env, "PMIX_RANK")) {
+    config.pmix_rendezvous = true;  // the communicator asks PMIx for rank 0's store address
+    return;
+  }
   if (config.launcher == "slurm") {
     config.addr = slurm_step_address(env);
     return;

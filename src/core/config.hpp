@@ -21,12 +21,13 @@
 //   torchrun   RANK                   WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
 // When the rank comes from kolo_config_t ("config") or KOLO_RANK ("kolo"), no launcher variable
 // is read for the other fields either. The address comes from KOLO_ADDR, else torchrun's
-// MASTER_ADDR and MASTER_PORT, whatever the launcher; under srun, rank 0's host is the step's first
-// node and its port comes from the job and step ids (slurm_step_address in config.cpp); mpirun
-// exports none, so jobs it starts must set KOLO_ADDR. When no row matches, the process was started
-// alone and is a world of one (rank 0 of 1, its store on the loopback), unless a size or local
-// rank says that a launcher did start it (KOLO_SIZE without KOLO_RANK, say): that is an error
-// naming the variable.
+// MASTER_ADDR and MASTER_PORT, whatever the launcher, else (under mpirun, MPICH or srun with a
+// PMIx server: PMIX_NAMESPACE and PMIX_RANK set) from PMIx at start-up (bootstrap/pmix.hpp); under
+// plain srun, rank 0's host is the step's first node and its port comes from the job and step ids
+// (slurm_step_address in config.cpp); other launchers export none, so jobs they start must set
+// KOLO_ADDR. When no row matches, the process was started alone and is a world of one (rank 0 of
+// 1, its store on the loopback), unless a size or local rank says that a launcher did start it
+// (KOLO_SIZE without KOLO_RANK, say): that is an error naming the variable.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +70,9 @@ struct Config {
   int local_rank = -1;
   int local_size = -1;
   std::string addr;                  // "host:port" of the rendezvous store served by rank 0
+  // No address was given and a PMIx server started the job: rank 0's store binds a free port and
+  // the communicator hands "host:port" out through PMIx (bootstrap/pmix.hpp) and sets addr.
+  bool pmix_rendezvous = false;
   // KOLO_STORE_FD: a socket listening at addr's port that rank 0's launcher bound and handed down
   // (kolorun does), which rank 0's store serves on instead of binding the port; -1: none.
   int store_fd = -1;

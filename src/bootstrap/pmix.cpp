@@ -1,0 +1,200 @@
+// The PMIx exchange of rank 0's store address (bootstrap/pmix.hpp says when and why).
+#include "bootstrap/pmix.hpp"
+
+#include <fmt/format.h>
+#include <pmix.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "core/log.hpp"
+#include "kolo/status.hpp"
+
+namespace kolo::pmix {
+namespace {
+
+constexpr const char* kUseStoreInstead =
+    "set KOLO_ADDR=host:port (rank 0's host and a free port) to rendezvous without PMIx";
+
+std::string error_name(pmix_status_t status) {
+  const char* name = PMIx_Error_string(status);
+  return name ? name : fmt::format("PMIx status {}", status);
+}
+
+// This process as PMIx knows it, after the one PMIx_Init of the process; PMIx_Finalize runs at
+// exit. A failed PMIx_Init is reported to every caller, never retried.
+struct Client {
+  pmix_status_t init_status = PMIX_ERR_INIT;
+  pmix_proc_t self{};
+};
+
+// The process that called PMIx_Init; a child forked from it (a data loader's worker) that exits
+// through exit() must not finalize the parent's connection.
+pid_t g_initialized_in = 0;
+
+void finalize_at_exit() {
+  if (::getpid() == g_initialized_in) PMIx_Finalize(nullptr, 0);
+}
+
+const Client& client() {
+  static const Client instance = [] {
+    Client made;
+    made.init_status = PMIx_Init(&made.self, nullptr, 0);
+    if (made.init_status == PMIX_SUCCESS) {
+      g_initialized_in = ::getpid();
+      std::atexit(finalize_at_exit);
+      log::info("PMIx client of namespace {}, rank {} (PMIx {})", made.self.nspace, made.self.rank,
+                PMIx_Get_version());
+    }
+    return made;
+  }();
+  return instance;
+}
+
+// A fence in flight. PMIx calls back from its own thread, possibly after the waiter gave up at
+// its deadline: the callback owns one reference, so the state outlives whichever ends last.
+struct Fence {
+  std::mutex mutex;
+  std::condition_variable done_changed;
+  bool done = false;
+  pmix_status_t status = PMIX_SUCCESS;
+  pmix_info_t info[2];
+};
+
+void fence_done(pmix_status_t status, void* data) {
+  auto* owner = static_cast<std::shared_ptr<Fence>*>(data);
+  {
+    std::lock_guard<std::mutex> lock((*owner)->mutex);
+    (*owner)->done = true;
+    (*owner)->status = status;
+  }
+  (*owner)->done_changed.notify_all();
+  delete owner;
+}
+
+// PMIx_Fence over the whole namespace with data collection, bounded by the configured timeout:
+// PMIX_TIMEOUT asks the server to give up in time, and this rank stops waiting at its own deadline
+// whether or not the server does.
+void fence(const Config& config) {
+  auto state = std::make_shared<Fence>();
+  bool collect = true;
+  // PMIX_TIMEOUT is in whole seconds, and 0 would mean none.
+  int seconds = static_cast<int>(std::min(std::ceil(config.timeout_s), 1e6));
+  if (seconds < 1) seconds = 1;
+  PMIX_INFO_LOAD(&state->info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+  PMIX_INFO_LOAD(&state->info[1], PMIX_TIMEOUT, &seconds, PMIX_INT);
+  auto* owner = new std::shared_ptr<Fence>(state);
+  pmix_status_t started = PMIx_Fence_nb(nullptr, 0, state->info, 2, fence_done, owner);
+  if (started == PMIX_OPERATION_SUCCEEDED) {
+    delete owner;
+    return;
+  }
+  if (started != PMIX_SUCCESS) {
+    delete owner;
+    throw Error(Status::kConfig,
+                fmt::format("kolo: rank {} of {}: PMIx_Fence failed ({}); {}", config.rank,
+                            config.size, error_name(started), kUseStoreInstead));
+  }
+  std::unique_lock<std::mutex> lock(state->mutex);
+  const auto limit = std::chrono::duration<double>(config.timeout_s);
+  if (!state->done_changed.wait_for(lock, limit, [&] { return state->done; }) ||
+      state->status == PMIX_ERR_TIMEOUT) {
+    throw Error(Status::kTimeout,
+                fmt::format("kolo: rank {} of {}: the PMIx fence that hands out rank 0's store "
+                            "address did not complete within {:g} s (KOLO_TIMEOUT): some rank of "
+                            "the job has not reached kolo_comm_init, or made fewer communicators "
+                            "than this one; {}",
+                            config.rank, config.size, config.timeout_s, kUseStoreInstead));
+  }
+  if (state->status != PMIX_SUCCESS) {
+    throw Error(Status::kPeerLost,
+                fmt::format("kolo: rank {} of {}: the PMIx fence that hands out rank 0's store "
+                            "address failed ({}): a rank of the job may have ended; {}",
+                            config.rank, config.size, error_name(state->status), kUseStoreInstead));
+  }
+}
+
+}  // namespace
+
+bool built_with_pmix() {
+  return true;
+}
+
+std::string share_store_address(const Config& config, const std::string& own_store_address) {
+  using Clock = std::chrono::steady_clock;
+  auto milliseconds = [](Clock::time_point since) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - since).count();
+  };
+  const auto started = Clock::now();
+  const Client& me = client();
+  const double init_ms = milliseconds(started);
+  if (me.init_status != PMIX_SUCCESS) {
+    throw Error(
+        Status::kConfig,
+        fmt::format("kolo: rank {} of {}: PMIx_Init failed ({}) although PMIX_NAMESPACE "
+                    "and PMIX_RANK say a PMIx server started this process; {}",
+                    config.rank, config.size, error_name(me.init_status), kUseStoreInstead));
+  }
+  if (static_cast<int64_t>(me.self.rank) != config.rank) {
+    throw Error(
+        Status::kConfig,
+        fmt::format("kolo: PMIx says this process is rank {} of namespace {}, but its "
+                    "kolo rank is {} (from {}): PMIx ranks must be kolo's ranks for the "
+                    "rendezvous through PMIx; {}",
+                    me.self.rank, me.self.nspace, config.rank, config.launcher, kUseStoreInstead));
+  }
+  const std::string key = fmt::format("kolo.store.{}", config.store_generation);
+  if (config.rank == 0) {
+    pmix_value_t value;
+    PMIX_VALUE_CONSTRUCT(&value);
+    value.type = PMIX_STRING;
+    value.data.string = const_cast<char*>(own_store_address.c_str());
+    pmix_status_t put = PMIx_Put(PMIX_GLOBAL, key.c_str(), &value);
+    if (put == PMIX_SUCCESS) put = PMIx_Commit();
+    if (put != PMIX_SUCCESS) {
+      throw Error(Status::kConfig,
+                  fmt::format("kolo: rank 0 of {}: PMIx_Put or PMIx_Commit of {} failed ({}); {}",
+                              config.size, key, error_name(put), kUseStoreInstead));
+    }
+  }
+  const auto fence_started = Clock::now();
+  fence(config);
+  log::info(
+      "PMIx: rank 0's store address exchanged in {:.1f} ms (PMIx_Init {:.1f} ms, "
+      "the fence {:.1f} ms)",
+      milliseconds(started), init_ms, milliseconds(fence_started));
+  if (config.rank == 0) return own_store_address;
+
+  pmix_proc_t root;
+  PMIX_PROC_LOAD(&root, me.self.nspace, 0);
+  // The fence collected the data: the key is here or nowhere, so PMIx must not wait for it.
+  pmix_info_t optional;
+  bool local_only = true;
+  PMIX_INFO_LOAD(&optional, PMIX_OPTIONAL, &local_only, PMIX_BOOL);
+  pmix_value_t* value = nullptr;
+  pmix_status_t got = PMIx_Get(&root, key.c_str(), &optional, 1, &value);
+  PMIX_INFO_DESTRUCT(&optional);
+  std::string address;
+  if (got == PMIX_SUCCESS && value && value->type == PMIX_STRING && value->data.string) {
+    address = value->data.string;
+  }
+  if (value) PMIX_VALUE_RELEASE(value);
+  if (address.empty()) {
+    throw Error(
+        Status::kConfig,
+        fmt::format("kolo: rank {} of {}: after the PMIx fence, rank 0 has no string {} "
+                    "(PMIx_Get: {}): rank 0 made fewer communicators through PMIx than "
+                    "this rank, or is not kolo's rank 0; {}",
+                    config.rank, config.size, key,
+                    got == PMIX_SUCCESS ? "not a string" : error_name(got), kUseStoreInstead));
+  }
+  return address;
+}
+
+}  // namespace kolo::pmix

@@ -1,0 +1,137 @@
+// Open MPI's mpirun on this machine, with nothing of kolo's set: no KOLO_ADDR, no MASTER_ADDR,
+// no rank. Ranks find rank 0's store through mpirun's PMIx server (src/bootstrap/pmix.hpp), or,
+// in a build without PMIx, every rank is told to set KOLO_ADDR. The workers check their results
+// against their own reference. Skipped (77) where mpirun is not installed.
+#define CATCH_CONFIG_RUNNER
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kolo_build_config.h"
+#include "process.hpp"
+
+using namespace kolo::test;
+
+namespace {
+
+#ifdef KOLO_HAVE_PMIX
+constexpr bool kBuiltWithPmix = true;
+#else
+constexpr bool kBuiltWithPmix = false;
+#endif
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+size_t count(const std::string& text, const std::string& part) {
+  size_t found = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++found;
+  return found;
+}
+
+// mpirun with the machine's environment minus every variable that would give kolo an address or
+// a rank, so that only what mpirun itself exports is left. As root mpirun needs its two consent
+// variables (users are not root).
+ProcessResult mpirun(const std::vector<std::string>& arguments,
+                     const std::map<std::string, std::string>& env = {}, double timeout_s = 120) {
+  std::vector<std::string> argv = {"/usr/bin/env"};
+  for (const char* name : {"KOLO_ADDR", "MASTER_ADDR", "MASTER_PORT", "KOLO_RANK", "KOLO_SIZE",
+                           "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE", "RANK", "WORLD_SIZE"}) {
+    argv.insert(argv.end(), {"-u", name});
+  }
+  argv.insert(argv.end(), {"mpirun", "--oversubscribe", "--bind-to", "none"});
+  argv.insert(argv.end(), arguments.begin(), arguments.end());
+  std::map<std::string, std::string> extra = {{"KOLO_DEBUG", "INFO"}, {"KOLO_TIMEOUT", "60"}};
+  if (::geteuid() == 0) {
+    extra["OMPI_ALLOW_RUN_AS_ROOT"] = "1";
+    extra["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1";
+  }
+  for (const auto& [name, value] : env) extra[name] = value;
+  Process job(argv, extra);
+  return job.wait(timeout_s);
+}
+
+// In a build without PMIx the ranks refuse, naming PMIx and KOLO_ADDR. mpirun ends the job at the
+// first rank that exits with an error, so not every rank may get to say it: every rank that
+// reports anything reports this, and none passes.
+void expect_refused_without_pmix(const ProcessResult& result) {
+  CHECK(result.exit_code != 0);
+  CHECK(count(result.output, "init failed") >= 1);
+  CHECK(count(result.output, "init failed: KOLO_ERR_UNSUPPORTED") ==
+        count(result.output, "init failed"));
+  CHECK(count(result.output, "built without PMIx") == count(result.output, "init failed"));
+  CHECK(contains(result.output, "set KOLO_ADDR=host:port"));
+  CHECK_FALSE(contains(result.output, "checks passed"));
+}
+
+}  // namespace
+
+TEST_CASE("mpirun with no address: collectives compute right, rendezvous through PMIx",
+          "[mpirun]") {
+  const std::string worker = built_program("tests/kolo_test_worker");
+  for (int ranks : {2, 4}) {
+    for (const char* scenario : {"allreduce", "broadcast", "barrier"}) {
+      DYNAMIC_SECTION(scenario << ", mpirun -np " << ranks) {
+        ProcessResult result = mpirun({"-np", std::to_string(ranks), worker, scenario, "quick"});
+        INFO(result.output);
+        CHECK_FALSE(result.timed_out);
+        if (!kBuiltWithPmix) {
+          expect_refused_without_pmix(result);
+          continue;
+        }
+        CHECK(result.exit_code == 0);
+        CHECK(count(result.output, fmt::format("{} checks passed", scenario)) ==
+              static_cast<size_t>(ranks));
+        CHECK(contains(result.output, "started by ompi, rendezvous through PMIx"));
+        CHECK(count(result.output, ", from PMIx") == static_cast<size_t>(ranks));
+        CHECK_FALSE(contains(result.output, "no rendezvous address"));
+      }
+    }
+  }
+}
+
+TEST_CASE("mpirun: communicators made one after another each get their own PMIx key", "[mpirun]") {
+  ProcessResult result =
+      mpirun({"-np", "3", built_program("tests/kolo_test_worker"), "reinit", "0.2"});
+  INFO(result.output);
+  CHECK_FALSE(result.timed_out);
+  if (!kBuiltWithPmix) return expect_refused_without_pmix(result);
+  CHECK(result.exit_code == 0);
+  CHECK(count(result.output, "made 3 communicators one after the other") == 3);
+}
+
+TEST_CASE("mpirun: a process of the job that never starts kolo fails the fence within KOLO_TIMEOUT",
+          "[mpirun]") {
+  if (!kBuiltWithPmix) return;
+  // Rank 1 is in mpirun's job but sleeps instead of calling kolo_comm_init: rank 0 waits in the
+  // PMIx fence, gives up after KOLO_TIMEOUT and says what to set instead.
+  const auto started = std::chrono::steady_clock::now();
+  ProcessResult result = mpirun({"-np", "1", built_program("tests/kolo_test_worker"), "allreduce",
+                                 "quick", ":", "-np", "1", "sleep", "8"},
+                                {{"KOLO_TIMEOUT", "2"}});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  INFO(result.output);
+  CHECK_FALSE(result.timed_out);
+  CHECK(result.exit_code != 0);
+  CHECK(contains(result.output, "init failed: KOLO_ERR_TIMEOUT"));
+  CHECK(contains(result.output, "rank 0 of 2: the PMIx fence"));
+  CHECK(contains(result.output, "within 2 s (KOLO_TIMEOUT)"));
+  CHECK(contains(result.output, "set KOLO_ADDR=host:port"));
+  CHECK(seconds < 30);
+}
+
+int main(int argc, char** argv) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) {
+    std::puts("skipped: mpirun (Debian's openmpi-bin) is not installed");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}
