@@ -254,6 +254,9 @@ TEST_CASE("srun --mpi=pmix starts kolo jobs with no address set", "[slurm][pmix]
                             std::regex(fmt::format("rank {}: .*allreduce checks passed", rank))));
     CHECK(contains(tasks[rank], "2 node(s)"));
   }
+  // The address came through Slurm's PMIx server, not from the node list and the step's ids.
+  CHECK(contains(tasks[0], "started by slurm, rendezvous through PMIx"));
+  CHECK_FALSE(contains(result.output, "the first node of SLURM_STEP_NODELIST"));
 }
 
 TEST_CASE("sbatch runs the job script of docs/several-hosts.md as printed", "[slurm][sbatch]") {
