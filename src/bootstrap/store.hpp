@@ -104,6 +104,10 @@ class StoreClient {
   // The keys remembered, each once, in the order first written; stops remembering.
   std::vector<std::string> take_written_keys();
 
+  // The requests this client has sent so far (each call of set, get, wait, add, erase, ...
+  // that reached the server is one), for start-up statistics.
+  uint64_t requests() const;
+
   // Convenience for text values.
   void set_string(const std::string& key, const std::string& value);
   std::string get_string(const std::string& key);

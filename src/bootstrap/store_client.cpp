@@ -41,6 +41,7 @@ struct StoreClient::Impl {
   double timeout_s = 0;
   uint64_t generation = 0;
   net::Socket socket;
+  uint64_t requests = 0;  // requests sent (StoreClient::requests)
   // After the server went away or spoke nonsense, every later call fails at once with this
   // instead of waiting out its timeout against a store that is not coming back.
   std::string broken;
@@ -78,6 +79,7 @@ struct StoreClient::Impl {
     uint8_t code = 0;
     try {
       if (!socket.valid()) connect(deadline);
+      ++requests;
       net::send_all(socket, request.data(), request.size(), deadline);
       net::recv_all(socket, &code, 1, deadline);
       if (code == kReplyOk) return read_payload(deadline);
@@ -278,6 +280,10 @@ std::vector<std::string> StoreClient::take_written_keys() {
   impl_->remembering = false;
   impl_->written_set.clear();
   return std::exchange(impl_->written, {});
+}
+
+uint64_t StoreClient::requests() const {
+  return impl_->requests;
 }
 
 std::string store_key(uint64_t context, std::string_view what) {

@@ -15,6 +15,7 @@
 #include "comm/report.hpp"
 #include "core/arguments.hpp"
 #include "core/build_info.hpp"
+#include "core/deadline.hpp"
 #include "core/host.hpp"
 #include "core/log.hpp"
 #include "core/topology.hpp"
@@ -66,6 +67,7 @@ uint64_t next_store_generation(const std::string& addr, int rank) {
 }  // namespace
 
 Communicator::Communicator(const ConfigOverrides& overrides) {
+  const Clock::time_point started = Clock::now();
   std::vector<std::string> unknown;
   config_ = resolve_config(overrides, process_environment(), &unknown);
   log::set_rank(config_.rank);
@@ -130,9 +132,12 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
       keys.push_back(store_key(kWorldContext, "ready", rank));
     store_->wait(keys);
   }
-  log::info("communicator ready: rank {} of {}, local rank {} of {}, {} node(s), transport {}",
+  // bench/startup_perf.sh reads the time and the number of requests from this line.
+  log::info("communicator ready: rank {} of {}, local rank {} of {}, {} node(s), transport {}; "
+            "start-up took {:.4f} s and {} store request(s)",
             config_.rank, config_.size, config_.local_rank, config_.local_size, node_count_,
-            transport_->name());
+            transport_->name(), std::chrono::duration<double>(Clock::now() - started).count(),
+            store_->requests());
   if (config_.rank == 0) {
     // One line per job that says what ran, for bug reports and for comparing runs (rank 0 only).
     log::info("kolo {} (commit {}): {} rank(s) on {} node(s), transport {}, allreduce {} "
