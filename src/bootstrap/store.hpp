@@ -2,7 +2,8 @@
 // included) uses to exchange listening addresses and other start-up facts.
 //
 // Protocol: after authentication (net/auth.hpp, purpose kPurposeStore) a client sends requests and
-// reads one response each. Keys are at most 4 KiB and values at most 16 MiB; longer lengths read
+// reads one response each. One request may wait for many keys and return all their values
+// (get_many), so that a rank reads what every other rank published in one round trip. Keys are at most 4 KiB and values at most 16 MiB; longer lengths read
 // from the wire drop the connection (logged) before anything is allocated.
 //
 // Bounds (StoreLimits; docs/errors.md, "What fails, and how", lists the defaults): connections that
@@ -88,6 +89,10 @@ class StoreClient {
   // Waits until key exists, then returns its value; kolo::Error(kTimeout) naming the key after
   // the timeout given at construction, or at the server's park_seconds if that comes first.
   std::vector<uint8_t> get(const std::string& key);
+  // Waits until every key exists, then returns their values in the order of keys: one request
+  // and one reply, however many keys (at most 65,536, and their values together at most 64 MiB;
+  // more is kolo::Error(kInvalidArgument) naming the keys). Times out as get() does, naming them.
+  std::vector<std::vector<uint8_t>> get_many(const std::vector<std::string>& keys);
   // Waits until every key exists.
   void wait(const std::vector<std::string>& keys);
   // Atomically adds delta to the integer stored at key (missing counts as 0); returns the sum.
@@ -111,6 +116,7 @@ class StoreClient {
   // Convenience for text values.
   void set_string(const std::string& key, const std::string& value);
   std::string get_string(const std::string& key);
+  std::vector<std::string> get_many_strings(const std::vector<std::string>& keys);
 
  private:
   struct Impl;

@@ -186,6 +186,63 @@ std::vector<uint8_t> StoreClient::get(const std::string& key) {
       });
 }
 
+std::vector<std::vector<uint8_t>> StoreClient::get_many(const std::vector<std::string>& keys) {
+  if (keys.empty()) return {};
+  if (keys.size() > kMaxWaitKeys) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("store get_many: {} keys; the limit is {}", keys.size(), kMaxWaitKeys));
+  }
+  std::vector<uint8_t> request{static_cast<uint8_t>(Op::kGetMany)};
+  append_u32(request, static_cast<uint32_t>(keys.size()));
+  for (const auto& key : keys) {
+    impl_->check_key(key, "get_many");
+    append_key(request, key);
+  }
+  if (request.size() > kMaxRequestBytes) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("store get_many: the keys take {} bytes; the limit is {}",
+                            request.size(), kMaxRequestBytes));
+  }
+  std::string what = keys.size() == 1 ? fmt::format("waiting for key '{}'", keys.front())
+                                      : fmt::format("waiting for keys {}", quote_keys(keys));
+  Impl& impl = *impl_;
+  return impl.transact(what, request, [&](const Deadline& deadline) {
+    uint8_t header[4];
+    net::recv_all(impl.socket, header, 4, deadline);
+    const uint32_t count = decode_u32(header);
+    if (count != keys.size()) {
+      throw Error(Status::kMismatch, fmt::format("{} sent {} values for the {} keys {}",
+                                                 impl.where, count, keys.size(), quote_keys(keys)));
+    }
+    std::vector<std::vector<uint8_t>> values(count);
+    size_t total = 0;
+    for (uint32_t i = 0; i < count; ++i) {
+      net::recv_all(impl.socket, header, 4, deadline);
+      const uint32_t length = decode_u32(header);
+      total += length;
+      if (length > kStoreMaxValueBytes || total > kMaxGetManyReplyBytes) {
+        throw Error(Status::kMismatch,
+                    fmt::format("{} sent a value of {} bytes for key '{}' ({} bytes so far; the "
+                                "limits are {} for a value, {} for all)",
+                                impl.where, length, keys[i], total, kStoreMaxValueBytes,
+                                kMaxGetManyReplyBytes));
+      }
+      values[i].resize(length);
+      net::recv_all(impl.socket, values[i].data(), length, deadline);
+    }
+    return values;
+  });
+}
+
+std::vector<std::string> StoreClient::get_many_strings(const std::vector<std::string>& keys) {
+  std::vector<std::string> strings;
+  strings.reserve(keys.size());
+  for (const std::vector<uint8_t>& value : get_many(keys)) {
+    strings.emplace_back(value.begin(), value.end());
+  }
+  return strings;
+}
+
 void StoreClient::wait(const std::vector<std::string>& keys) {
   if (keys.empty()) return;
   if (keys.size() > kMaxWaitKeys) {
