@@ -650,7 +650,7 @@ TEST_CASE("store: a raw WAIT for no keys is answered at once", "[store]") {
   CHECK(reply == 0);
 }
 
-TEST_CASE("store: get_many returns every value in the order asked, in one request", "[store]") {
+TEST_CASE("store: get_all returns every value in the order asked, in one request", "[store]") {
   StoreServer server({"127.0.0.1", 0}, kSecret);
   StoreClient setter(server.endpoint(), kSecret, 0, 5.0);
   setter.set_string("present", "x");
@@ -660,7 +660,7 @@ TEST_CASE("store: get_many returns every value in the order asked, in one reques
   const uint64_t before = reader.requests();
   // Two keys appear only later, set by another client while the request waits on the server.
   auto values = std::async(std::launch::async, [&] {
-    return reader.get_many({"later/b", "present", "empty", "later/a", "binary", "present"});
+    return reader.get_all({"later/b", "present", "empty", "later/a", "binary", "present"});
   });
   REQUIRE(eventually([&] { return server.stats().waiters == 2; }, 2.0));
   setter.set_string("later/a", "A");
@@ -671,37 +671,74 @@ TEST_CASE("store: get_many returns every value in the order asked, in one reques
       {'B', 'B'}, {'x'}, {}, {'A'}, {0, 255, 10, 0}, {'x'}};
   CHECK(got == expected);
   CHECK(reader.requests() - before == 1);
-  CHECK(reader.get_many({}).empty());  // nothing to ask: no request
+  CHECK(reader.get_all({}).empty());  // nothing to ask: no request
   CHECK(reader.requests() - before == 1);
-  CHECK(reader.get_many_strings({"later/a", "later/b"}) == std::vector<std::string>{"A", "BB"});
+  CHECK(reader.get_all_strings({"later/a", "later/b"}) == std::vector<std::string>{"A", "BB"});
   CHECK(server.stats().waiters == 0);
 }
 
-TEST_CASE("store: get_many times out naming the missing keys, then the client works again",
-          "[store]") {
+TEST_CASE("store: get_many answers with what exists when its wait is over", "[store]") {
   StoreServer server({"127.0.0.1", 0}, kSecret);
-  StoreClient client(server.endpoint(), kSecret, 3, 0.2);
+  StoreClient client(server.endpoint(), kSecret, 0, 5.0);
   client.set_string("here", "1");
-  Error error = expect_error([&] { client.get_many({"here", "gone/1", "gone/2"}); });
-  CHECK(error.status() == Status::kTimeout);
-  CHECK_THAT(error.what(), Contains("timed out after 0.2 s waiting for keys 'here', 'gone/1', "
-                                    "'gone/2' in the rendezvous store at " +
-                                    server.endpoint().to_string()));
+  using Values = std::vector<std::optional<std::vector<uint8_t>>>;
+  auto start = std::chrono::steady_clock::now();
+  CHECK(client.get_many({"absent", "here"}, 0) == Values{std::nullopt, std::vector<uint8_t>{'1'}});
+  CHECK(seconds_since(start) < 0.5);
+  start = std::chrono::steady_clock::now();
+  CHECK(client.get_many({"here", "absent"}, 0.3) == Values{std::vector<uint8_t>{'1'}, std::nullopt});
+  CHECK(seconds_since(start) >= 0.25);
+  CHECK(seconds_since(start) < 2.0);
   CHECK(eventually([&] { return server.stats().waiters == 0; }, 2.0));
-  CHECK(client.get_many_strings({"here"}) == std::vector<std::string>{"1"});
 }
 
-TEST_CASE("store: get_many at the server's park limit is answered with a timeout", "[store]") {
+TEST_CASE("store: get_all times out naming only the missing keys, then the client works again",
+          "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient client(server.endpoint(), kSecret, 3, 0.5);
+  client.set_string("here", "1");
+  std::vector<size_t> missing;
+  auto start = std::chrono::steady_clock::now();
+  Error error = expect_error([&] { client.get_all({"here", "gone/1", "gone/2"}, &missing); });
+  CHECK(seconds_since(start) < 2.0);
+  CHECK(error.status() == Status::kTimeout);
+  CHECK_THAT(error.what(), Contains("timed out after 0.5 s waiting for keys 'gone/1', 'gone/2' in "
+                                    "the rendezvous store at " +
+                                    server.endpoint().to_string()));
+  CHECK(missing == std::vector<size_t>{1, 2});
+  CHECK(eventually([&] { return server.stats().waiters == 0; }, 2.0));
+  CHECK(client.get_all_strings({"here"}) == std::vector<std::string>{"1"});
+}
+
+TEST_CASE("store: get_all goes on past the server's park limit until its own timeout", "[store]") {
   StoreLimits limits;
   limits.park_seconds = 0.2;
   StoreServer server({"127.0.0.1", 0}, kSecret, limits);
   StoreClient client(server.endpoint(), kSecret, 3, 5.0);
   client.set_string("a", "1");
-  Error error = expect_error([&] { client.get_many({"a", "b"}); });
-  CHECK(error.status() == Status::kTimeout);
-  CHECK_THAT(error.what(), Contains("key 'b' did not appear within 0.2 s"));
-  client.set_string("b", "2");
-  CHECK(client.get_many_strings({"b", "a"}) == std::vector<std::string>{"2", "1"});
+  auto values = std::async(std::launch::async, [&] { return client.get_all_strings({"a", "b"}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  StoreClient setter(server.endpoint(), kSecret, 0, 5.0);
+  setter.set_string("b", "2");
+  CHECK(values.get() == std::vector<std::string>{"1", "2"});
+  CHECK(client.requests() >= 3);  // the set, and GET_MANYs answered at the park limit
+}
+
+TEST_CASE("store: get_all tells which keys were missing when the store went away", "[store]") {
+  auto server = std::make_unique<StoreServer>(net::Endpoint{"127.0.0.1", 0}, kSecret);
+  StoreClient client(server->endpoint(), kSecret, 2, 30.0);
+  client.set_string("kolo/1/host/0", "h");
+  client.set_string("kolo/1/host/2", "h");
+  std::vector<size_t> missing;
+  auto result = std::async(std::launch::async, [&] {
+    return expect_error(
+        [&] { client.get_all({"kolo/1/host/0", "kolo/1/host/1", "kolo/1/host/2"}, &missing); });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the first round is answered
+  server.reset();
+  Error error = result.get();
+  CHECK(error.status() == Status::kPeerLost);
+  CHECK(missing == std::vector<size_t>{1});
 }
 
 TEST_CASE("store: get_many's bounds: too many keys, too many bytes of values", "[store]") {
@@ -709,10 +746,10 @@ TEST_CASE("store: get_many's bounds: too many keys, too many bytes of values", "
   StoreClient client(server.endpoint(), kSecret, 0, 20.0);
 
   std::vector<std::string> many(kolo::store_protocol::kMaxWaitKeys + 1, "k");
-  Error too_many = expect_error([&] { client.get_many(many); });
+  Error too_many = expect_error([&] { client.get_many(many, 0); });
   CHECK(too_many.status() == Status::kInvalidArgument);
   CHECK_THAT(too_many.what(), Contains("store get_many: 65537 keys; the limit is 65536"));
-  Error bad_key = expect_error([&] { client.get_many({"ok", ""}); });
+  Error bad_key = expect_error([&] { client.get_all({"ok", ""}); });
   CHECK(bad_key.status() == Status::kInvalidArgument);
   CHECK_THAT(bad_key.what(), Contains("keys are 1 to 4096 bytes"));
 
@@ -724,14 +761,14 @@ TEST_CASE("store: get_many's bounds: too many keys, too many bytes of values", "
     keys.push_back("large/" + std::to_string(i));
     client.set(keys.back(), large);
   }
-  Error too_large = expect_error([&] { client.get_many(keys); });
+  Error too_large = expect_error([&] { client.get_all(keys); });
   CHECK(too_large.status() == Status::kInvalidArgument);
   CHECK_THAT(too_large.what(), Contains("take 83886080 bytes, over the limit of 67108864 for one "
                                         "GET_MANY"));
   CHECK_THAT(too_large.what(), Contains("'large/0'"));
   keys.pop_back();
   keys.pop_back();
-  const auto values = client.get_many(keys);
+  const auto values = client.get_all(keys);
   REQUIRE(values.size() == 3);
   for (const auto& value : values) CHECK(value == large);
 }
@@ -741,6 +778,7 @@ TEST_CASE("store: malformed GET_MANY frames drop their sender, others are served
   StoreClient good(server.endpoint(), kSecret, 0, 2.0);
   net::Socket raw = authenticated_raw_client(server.endpoint());
   std::vector<uint8_t> request = {7};  // GET_MANY
+  append_u32(request, 1000);           // wait_ms
 
   SECTION("no keys: answered at once with no values") {
     append_u32(request, 0);
@@ -795,7 +833,7 @@ TEST_CASE("store: malformed GET_MANY frames drop their sender, others are served
   }
   auto start = std::chrono::steady_clock::now();
   good.set_string("still", "serving");
-  CHECK(good.get_many_strings({"still"}) == std::vector<std::string>{"serving"});
+  CHECK(good.get_all_strings({"still"}) == std::vector<std::string>{"serving"});
   CHECK(seconds_since(start) < 1.0);
 }
 
@@ -818,8 +856,14 @@ TEST_CASE("store: get_many refuses a reply that breaks the protocol's bounds", "
     append_u32(reply, 3);
     expected = "sent 3 values for the 2 keys 'a', 'b'";
   }
+  SECTION("a presence byte other than 0 or 1") {
+    append_u32(reply, 2);
+    reply.push_back(2);
+    expected = "sent a presence byte of 2 for key 'a'";
+  }
   SECTION("a value longer than any value may be") {
     append_u32(reply, 2);
+    reply.push_back(1);
     append_u32(reply, static_cast<uint32_t>(kolo::kStoreMaxValueBytes + 1));
     expected = "sent a value of 16777217 bytes for key 'a'";
   }
@@ -828,15 +872,17 @@ TEST_CASE("store: get_many refuses a reply that breaks the protocol's bounds", "
     keys = {"a", "b", "c", "d", "e"};
     append_u32(reply, 5);
     for (int i = 0; i < 4; ++i) {
+      reply.push_back(1);
       append_u32(reply, static_cast<uint32_t>(kolo::kStoreMaxValueBytes));
       reply.resize(reply.size() + kolo::kStoreMaxValueBytes, 'v');
     }
+    reply.push_back(1);
     append_u32(reply, 1);
     expected = "sent a value of 1 bytes for key 'e' (67108865 bytes so far";
   }
   auto fake = std::async(std::launch::async, [&] { return serve_once(listener, reply); });
   StoreClient client(net::local_endpoint(listener), kSecret, 1, 5.0);
-  Error error = expect_error([&] { client.get_many(keys); });
+  Error error = expect_error([&] { client.get_many(keys, 1.0); });
   CHECK(error.status() == Status::kMismatch);
   CHECK_THAT(error.what(), Contains(expected));
   CHECK(fake.get() == 7);

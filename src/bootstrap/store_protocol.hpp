@@ -9,14 +9,16 @@
 //   ADD   u8 4, u32 key_bytes, key, i64 delta
 //   ERASE u8 5, u32 prefix_bytes, prefix  (every key that starts with prefix)
 //   DELETE u8 6, u32 key_count, key_count x (u32 key_bytes, key)  (exactly these keys)
-//   GET_MANY u8 7, u32 key_count, key_count x (u32 key_bytes, key)  (waits for every key)
+//   GET_MANY u8 7, u32 wait_ms, u32 key_count, key_count x (u32 key_bytes, key)  (waits until
+//          every key exists or wait_ms passes, at most the server's park_seconds)
 // Replies (server to client):
-//   ok     u8 0, then for GET u32 value_bytes and the value, for GET_MANY u32 key_count and
-//          key_count x (u32 value_bytes, value) in the order of the request's keys, for ADD the
-//          i64 sum, for ERASE and DELETE the u64 number of keys erased, else nothing
+//   ok     u8 0, then for GET u32 value_bytes and the value, for GET_MANY u32 key_count and per
+//          key in the request's order u8 1, u32 value_bytes, value, or u8 0 for a key that does
+//          not exist (yet), for ADD the i64 sum, for ERASE and DELETE the u64 number of keys
+//          erased, else nothing
 //   error  u8 1, u32 message_bytes, message  (ADD on a value that is not a counter, or overflow;
 //          a GET_MANY whose values together exceed kMaxGetManyReplyBytes)
-//   timeout u8 2, u32 message_bytes, message  (a GET, GET_MANY or WAIT whose keys did not all appear within
+//   timeout u8 2, u32 message_bytes, message  (a GET or WAIT whose keys did not all appear within
 //          the server's StoreLimits::park_seconds)
 // Keys are 1..kStoreMaxKeyBytes bytes, values at most kStoreMaxValueBytes; each length is checked
 // as soon as it has arrived, before its bytes are awaited or anything is allocated for them.
@@ -117,6 +119,7 @@ struct Request {
   std::vector<std::string> keys;  // one key, WAIT's, DELETE's or GET_MANY's keys, or ERASE's prefix
   std::vector<uint8_t> value;     // SET
   int64_t delta = 0;              // ADD
+  uint32_t wait_ms = 0;           // GET_MANY
 };
 
 enum class Parse { kIncomplete, kComplete, kMalformed };
@@ -155,6 +158,11 @@ class RequestParser {
       case Op::kWait:
       case Op::kDelete:
       case Op::kGetMany: {
+        if (static_cast<Op>(op) == Op::kGetMany) {
+          if (!has(4)) return Parse::kIncomplete;
+          if (request_ != nullptr) request_->wait_ms = decode_u32(data_ + offset_);
+          offset_ += 4;
+        }
         if (!has(4)) return Parse::kIncomplete;
         uint32_t count = decode_u32(data_ + offset_);
         offset_ += 4;
