@@ -94,11 +94,18 @@ std::string listen_address(const TransportSettings& settings, StoreClient& store
   std::string route_name = fmt::format("{}-route", name);
   store.set_string(store_key(context, route_name, rank), own);
   if (!net::is_loopback_address(own)) return own;
+  std::vector<int> peers;
+  std::vector<std::string> keys;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    std::string theirs = store.get_string(store_key(context, route_name, peer));
-    if (!net::is_loopback_address(theirs)) {
-      return net::route_source_address({theirs, 0}, fmt::format("the address of rank {}", peer));
+    peers.push_back(peer);
+    keys.push_back(store_key(context, route_name, peer));
+  }
+  const std::vector<std::string> routes = store.get_all_strings(keys);
+  for (size_t i = 0; i < routes.size(); ++i) {
+    if (!net::is_loopback_address(routes[i])) {
+      return net::route_source_address({routes[i], 0},
+                                       fmt::format("the address of rank {}", peers[i]));
     }
   }
   return own;
@@ -108,6 +115,7 @@ std::string listen_address(const TransportSettings& settings, StoreClient& store
 
 std::string mesh_listen_host(const TransportSettings& settings, StoreClient& store, int rank,
                              int size, uint64_t context, const char* name) {
+  if (!settings.listen_host.empty()) return settings.listen_host;
   return !settings.socket_ifname.empty()
              ? net::interface_address(settings.socket_ifname)
              : listen_address(settings, store, rank, size, context, name);
@@ -147,8 +155,12 @@ std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreCl
   });
   std::exception_ptr connect_error;
   try {
+    // Every higher rank's address, in one request.
+    std::vector<std::string> keys;
+    for (int peer = rank + 1; peer < size; ++peer) keys.push_back(store_key(context, name, peer));
+    const std::vector<std::string> addresses = store.get_all_strings(keys);
     for (int peer = rank + 1; peer < size; ++peer) {
-      net::Endpoint endpoint = net::parse_endpoint(store.get_string(store_key(context, name, peer)),
+      net::Endpoint endpoint = net::parse_endpoint(addresses[static_cast<size_t>(peer - rank - 1)],
                                                    "the address published by a peer");
       for (int stream = 0; stream <= data_streams; ++stream) {
         bool control = stream == data_streams;
