@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -198,7 +197,7 @@ std::vector<std::optional<std::vector<uint8_t>>> StoreClient::get_many(
   // must not end first.
   const double wait = std::clamp(wait_s, 0.0, impl_->timeout_s * 0.9);
   std::vector<uint8_t> request{static_cast<uint8_t>(Op::kGetMany)};
-  append_u32(request, static_cast<uint32_t>(std::lround(wait * 1e3)));
+  append_u32(request, static_cast<uint32_t>(std::min(wait * 1e3, 4e9)));
   append_u32(request, static_cast<uint32_t>(keys.size()));
   for (const auto& key : keys) {
     impl_->check_key(key, "get_many");
