@@ -686,7 +686,8 @@ TEST_CASE("store: get_many answers with what exists when its wait is over", "[st
   CHECK(client.get_many({"absent", "here"}, 0) == Values{std::nullopt, std::vector<uint8_t>{'1'}});
   CHECK(seconds_since(start) < 0.5);
   start = std::chrono::steady_clock::now();
-  CHECK(client.get_many({"here", "absent"}, 0.3) == Values{std::vector<uint8_t>{'1'}, std::nullopt});
+  CHECK(client.get_many({"here", "absent"}, 0.3) ==
+        Values{std::vector<uint8_t>{'1'}, std::nullopt});
   CHECK(seconds_since(start) >= 0.25);
   CHECK(seconds_since(start) < 2.0);
   CHECK(eventually([&] { return server.stats().waiters == 0; }, 2.0));

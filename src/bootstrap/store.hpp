@@ -3,8 +3,9 @@
 //
 // Protocol: after authentication (net/auth.hpp, purpose kPurposeStore) a client sends requests and
 // reads one response each. One request may wait for many keys and return all their values
-// (get_many, get_all), so that a rank reads what every other rank published in one round trip. Keys are at most 4 KiB and values at most 16 MiB; longer lengths read
-// from the wire drop the connection (logged) before anything is allocated.
+// (get_many, get_all), so that a rank reads what every other rank published in one round trip.
+// Keys are at most 4 KiB and values at most 16 MiB; longer lengths read from the wire drop the
+// connection (logged) before anything is allocated.
 //
 // Bounds (StoreLimits; docs/errors.md, "What fails, and how", lists the defaults): connections that
 // have not yet authenticated are capped, the oldest dropped to make room for a new one, so

@@ -414,7 +414,8 @@ struct StoreServer::Impl {
         Clock::duration park_for = park_time;
         if (request.op == Op::kGetMany) {
           connection.parked_keys = std::move(request.keys);
-          park_for = std::min<Clock::duration>(park_for, std::chrono::milliseconds(request.wait_ms));
+          park_for =
+              std::min<Clock::duration>(park_for, std::chrono::milliseconds(request.wait_ms));
         }
         if (missing.empty() ||
             (request.op == Op::kGetMany && park_for <= Clock::duration::zero())) {

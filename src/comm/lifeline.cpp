@@ -17,11 +17,9 @@
 #include <utility>
 
 #include "bootstrap/store.hpp"
-#include "comm/connect.hpp"
 #include "core/log.hpp"
 #include "net/auth.hpp"
 #include "net/gate.hpp"
-#include "transport/mesh.hpp"
 #include "transport/transport.hpp"
 
 namespace kolo {
@@ -133,10 +131,9 @@ Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context,
   const std::vector<std::string> others = store.get_all_strings(keys);
   addresses_.resize(static_cast<size_t>(size_));
   for (int peer = 0; peer < size_; ++peer) {
+    const size_t other = static_cast<size_t>(peer < rank_ ? peer : peer - 1);
     addresses_[peer] =
-        peer == rank_ ? me
-                      : net::parse_endpoint(others[static_cast<size_t>(peer < rank_ ? peer : peer - 1)],
-                                            "a lifeline address");
+        peer == rank_ ? me : net::parse_endpoint(others[other], "a lifeline address");
   }
   thread_ = std::thread([this] { serve(); });
 }

@@ -3,8 +3,9 @@
 // Every rank listens on the interface that routes to the store (or KOLO_SOCKET_IFNAME, or the
 // host the caller agreed on: TransportSettings::listen_host) and publishes the address under
 // kolo/<context>/<name>/<rank>, then reads every higher rank's in one request
-// (StoreClient::get_all). The lower rank of each pair connects, the higher one accepts, and every socket proves the job secret (net/auth.hpp) and says which
-// rank, purpose and stream it is before it is used. The accepting side admits through a Gate
+// (StoreClient::get_all). The lower rank of each pair connects, the higher one accepts, and every
+// socket proves the job secret (net/auth.hpp) and says which rank, purpose and stream it is
+// before it is used. The accepting side admits through a Gate
 // (net/gate.hpp), so strangers that connect delay and refuse no peer; the connecting side tries
 // again when pushed out. The listener is closed once the mesh is complete.
 //
