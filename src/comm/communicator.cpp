@@ -24,6 +24,7 @@
 #include "gpu/gpu.hpp"
 #include "net/socket.hpp"
 #include "ring/ring.hpp"
+#include "transport/mesh.hpp"
 #include "transport/transport.hpp"
 
 namespace kolo {
@@ -114,11 +115,10 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     if (store_endpoint.port == 0) config_.addr = server_->endpoint().to_string();
   }
   store_ = open_store(config_);
-  discover_hosts();
+  const std::string host = discover_hosts();
   if (config_.bind != "none") {
     log::info("{}", bind_process(config_.bind, config_.local_rank));
   }
-  const std::string host = listen_host(config_, *store_, kWorldContext);
   Links links = connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
@@ -181,12 +181,16 @@ fusion::FusionEngine& Communicator::fusion() {
 // different schedules would wait for messages that never come. Every rank reads every value, so
 // every rank finds the same disagreement; rank 0, whose process serves the store, waits until
 // every rank has read before it fails, so that each reports the disagreement itself.
-void Communicator::discover_hosts() {
-  // The first thing every rank publishes, read from every other rank in one request (get_all):
-  // a rank whose key never comes never started, or started with another KOLO_ADDR or KOLO_SIZE,
-  // and the timeout says so rather than naming a store key.
+std::string Communicator::discover_hosts() {
+  // The first thing every rank publishes, "mode\nidentity\nroute", read from every other rank in
+  // one request (get_all): a rank whose key never comes never started, or started with another
+  // KOLO_ADDR or KOLO_SIZE, and the timeout says so rather than naming a store key. The route
+  // (the address this rank reaches the store from) decides where the ranks listen, so that this
+  // exchange serves that too.
+  const TransportSettings settings = transport_settings(config_);
   const std::string host = host_identity(config_);
-  const std::string mine = config_.allreduce + "\n" + host;
+  const std::string route = settings.socket_ifname.empty() ? store_route(settings) : "";
+  const std::string mine = config_.allreduce + "\n" + host + "\n" + route;
   store_->set_string(store_key(kWorldContext, "host", config_.rank), mine);
   std::vector<std::string> keys;
   std::vector<int> key_ranks;
@@ -236,12 +240,19 @@ void Communicator::discover_hosts() {
   int local_size = 0;
   std::map<std::string, int> numbers;
   std::vector<std::string> modes;
+  std::vector<std::pair<int, std::string>> routes;
   host_of_.clear();
   for (int rank = 0; rank < config_.size; ++rank) {
     std::string other = published[static_cast<size_t>(rank)];
     const size_t newline = other.find('\n');
+    const size_t last = other.rfind('\n');
     modes.push_back(other.substr(0, newline));
-    other = newline == std::string::npos ? std::string() : other.substr(newline + 1);
+    if (rank != config_.rank && last != std::string::npos && last > newline) {
+      routes.emplace_back(rank, other.substr(last + 1));
+    }
+    other = newline == std::string::npos || last <= newline
+                ? std::string()
+                : other.substr(newline + 1, last - newline - 1);
     host_of_.push_back(numbers.emplace(other, static_cast<int>(numbers.size())).first->second);
     if (other == host) {
       if (rank < config_.rank) ++local_rank;
@@ -266,6 +277,7 @@ void Communicator::discover_hosts() {
   node_count_ = static_cast<int>(numbers.size());
   if (config_.local_rank < 0) config_.local_rank = local_rank;
   if (config_.local_size < 0) config_.local_size = local_size;
+  return listen_host_from_routes(settings, route, routes);
 }
 
 std::string Communicator::place_allreduce() {

@@ -89,8 +89,7 @@ std::string unexpected_hello(const net::Hello& hello, uint64_t context, int rank
 // that published a network address, so that no peer on another host is handed a loopback address.
 std::string listen_address(const TransportSettings& settings, StoreClient& store, int rank,
                            int size, uint64_t context, const char* name) {
-  std::string own =
-      net::route_source_address(net::parse_endpoint(settings.addr, "KOLO_ADDR"), "KOLO_ADDR");
+  const std::string own = store_route(settings);
   std::string route_name = fmt::format("{}-route", name);
   store.set_string(store_key(context, route_name, rank), own);
   if (!net::is_loopback_address(own)) return own;
@@ -102,16 +101,28 @@ std::string listen_address(const TransportSettings& settings, StoreClient& store
     keys.push_back(store_key(context, route_name, peer));
   }
   const std::vector<std::string> routes = store.get_all_strings(keys);
-  for (size_t i = 0; i < routes.size(); ++i) {
-    if (!net::is_loopback_address(routes[i])) {
-      return net::route_source_address({routes[i], 0},
-                                       fmt::format("the address of rank {}", peers[i]));
+  std::vector<std::pair<int, std::string>> others;
+  for (size_t i = 0; i < routes.size(); ++i) others.emplace_back(peers[i], routes[i]);
+  return listen_host_from_routes(settings, own, others);
+}
+
+}  // namespace
+
+std::string store_route(const TransportSettings& settings) {
+  return net::route_source_address(net::parse_endpoint(settings.addr, "KOLO_ADDR"), "KOLO_ADDR");
+}
+
+std::string listen_host_from_routes(const TransportSettings& settings, const std::string& own,
+                                    const std::vector<std::pair<int, std::string>>& others) {
+  if (!settings.socket_ifname.empty()) return net::interface_address(settings.socket_ifname);
+  if (!net::is_loopback_address(own)) return own;
+  for (const auto& [peer, route] : others) {
+    if (!net::is_loopback_address(route)) {
+      return net::route_source_address({route, 0}, fmt::format("the address of rank {}", peer));
     }
   }
   return own;
 }
-
-}  // namespace
 
 std::string mesh_listen_host(const TransportSettings& settings, StoreClient& store, int rank,
                              int size, uint64_t context, const char* name) {

@@ -14,6 +14,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "net/socket.hpp"
@@ -40,5 +42,13 @@ std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreCl
 // published under `name`'s route key. Collective in the same way as connect_mesh.
 std::string mesh_listen_host(const TransportSettings& settings, StoreClient& store, int rank,
                              int size, uint64_t context, const char* name);
+
+// The two halves of mesh_listen_host, for a caller that exchanges the routes with other facts in
+// one record (the world communicator's host discovery): the address this rank's host sends from
+// to reach the store (KOLO_ADDR), and where to listen given it and the other ranks' (rank,
+// route), in rank order.
+std::string store_route(const TransportSettings& settings);
+std::string listen_host_from_routes(const TransportSettings& settings, const std::string& own,
+                                    const std::vector<std::pair<int, std::string>>& others);
 
 }  // namespace kolo
