@@ -524,8 +524,8 @@ def plot(arguments, hosts_list, results, models):
 # the store over loopback (KOLO_ADDR's host name resolves to 127.0.1.1 there, as on Debian). Two
 # schemes: "get-per-key", where each exchange was one SET and a GET per other rank (the host
 # discovery, the tcp and lifeline listen routes, the tcp and lifeline addresses), and "get-many",
-# where each is one SET and one GET_MANY, and one listen route serves the transport and the
-# lifeline (src/comm/connect.hpp).
+# where each is one SET and one GET_MANY and the host records carry the routes, from which every
+# rank decides where its transport and lifeline listen (src/comm/communicator.cpp).
 
 STARTUP_SCHEMES = ("get-per-key", "get-many")
 
@@ -536,35 +536,40 @@ def startup_requests(ranks, per_host, scheme):
     L GETs until the first address that is not loopback (rank L's); tcp addresses 1 + (N-1-r)
     (the higher ranks, which r connects to); lifeline N; ready 1, plus rank 0's WAIT. The mean:
     3N + 3 - (N-1)/2 + 2L^2/N + 1/N.
-    get-many: host 2; the listen route 1, plus a GET_MANY on rank 0's host; tcp 2 (1 for the last
-    rank, which connects to no one); lifeline 2; ready 1, plus rank 0's WAIT: 8 + L/N."""
-    n, hosts_share = ranks, per_host / ranks
+    get-many: host and route 2; tcp 2 (1 for the last rank, which connects to no one); lifeline 2;
+    ready 1, plus rank 0's WAIT: 7."""
+    n, l = ranks, per_host
     if n == 1:
         return 0.0
     if scheme == "get-per-key":
-        return 3 * n + 3 - (n - 1) / 2 + 2 * per_host * hosts_share + 1 / n
+        return 3 * n + 3 - (n - 1) / 2 + 2 * l * l / n + 1 / n
     if scheme == "get-many":
-        return 8 + hosts_share
+        return 7.0
     raise ValueError(f"unknown start-up scheme {scheme!r}")
 
 
-def startup_store_bytes(ranks, per_host, scheme, host_bytes=44, address_bytes=20, key_bytes=18):
+def startup_store_bytes(ranks, per_host, scheme, host_bytes=44, address_bytes=20, key_bytes=18,
+                        route_bytes=10):
     """Bytes rank 0's store moves for one start-up, requests in and replies out: every rank reads
     every other rank's host record (host_bytes: KOLO_ALLREDUCE and the host identity) and lifeline
-    address, the higher ranks' tcp addresses (address_bytes each), and on rank 0's host the other
-    ranks' routes (an IP address, ~address_bytes). A GET costs a request of 5 + key_bytes and a
-    reply of 5 + value; a GET_MANY 9 bytes plus 4 + key_bytes per key in, 5 bytes plus 5 + value
-    per key out. SETs and the ready barrier are small beside these and left out."""
+    address and the higher ranks' tcp addresses (address_bytes each); the routes (an IP address,
+    route_bytes) are read, one GET each, by the ranks on rank 0's host under get-per-key, and
+    under get-many by every rank, inside the host records. A GET costs a request of 5 + key_bytes
+    and a reply of 5 + value; a GET_MANY 9 bytes plus 4 + key_bytes per key in, 5 bytes plus
+    5 + value per key out. SETs and the ready barrier are small beside these and left out."""
     n, l = ranks, per_host
     pairs = n * (n - 1)                  # (reader, other) pairs of one all-to-all exchange
-    values = (pairs * (host_bytes + address_bytes) + pairs / 2 * address_bytes
-              + l * (n - 1) * address_bytes)
-    keys = pairs * 2 + pairs / 2 + l * (n - 1)
+    values = pairs * (host_bytes + address_bytes) + pairs / 2 * address_bytes
+    keys = pairs * 2 + pairs / 2
     if scheme == "get-per-key":
-        return values + keys * (5 + 5 + key_bytes)
+        # The routes: each rank on rank 0's host reads the others' until one is not loopback
+        # (the first rank of the next host), twice (tcp and lifeline).
+        routes = 2 * l * l
+        return values + routes * route_bytes + (keys + routes) * (5 + 5 + key_bytes)
     if scheme == "get-many":
-        exchanges = 3 * n + l
-        return values + keys * (4 + key_bytes + 5) + exchanges * (9 + 5)
+        exchanges = 3 * n
+        return (values + pairs * route_bytes + keys * (4 + key_bytes + 5)
+                + exchanges * (9 + 5))
     raise ValueError(f"unknown start-up scheme {scheme!r}")
 
 

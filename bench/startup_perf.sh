@@ -27,7 +27,7 @@
 # (docs/performance.md, "Start-up"):
 #
 #   git archive OLD | tar -x -C /tmp/old && (cd /tmp/old && meson setup build && ninja -C build bench/startup_perf)
-#   sh bench/startup_perf.sh -k 5 -b before=/tmp/old/build -b after=build -o bench/results/startup_perf.tsv 2x1 4x1 4x2 4x4
+#   sh bench/startup_perf.sh -k 11 -b get-per-key=/tmp/old/build -b get-many=build -o bench/results/startup_perf.tsv 2x1 4x1 4x2 4x4
 set -eu
 
 usage() {
