@@ -61,6 +61,9 @@ How to run it (a Python 3 from Debian, standard library only; the plot needs mat
                                         predictions (flat ring, hierarchical) against cluster_perf.sh medians
   /usr/bin/python3 bench/scaling_model.py small --hosts H --ranks-per-host L [options]
                                         kolo's small-buffer schedules: time of each, per size
+  /usr/bin/python3 bench/scaling_model.py startup --scheme LABEL=SCHEME... TSV...
+                                        kolo_comm_init: a fit to startup_perf.sh's runs, the
+                                        store's requests and bytes, and a prediction at 1,024
 
 `--help` after each command lists its options and defaults.
 """
@@ -515,6 +518,184 @@ def plot(arguments, hosts_list, results, models):
     print(f"# plot written to {arguments.plot}")
 
 
+# ---- start-up: kolo_comm_init ------------------------------------------------------------------
+#
+# A world communicator's start-up over TCP, ranks numbered host by host, rank 0's host reaching
+# the store over loopback (KOLO_ADDR's host name resolves to 127.0.1.1 there, as on Debian). Two
+# schemes: "get-per-key", where each exchange was one SET and a GET per other rank (the host
+# discovery, the tcp and lifeline listen routes, the tcp and lifeline addresses), and "get-many",
+# where each is one SET and one GET_MANY and the host records carry the routes, from which every
+# rank decides where its transport and lifeline listen (src/comm/communicator.cpp).
+
+STARTUP_SCHEMES = ("get-per-key", "get-many")
+
+
+def startup_requests(ranks, per_host, scheme):
+    """The mean number of store requests per rank. Rank r of N with L per host:
+    get-per-key: host N (a SET, N-1 GETs); each of the two listen routes 1, plus on rank 0's host
+    L GETs until the first address that is not loopback (rank L's); tcp addresses 1 + (N-1-r)
+    (the higher ranks, which r connects to); lifeline N; ready 1, plus rank 0's WAIT. The mean:
+    3N + 3 - (N-1)/2 + 2L^2/N + 1/N.
+    get-many: host and route 2; tcp 2 (1 for the last rank, which connects to no one); lifeline 2;
+    ready 1, plus rank 0's WAIT: 7."""
+    n, l = ranks, per_host
+    if n == 1:
+        return 0.0
+    if scheme == "get-per-key":
+        return 3 * n + 3 - (n - 1) / 2 + 2 * l * l / n + 1 / n
+    if scheme == "get-many":
+        return 7.0
+    raise ValueError(f"unknown start-up scheme {scheme!r}")
+
+
+def startup_store_bytes(ranks, per_host, scheme, host_bytes=44, address_bytes=20, key_bytes=18,
+                        route_bytes=10):
+    """Bytes rank 0's store moves for one start-up, requests in and replies out: every rank reads
+    every other rank's host record (host_bytes: KOLO_ALLREDUCE and the host identity) and lifeline
+    address and the higher ranks' tcp addresses (address_bytes each); the routes (an IP address,
+    route_bytes) are read, one GET each, by the ranks on rank 0's host under get-per-key, and
+    under get-many by every rank, inside the host records. A GET costs a request of 5 + key_bytes
+    and a reply of 5 + value; a GET_MANY 9 bytes plus 4 + key_bytes per key in, 5 bytes plus
+    5 + value per key out. SETs and the ready barrier are small beside these and left out."""
+    n, l = ranks, per_host
+    pairs = n * (n - 1)                  # (reader, other) pairs of one all-to-all exchange
+    values = pairs * (host_bytes + address_bytes) + pairs / 2 * address_bytes
+    keys = pairs * 2 + pairs / 2
+    if scheme == "get-per-key":
+        # The routes: each rank on rank 0's host reads the others' until one is not loopback
+        # (the first rank of the next host), twice (tcp and lifeline).
+        routes = 2 * l * l
+        return values + routes * route_bytes + (keys + routes) * (5 + 5 + key_bytes)
+    if scheme == "get-many":
+        exchanges = 3 * n
+        return (values + pairs * route_bytes + keys * (4 + key_bytes + 5)
+                + exchanges * (9 + 5))
+    raise ValueError(f"unknown start-up scheme {scheme!r}")
+
+
+class StartupModel:
+    """kolo_comm_init's time at N ranks, L per host: a fixed part (processes, the store's
+    handshake, the slow derivation of the job key), a part per peer (a connection and its
+    handshake to each, which on one shared machine also carries the CPU contention of N
+    processes), and rank 0's store: each request it serves costs per_request_s, and its bytes
+    go at store_bytes_per_s:
+        fixed + per_peer (N-1) + per_request N requests(N) + bytes(N) / store_bytes_per_s."""
+
+    def __init__(self, fixed_s, per_peer_s, per_request_s, store_bytes_per_s=math.inf):
+        self.fixed_s = fixed_s
+        self.per_peer_s = per_peer_s
+        self.per_request_s = per_request_s
+        self.store_bytes_per_s = store_bytes_per_s
+
+    def store_requests(self, ranks, per_host, scheme):
+        return ranks * startup_requests(ranks, per_host, scheme)
+
+    def terms(self, ranks, per_host, scheme):
+        """(fixed, peers, store requests, store bytes) in seconds."""
+        return (self.fixed_s, self.per_peer_s * (ranks - 1),
+                self.per_request_s * self.store_requests(ranks, per_host, scheme),
+                startup_store_bytes(ranks, per_host, scheme) / self.store_bytes_per_s)
+
+    def time(self, ranks, per_host, scheme):
+        return sum(self.terms(ranks, per_host, scheme))
+
+
+def solve(matrix, vector):
+    """Solves a small linear system by Gaussian elimination with partial pivoting."""
+    size = len(vector)
+    rows = [list(row) + [value] for row, value in zip(matrix, vector)]
+    for column in range(size):
+        pivot = max(range(column, size), key=lambda r: abs(rows[r][column]))
+        rows[column], rows[pivot] = rows[pivot], rows[column]
+        if rows[column][column] == 0:
+            raise ValueError("singular system: the points do not determine the model")
+        for r in range(size):
+            if r != column:
+                factor = rows[r][column] / rows[column][column]
+                rows[r] = [a - factor * b for a, b in zip(rows[r], rows[column])]
+    return [rows[r][size] / rows[r][r] for r in range(size)]
+
+
+def fit_startup(points):
+    """Least-squares fit of StartupModel's fixed, per-peer and per-request terms (bytes left out:
+    the points come from unshaped links, where they are microseconds) to (ranks, per_host, scheme,
+    seconds) points, weighted by 1/t so that every job size counts alike. Returns (model, largest
+    relative error)."""
+    xs = [(1.0, n - 1.0, n * startup_requests(n, l, scheme)) for n, l, scheme, _ in points]
+    ts = [t for *_, t in points]
+    ws = [1 / t**2 for t in ts]
+    normal = [[sum(w * x[i] * x[j] for w, x in zip(ws, xs)) for j in range(3)] for i in range(3)]
+    right = [sum(w * x[i] * t for w, x, t in zip(ws, xs, ts)) for i in range(3)]
+    model = StartupModel(*solve(normal, right))
+    worst = max(abs(model.time(n, l, scheme) - t) / t for n, l, scheme, t in points)
+    return model, worst
+
+
+def read_startup(path, schemes):
+    """startup_perf.sh --tsv rows: {(label, shape): {"ranks", "per_host", "init" (list of s),
+    "requests" (list of mean requests per rank)}} for the labels named in schemes (label ->
+    scheme)."""
+    runs = {}
+    with open_input(path) as tsv:
+        header = tsv.readline().rstrip("\n").split("\t")
+        for line in tsv:
+            row = dict(zip(header, line.rstrip("\n").split("\t")))
+            if row["label"] not in schemes:
+                continue
+            hosts, per_host = (int(part) for part in row["shape"].split("x"))
+            run = runs.setdefault((row["label"], row["shape"]), {
+                "ranks": hosts * per_host, "per_host": per_host, "init": [], "requests": []})
+            run["init"].append(float(row["init_max_s"]))
+            run["requests"].append(float(row["requests_mean"]))
+    return runs
+
+
+def median(values):
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def command_startup(arguments):
+    schemes = {}
+    for text in arguments.scheme:
+        label, _, scheme = text.partition("=")
+        if scheme not in STARTUP_SCHEMES:
+            sys.exit(f"scaling_model.py: --scheme {text}: the scheme is one of "
+                     f"{', '.join(STARTUP_SCHEMES)}")
+        schemes[label] = scheme
+    runs = {}
+    for path in arguments.tsv:
+        runs.update(read_startup(path, schemes))
+    if not runs:
+        sys.exit("scaling_model.py: no startup_perf.sh rows with the labels of --scheme")
+    points = [(run["ranks"], run["per_host"], schemes[label], median(run["init"]))
+              for (label, _), run in runs.items()]
+    model, worst = fit_startup(points)
+    model.store_bytes_per_s = arguments.store_gbit * GIGA / 8
+    print(f"# fit: fixed {model.fixed_s * 1e3:.1f} ms, per peer {model.per_peer_s * 1e3:.2f} ms, "
+          f"per store request {model.per_request_s * 1e6:.1f} µs; largest error {worst:.0%}")
+    print("label\tscheme\tshape\tranks\tinit ms (median)\tmodel ms\trequests/rank measured\t"
+          "model")
+    for (label, shape), run in sorted(runs.items(), key=lambda item: (item[0][0], item[1]["ranks"])):
+        scheme = schemes[label]
+        print(f"{label}\t{scheme}\t{shape}\t{run['ranks']}\t{median(run['init']) * 1e3:.1f}\t"
+              f"{model.time(run['ranks'], run['per_host'], scheme) * 1e3:.1f}\t"
+              f"{median(run['requests']):.2f}\t"
+              f"{startup_requests(run['ranks'], run['per_host'], scheme):.2f}")
+    ranks, per_host = arguments.ranks, arguments.ranks_per_host
+    print(f"\n# at {ranks} ranks, {per_host} per host; rank 0's store at "
+          f"{arguments.store_gbit:g} Gbit/s")
+    print("scheme\trequests/rank\tstore requests\tstore MB\tfixed s\tpeers s\tstore requests s\t"
+          "store bytes s\ttotal s")
+    for scheme in STARTUP_SCHEMES:
+        fixed, peers, requests, moved = model.terms(ranks, per_host, scheme)
+        print(f"{scheme}\t{startup_requests(ranks, per_host, scheme):.1f}\t"
+              f"{model.store_requests(ranks, per_host, scheme):.0f}\t"
+              f"{startup_store_bytes(ranks, per_host, scheme) / 1e6:.1f}\t{fixed:.3f}\t"
+              f"{peers:.3f}\t{requests:.3f}\t{moved:.3f}\t{fixed + peers + requests + moved:.3f}")
+
+
 def positive(text):
     value = float(text)
     if not value > 0:
@@ -622,8 +803,22 @@ def main(argv=None):
     small.add_argument("--intra-gbit", type=positive, default=6.8929)
     small.add_argument("--sizes", type=int, nargs="+", default=[8, 512, 4096, 32768])
 
+    startup = commands.add_parser("startup", help="kolo_comm_init's time: a fit to "
+                                  "startup_perf.sh's runs and a prediction")
+    startup.add_argument("tsv", nargs="+", help="files written by startup_perf.sh --tsv")
+    startup.add_argument("--scheme", action="append", required=True,
+                         help="LABEL=SCHEME: the rows of LABEL ran SCHEME (get-per-key or "
+                              "get-many); repeat for each label")
+    startup.add_argument("--ranks", type=int, default=1024, help="default: %(default)s")
+    startup.add_argument("--ranks-per-host", type=int, default=8, help="default: %(default)s")
+    startup.add_argument("--store-gbit", type=positive, default=10,
+                         help="rank 0's link, Gbit/s, for the store's bytes (default: "
+                              "%(default)s)")
+
     arguments = parser.parse_args(argv)
-    if arguments.command == "small":
+    if arguments.command == "startup":
+        command_startup(arguments)
+    elif arguments.command == "small":
         command_small(arguments)
     elif arguments.command == "predict":
         if arguments.ranks_per_host < 1:

@@ -151,5 +151,75 @@ class Fit(unittest.TestCase):
         self.assertLess(worst, 1e-9)
 
 
+class StartUp(unittest.TestCase):
+    """The start-up model against values worked out by hand and against the measured runs of
+    bench/startup_perf.sh in bench/results/startup_perf.tsv (docs/performance.md, "Start-up")."""
+
+    TSV = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "results",
+                       "startup_perf.tsv")
+    SCHEMES = {"get-per-key": "get-per-key", "get-many": "get-many"}
+
+    def test_requests_by_hand(self):
+        # 2 ranks, one per host. get-per-key: rank 0 host 2 + routes 1+1 and 1+1 (rank 1 is
+        # not loopback, found at once) + tcp 2 + lifeline 2 + ready 1 + wait 1 = 12; rank 1: host 2
+        # + routes 1 + 1 + tcp 1 + lifeline 2 + ready 1 = 8; mean 10.
+        self.assertAlmostEqual(model.startup_requests(2, 1, "get-per-key"), 10.0)
+        # get-many (the routes ride in the host records): rank 0 host 2 + tcp 2 + lifeline 2 +
+        # ready 2 = 8; rank 1: 2 + 1 + 2 + 1 = 6; mean 7.
+        self.assertAlmostEqual(model.startup_requests(2, 1, "get-many"), 7.0)
+        self.assertEqual(model.startup_requests(1, 1, "get-many"), 0.0)
+        with self.assertRaises(ValueError):
+            model.startup_requests(4, 1, "no-such-scheme")
+        # At 1,024 ranks the folded start-up is constant per rank, the old one grows with N.
+        self.assertAlmostEqual(model.startup_requests(1024, 8, "get-many"), 7.0)
+        self.assertGreater(model.startup_requests(1024, 8, "get-per-key"), 2500)
+
+    def test_store_bytes_by_hand(self):
+        # N = 2, L = 1: 2 host records of 44 and 2 lifeline addresses of 20, one tcp address
+        # (rank 0 reads rank 1's): 2*64 + 20 = 148 bytes of values under 5 keys of 18 bytes.
+        # get-per-key: rank 0 (loopback) reads rank 1's route of 10 bytes twice, 2 more GETs,
+        # each 5 + key in and 5 + value out. get-many: both ranks read the other's route in its
+        # host record; 6 GET_MANYs (3 exchanges per rank), each 9 in and 5 out, and per key 4 +
+        # key in and 5 + value out.
+        self.assertAlmostEqual(model.startup_store_bytes(2, 1, "get-per-key"),
+                               148 + 2 * 10 + 7 * 28)
+        self.assertAlmostEqual(model.startup_store_bytes(2, 1, "get-many"),
+                               148 + 2 * 10 + 5 * 27 + 6 * 14)
+
+    def test_requests_match_every_measured_run(self):
+        # The count is exact: the TSV's mean (one decimal) is within rounding of the model's.
+        runs = model.read_startup(self.TSV, self.SCHEMES)
+        self.assertEqual(len(runs), 8, "two schemes at 2, 4, 8 and 16 ranks")
+        for (label, shape), run in runs.items():
+            expected = model.startup_requests(run["ranks"], run["per_host"], self.SCHEMES[label])
+            for measured in run["requests"]:
+                self.assertAlmostEqual(measured, expected, delta=0.06, msg=f"{label} {shape}")
+
+    def test_fitted_time_within_twenty_percent_of_every_measured_median(self):
+        runs = model.read_startup(self.TSV, self.SCHEMES)
+        points = [(run["ranks"], run["per_host"], self.SCHEMES[label], model.median(run["init"]))
+                  for (label, _), run in runs.items()]
+        fitted, worst = model.fit_startup(points)
+        self.assertLess(worst, 0.20)
+        self.assertGreater(fitted.per_request_s, 0)
+        self.assertGreater(fitted.per_peer_s, 0)
+        for ranks, per_host, scheme, seconds in points:
+            self.assertLess(abs(fitted.time(ranks, per_host, scheme) - seconds) / seconds, 0.20)
+        # At 1,024 ranks the store's requests cost the old scheme over 300 times the new one's.
+        old = fitted.terms(1024, 8, "get-per-key")[2]
+        new = fitted.terms(1024, 8, "get-many")[2]
+        self.assertGreater(old / new, 300)
+
+    def test_fit_recovers_a_known_model(self):
+        truth = model.StartupModel(0.02, 0.003, 50e-6)
+        points = [(n, l, scheme, truth.time(n, l, scheme))
+                  for n, l in ((2, 1), (4, 1), (8, 2), (16, 4)) for scheme in model.STARTUP_SCHEMES]
+        fitted, worst = model.fit_startup(points)
+        self.assertLess(worst, 1e-9)
+        self.assertAlmostEqual(fitted.fixed_s, 0.02)
+        self.assertAlmostEqual(fitted.per_peer_s, 0.003)
+        self.assertAlmostEqual(fitted.per_request_s, 50e-6)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bootstrap/store.hpp"
+#include "bootstrap/store_protocol.hpp"
 #include "capture_stderr.hpp"
 #include "core/deadline.hpp"
 #include "kolo/status.hpp"
@@ -647,6 +648,245 @@ TEST_CASE("store: a raw WAIT for no keys is answered at once", "[store]") {
   uint8_t reply = 0xff;
   net::recv_all(raw, &reply, 1, Deadline(2.0));
   CHECK(reply == 0);
+}
+
+TEST_CASE("store: get_all returns every value in the order asked, in one request", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient setter(server.endpoint(), kSecret, 0, 5.0);
+  setter.set_string("present", "x");
+  setter.set("empty", {});
+  setter.set("binary", {0, 255, 10, 0});
+  StoreClient reader(server.endpoint(), kSecret, 1, 5.0);
+  const uint64_t before = reader.requests();
+  // Two keys appear only later, set by another client while the request waits on the server.
+  auto values = std::async(std::launch::async, [&] {
+    return reader.get_all({"later/b", "present", "empty", "later/a", "binary", "present"});
+  });
+  REQUIRE(eventually([&] { return server.stats().waiters == 2; }, 2.0));
+  setter.set_string("later/a", "A");
+  CHECK(values.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
+  setter.set_string("later/b", "BB");
+  const std::vector<std::vector<uint8_t>> got = values.get();
+  const std::vector<std::vector<uint8_t>> expected = {
+      {'B', 'B'}, {'x'}, {}, {'A'}, {0, 255, 10, 0}, {'x'}};
+  CHECK(got == expected);
+  CHECK(reader.requests() - before == 1);
+  CHECK(reader.get_all({}).empty());  // nothing to ask: no request
+  CHECK(reader.requests() - before == 1);
+  CHECK(reader.get_all_strings({"later/a", "later/b"}) == std::vector<std::string>{"A", "BB"});
+  CHECK(server.stats().waiters == 0);
+}
+
+TEST_CASE("store: get_many answers with what exists when its wait is over", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient client(server.endpoint(), kSecret, 0, 5.0);
+  client.set_string("here", "1");
+  using Values = std::vector<std::optional<std::vector<uint8_t>>>;
+  auto start = std::chrono::steady_clock::now();
+  CHECK(client.get_many({"absent", "here"}, 0) == Values{std::nullopt, std::vector<uint8_t>{'1'}});
+  CHECK(seconds_since(start) < 0.5);
+  start = std::chrono::steady_clock::now();
+  CHECK(client.get_many({"here", "absent"}, 0.3) ==
+        Values{std::vector<uint8_t>{'1'}, std::nullopt});
+  CHECK(seconds_since(start) >= 0.25);
+  CHECK(seconds_since(start) < 2.0);
+  CHECK(eventually([&] { return server.stats().waiters == 0; }, 2.0));
+}
+
+TEST_CASE("store: get_all times out naming only the missing keys, then the client works again",
+          "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient client(server.endpoint(), kSecret, 3, 0.5);
+  client.set_string("here", "1");
+  std::vector<size_t> missing;
+  auto start = std::chrono::steady_clock::now();
+  Error error = expect_error([&] { client.get_all({"here", "gone/1", "gone/2"}, &missing); });
+  CHECK(seconds_since(start) < 2.0);
+  CHECK(error.status() == Status::kTimeout);
+  CHECK_THAT(error.what(), Contains("timed out after 0.5 s waiting for keys 'gone/1', 'gone/2' in "
+                                    "the rendezvous store at " +
+                                    server.endpoint().to_string()));
+  CHECK(missing == std::vector<size_t>{1, 2});
+  CHECK(eventually([&] { return server.stats().waiters == 0; }, 2.0));
+  CHECK(client.get_all_strings({"here"}) == std::vector<std::string>{"1"});
+}
+
+TEST_CASE("store: get_all goes on past the server's park limit until its own timeout", "[store]") {
+  StoreLimits limits;
+  limits.park_seconds = 0.2;
+  StoreServer server({"127.0.0.1", 0}, kSecret, limits);
+  StoreClient client(server.endpoint(), kSecret, 3, 5.0);
+  client.set_string("a", "1");
+  auto values = std::async(std::launch::async, [&] { return client.get_all_strings({"a", "b"}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  StoreClient setter(server.endpoint(), kSecret, 0, 5.0);
+  setter.set_string("b", "2");
+  CHECK(values.get() == std::vector<std::string>{"1", "2"});
+  CHECK(client.requests() >= 3);  // the set, and GET_MANYs answered at the park limit
+}
+
+TEST_CASE("store: get_all tells which keys were missing when the store went away", "[store]") {
+  auto server = std::make_unique<StoreServer>(net::Endpoint{"127.0.0.1", 0}, kSecret);
+  StoreClient client(server->endpoint(), kSecret, 2, 30.0);
+  client.set_string("kolo/1/host/0", "h");
+  client.set_string("kolo/1/host/2", "h");
+  std::vector<size_t> missing;
+  auto result = std::async(std::launch::async, [&] {
+    return expect_error(
+        [&] { client.get_all({"kolo/1/host/0", "kolo/1/host/1", "kolo/1/host/2"}, &missing); });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the first round is answered
+  server.reset();
+  Error error = result.get();
+  CHECK(error.status() == Status::kPeerLost);
+  CHECK(missing == std::vector<size_t>{1});
+}
+
+TEST_CASE("store: get_many's bounds: too many keys, too many bytes of values", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient client(server.endpoint(), kSecret, 0, 20.0);
+
+  std::vector<std::string> many(kolo::store_protocol::kMaxWaitKeys + 1, "k");
+  Error too_many = expect_error([&] { client.get_many(many, 0); });
+  CHECK(too_many.status() == Status::kInvalidArgument);
+  CHECK_THAT(too_many.what(), Contains("store get_many: 65537 keys; the limit is 65536"));
+  Error bad_key = expect_error([&] { client.get_all({"ok", ""}); });
+  CHECK(bad_key.status() == Status::kInvalidArgument);
+  CHECK_THAT(bad_key.what(), Contains("keys are 1 to 4096 bytes"));
+
+  // Five values of the largest size together exceed what one reply may carry: refused with an
+  // error that says so, and the connection goes on.
+  const std::vector<uint8_t> large(kolo::kStoreMaxValueBytes, 7);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 5; ++i) {
+    keys.push_back("large/" + std::to_string(i));
+    client.set(keys.back(), large);
+  }
+  Error too_large = expect_error([&] { client.get_all(keys); });
+  CHECK(too_large.status() == Status::kInvalidArgument);
+  CHECK_THAT(too_large.what(), Contains("take 83886080 bytes, over the limit of 67108864 for one "
+                                        "GET_MANY"));
+  CHECK_THAT(too_large.what(), Contains("'large/0'"));
+  keys.pop_back();
+  keys.pop_back();
+  const auto values = client.get_all(keys);
+  REQUIRE(values.size() == 3);
+  for (const auto& value : values) CHECK(value == large);
+}
+
+TEST_CASE("store: malformed GET_MANY frames drop their sender, others are served", "[store]") {
+  StoreServer server({"127.0.0.1", 0}, kSecret);
+  StoreClient good(server.endpoint(), kSecret, 0, 2.0);
+  net::Socket raw = authenticated_raw_client(server.endpoint());
+  std::vector<uint8_t> request = {7};  // GET_MANY
+  append_u32(request, 1000);           // wait_ms
+
+  SECTION("no keys: answered at once with no values") {
+    append_u32(request, 0);
+    net::send_all(raw, request.data(), request.size(), Deadline(2.0));
+    uint8_t reply[5] = {0xff, 0xff, 0xff, 0xff, 0xff};
+    net::recv_all(raw, reply, sizeof reply, Deadline(2.0));
+    CHECK(reply[0] == 0);
+    CHECK((reply[1] | reply[2] | reply[3] | reply[4]) == 0);
+  }
+  SECTION("more keys than the limit") {
+    append_u32(request, static_cast<uint32_t>(kolo::store_protocol::kMaxWaitKeys + 1));
+    net::send_all(raw, request.data(), request.size(), Deadline(2.0));
+    CHECK(closed_by_peer(raw, 2.0));
+  }
+  SECTION("an empty key") {
+    append_u32(request, 2);
+    append_u32(request, 1);
+    request.push_back('k');
+    append_u32(request, 0);
+    net::send_all(raw, request.data(), request.size(), Deadline(2.0));
+    CHECK(closed_by_peer(raw, 2.0));
+  }
+  SECTION("an oversized key length") {
+    append_u32(request, 1);
+    append_u32(request, 0xffffffffu);
+    net::send_all(raw, request.data(), request.size(), Deadline(2.0));
+    CHECK(closed_by_peer(raw, 2.0));
+  }
+  SECTION("keys that together exceed the largest request") {
+    append_u32(request, kolo::store_protocol::kMaxWaitKeys);
+    const std::string key(kolo::kStoreMaxKeyBytes, 'k');
+    bool closed = false;
+    try {
+      for (size_t i = 0; i < kolo::store_protocol::kMaxWaitKeys && !closed; ++i) {
+        append_u32(request, static_cast<uint32_t>(key.size()));
+        request.insert(request.end(), key.begin(), key.end());
+        if (request.size() >= 1 << 20) {
+          net::send_all(raw, request.data(), request.size(), Deadline(2.0));
+          request.clear();
+        }
+      }
+    } catch (const Error&) {
+      closed = true;  // the server dropped us while we were still sending
+    }
+    CHECK((closed || closed_by_peer(raw, 2.0)));
+  }
+  SECTION("half a request, then silence: it waits, holding nothing else up") {
+    append_u32(request, 3);
+    append_u32(request, 1);
+    request.push_back('k');
+    net::send_all(raw, request.data(), request.size(), Deadline(2.0));
+  }
+  auto start = std::chrono::steady_clock::now();
+  good.set_string("still", "serving");
+  CHECK(good.get_all_strings({"still"}) == std::vector<std::string>{"serving"});
+  CHECK(seconds_since(start) < 1.0);
+}
+
+TEST_CASE("store: get_many refuses a reply that breaks the protocol's bounds", "[store]") {
+  // A store that authenticates, reads the request, and answers with the given bytes.
+  auto serve_once = [](net::Socket& listener, std::vector<uint8_t> reply) {
+    net::Socket socket = net::accept_from(listener, Deadline(5.0));
+    net::authenticate_as_server(socket, kSecret, Deadline(5.0));
+    uint8_t byte = 0;
+    net::recv_all(socket, &byte, 1, Deadline(5.0));  // the request's code: GET_MANY
+    net::send_all(socket, reply.data(), reply.size(), Deadline(5.0));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return byte;
+  };
+  net::Socket listener = net::listen_on({"127.0.0.1", 0});
+  std::vector<uint8_t> reply = {0};
+  std::vector<std::string> keys = {"a", "b"};
+  std::string expected;
+  SECTION("a count other than the keys asked for") {
+    append_u32(reply, 3);
+    expected = "sent 3 values for the 2 keys 'a', 'b'";
+  }
+  SECTION("a presence byte other than 0 or 1") {
+    append_u32(reply, 2);
+    reply.push_back(2);
+    expected = "sent a presence byte of 2 for key 'a'";
+  }
+  SECTION("a value longer than any value may be") {
+    append_u32(reply, 2);
+    reply.push_back(1);
+    append_u32(reply, static_cast<uint32_t>(kolo::kStoreMaxValueBytes + 1));
+    expected = "sent a value of 16777217 bytes for key 'a'";
+  }
+  SECTION("values that together exceed the reply's limit") {
+    // Four values of the largest size make 64 MiB, the limit; a fifth byte is one too many.
+    keys = {"a", "b", "c", "d", "e"};
+    append_u32(reply, 5);
+    for (int i = 0; i < 4; ++i) {
+      reply.push_back(1);
+      append_u32(reply, static_cast<uint32_t>(kolo::kStoreMaxValueBytes));
+      reply.resize(reply.size() + kolo::kStoreMaxValueBytes, 'v');
+    }
+    reply.push_back(1);
+    append_u32(reply, 1);
+    expected = "sent a value of 1 bytes for key 'e' (67108865 bytes so far";
+  }
+  auto fake = std::async(std::launch::async, [&] { return serve_once(listener, reply); });
+  StoreClient client(net::local_endpoint(listener), kSecret, 1, 5.0);
+  Error error = expect_error([&] { client.get_many(keys, 1.0); });
+  CHECK(error.status() == Status::kMismatch);
+  CHECK_THAT(error.what(), Contains(expected));
+  CHECK(fake.get() == 7);
 }
 
 TEST_CASE("store: get times out naming the key, then the client works again", "[store]") {

@@ -2,8 +2,10 @@
 // included) uses to exchange listening addresses and other start-up facts.
 //
 // Protocol: after authentication (net/auth.hpp, purpose kPurposeStore) a client sends requests and
-// reads one response each. Keys are at most 4 KiB and values at most 16 MiB; longer lengths read
-// from the wire drop the connection (logged) before anything is allocated.
+// reads one response each. One request may wait for many keys and return all their values
+// (get_many, get_all), so that a rank reads what every other rank published in one round trip.
+// Keys are at most 4 KiB and values at most 16 MiB; longer lengths read from the wire drop the
+// connection (logged) before anything is allocated.
 //
 // Bounds (StoreLimits; docs/errors.md, "What fails, and how", lists the defaults): connections that
 // have not yet authenticated are capped, the oldest dropped to make room for a new one, so
@@ -16,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -88,6 +91,21 @@ class StoreClient {
   // Waits until key exists, then returns its value; kolo::Error(kTimeout) naming the key after
   // the timeout given at construction, or at the server's park_seconds if that comes first.
   std::vector<uint8_t> get(const std::string& key);
+  // One GET_MANY: waits on the server until every key exists or wait_s passes (at most the
+  // client's timeout), then returns each key's value in the order of keys, nullopt for a key that
+  // did not exist then. At most 65,536 keys, their values together at most 64 MiB; more is
+  // kolo::Error(kInvalidArgument) naming the keys.
+  std::vector<std::optional<std::vector<uint8_t>>> get_many(const std::vector<std::string>& keys,
+                                                             double wait_s);
+  // Waits until every key exists and returns their values in the order of keys, in as few
+  // requests as it can: one GET_MANY when the keys exist within a second, then GET_MANYs of the
+  // keys still missing, each waiting longer (up to 10 s), until the client's timeout. A timeout
+  // throws kolo::Error(kTimeout) naming the keys still missing, and any other failure (the store
+  // went away) rethrows it; before either, *missing (if given) is set to the indices into keys
+  // of those that had not appeared as of the last answer, so that a caller can name what it
+  // waited for (every key's index until an answer came).
+  std::vector<std::vector<uint8_t>> get_all(const std::vector<std::string>& keys,
+                                            std::vector<size_t>* missing = nullptr);
   // Waits until every key exists.
   void wait(const std::vector<std::string>& keys);
   // Atomically adds delta to the integer stored at key (missing counts as 0); returns the sum.
@@ -104,9 +122,15 @@ class StoreClient {
   // The keys remembered, each once, in the order first written; stops remembering.
   std::vector<std::string> take_written_keys();
 
+  // The requests this client has sent so far (each call of set, get, wait, add, erase, ...
+  // that reached the server is one), for start-up statistics.
+  uint64_t requests() const;
+
   // Convenience for text values.
   void set_string(const std::string& key, const std::string& value);
   std::string get_string(const std::string& key);
+  std::vector<std::string> get_all_strings(const std::vector<std::string>& keys,
+                                           std::vector<size_t>* missing = nullptr);
 
  private:
   struct Impl;

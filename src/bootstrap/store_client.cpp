@@ -41,6 +41,7 @@ struct StoreClient::Impl {
   double timeout_s = 0;
   uint64_t generation = 0;
   net::Socket socket;
+  uint64_t requests = 0;  // requests sent (StoreClient::requests)
   // After the server went away or spoke nonsense, every later call fails at once with this
   // instead of waiting out its timeout against a store that is not coming back.
   std::string broken;
@@ -78,6 +79,7 @@ struct StoreClient::Impl {
     uint8_t code = 0;
     try {
       if (!socket.valid()) connect(deadline);
+      ++requests;
       net::send_all(socket, request.data(), request.size(), deadline);
       net::recv_all(socket, &code, 1, deadline);
       if (code == kReplyOk) return read_payload(deadline);
@@ -184,6 +186,118 @@ std::vector<uint8_t> StoreClient::get(const std::string& key) {
       });
 }
 
+std::vector<std::optional<std::vector<uint8_t>>> StoreClient::get_many(
+    const std::vector<std::string>& keys, double wait_s) {
+  if (keys.empty()) return {};
+  if (keys.size() > kMaxWaitKeys) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("store get_many: {} keys; the limit is {}", keys.size(), kMaxWaitKeys));
+  }
+  // The server answers within wait_s; the transaction's own deadline (the client's timeout)
+  // must not end first.
+  const double wait = std::clamp(wait_s, 0.0, impl_->timeout_s * 0.9);
+  std::vector<uint8_t> request{static_cast<uint8_t>(Op::kGetMany)};
+  append_u32(request, static_cast<uint32_t>(std::min(wait * 1e3, 4e9)));
+  append_u32(request, static_cast<uint32_t>(keys.size()));
+  for (const auto& key : keys) {
+    impl_->check_key(key, "get_many");
+    append_key(request, key);
+  }
+  if (request.size() > kMaxRequestBytes) {
+    throw Error(Status::kInvalidArgument,
+                fmt::format("store get_many: the keys take {} bytes; the limit is {}",
+                            request.size(), kMaxRequestBytes));
+  }
+  std::string what = keys.size() == 1 ? fmt::format("waiting for key '{}'", keys.front())
+                                      : fmt::format("waiting for keys {}", quote_keys(keys));
+  Impl& impl = *impl_;
+  return impl.transact(what, request, [&](const Deadline& deadline) {
+    uint8_t header[4];
+    net::recv_all(impl.socket, header, 4, deadline);
+    const uint32_t count = decode_u32(header);
+    if (count != keys.size()) {
+      throw Error(Status::kMismatch, fmt::format("{} sent {} values for the {} keys {}",
+                                                 impl.where, count, keys.size(), quote_keys(keys)));
+    }
+    std::vector<std::optional<std::vector<uint8_t>>> values(count);
+    size_t total = 0;
+    for (uint32_t i = 0; i < count; ++i) {
+      uint8_t present = 0;
+      net::recv_all(impl.socket, &present, 1, deadline);
+      if (present > 1) {
+        throw Error(Status::kMismatch, fmt::format("{} sent a presence byte of {} for key '{}'",
+                                                   impl.where, present, keys[i]));
+      }
+      if (present == 0) continue;
+      net::recv_all(impl.socket, header, 4, deadline);
+      const uint32_t length = decode_u32(header);
+      total += length;
+      if (length > kStoreMaxValueBytes || total > kMaxGetManyReplyBytes) {
+        throw Error(Status::kMismatch,
+                    fmt::format("{} sent a value of {} bytes for key '{}' ({} bytes so far; the "
+                                "limits are {} for a value, {} for all)",
+                                impl.where, length, keys[i], total, kStoreMaxValueBytes,
+                                kMaxGetManyReplyBytes));
+      }
+      values[i].emplace(length);
+      net::recv_all(impl.socket, values[i]->data(), length, deadline);
+    }
+    return values;
+  });
+}
+
+std::vector<std::vector<uint8_t>> StoreClient::get_all(const std::vector<std::string>& keys,
+                                                       std::vector<size_t>* missing) {
+  // Rounds of 1, 2, 4, 8, then 10 s: one request when every rank is there within a second, few
+  // when some are late, and a recent view of who is missing if the store goes away meanwhile.
+  constexpr double kFirstRound = 1.0;
+  constexpr double kLongestRound = 10.0;
+  std::vector<std::vector<uint8_t>> values(keys.size());
+  std::vector<size_t> waiting(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) waiting[i] = i;
+  if (missing != nullptr) *missing = waiting;
+  const Deadline deadline(impl_->timeout_s);
+  double round = kFirstRound;
+  while (!waiting.empty()) {
+    std::vector<std::string> asked;
+    asked.reserve(waiting.size());
+    for (size_t i : waiting) asked.push_back(keys[i]);
+    const double left = std::max(0.0, deadline.remaining_s());
+    auto answers = get_many(asked, std::min(round, left));
+    std::vector<size_t> still;
+    for (size_t j = 0; j < answers.size(); ++j) {
+      if (answers[j]) {
+        values[waiting[j]] = std::move(*answers[j]);
+      } else {
+        still.push_back(waiting[j]);
+      }
+    }
+    waiting = std::move(still);
+    if (missing != nullptr) *missing = waiting;
+    if (waiting.empty()) break;
+    if (deadline.expired() || left <= 0) {
+      std::vector<std::string> names;
+      for (size_t i : waiting) names.push_back(keys[i]);
+      throw Error(Status::kTimeout,
+                  fmt::format("timed out after {:g} s waiting for {} {} in {}", impl_->timeout_s,
+                              names.size() == 1 ? "key" : "keys", quote_keys(names),
+                              impl_->where));
+    }
+    round = std::min(2 * round, kLongestRound);
+  }
+  return values;
+}
+
+std::vector<std::string> StoreClient::get_all_strings(const std::vector<std::string>& keys,
+                                                      std::vector<size_t>* missing) {
+  std::vector<std::string> strings;
+  strings.reserve(keys.size());
+  for (const std::vector<uint8_t>& value : get_all(keys, missing)) {
+    strings.emplace_back(value.begin(), value.end());
+  }
+  return strings;
+}
+
 void StoreClient::wait(const std::vector<std::string>& keys) {
   if (keys.empty()) return;
   if (keys.size() > kMaxWaitKeys) {
@@ -278,6 +392,10 @@ std::vector<std::string> StoreClient::take_written_keys() {
   impl_->remembering = false;
   impl_->written_set.clear();
   return std::exchange(impl_->written, {});
+}
+
+uint64_t StoreClient::requests() const {
+  return impl_->requests;
 }
 
 std::string store_key(uint64_t context, std::string_view what) {

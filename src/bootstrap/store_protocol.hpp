@@ -9,10 +9,15 @@
 //   ADD   u8 4, u32 key_bytes, key, i64 delta
 //   ERASE u8 5, u32 prefix_bytes, prefix  (every key that starts with prefix)
 //   DELETE u8 6, u32 key_count, key_count x (u32 key_bytes, key)  (exactly these keys)
+//   GET_MANY u8 7, u32 wait_ms, u32 key_count, key_count x (u32 key_bytes, key)  (waits until
+//          every key exists or wait_ms passes, at most the server's park_seconds)
 // Replies (server to client):
-//   ok     u8 0, then for GET u32 value_bytes and the value, for ADD the i64 sum, for ERASE and
-//          DELETE the u64 number of keys erased, else nothing
-//   error  u8 1, u32 message_bytes, message  (ADD on a value that is not a counter, or overflow)
+//   ok     u8 0, then for GET u32 value_bytes and the value, for GET_MANY u32 key_count and per
+//          key in the request's order u8 1, u32 value_bytes, value, or u8 0 for a key that does
+//          not exist (yet), for ADD the i64 sum, for ERASE and DELETE the u64 number of keys
+//          erased, else nothing
+//   error  u8 1, u32 message_bytes, message  (ADD on a value that is not a counter, or overflow;
+//          a GET_MANY whose values together exceed kMaxGetManyReplyBytes)
 //   timeout u8 2, u32 message_bytes, message  (a GET or WAIT whose keys did not all appear within
 //          the server's StoreLimits::park_seconds)
 // Keys are 1..kStoreMaxKeyBytes bytes, values at most kStoreMaxValueBytes; each length is checked
@@ -31,13 +36,25 @@
 
 namespace kolo::store_protocol {
 
-enum class Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kErase = 5, kDelete = 6 };
+enum class Op : uint8_t {
+  kSet = 1,
+  kGet = 2,
+  kWait = 3,
+  kAdd = 4,
+  kErase = 5,
+  kDelete = 6,
+  kGetMany = 7,
+};
 inline constexpr uint8_t kReplyOk = 0;
 inline constexpr uint8_t kReplyError = 1;
 inline constexpr uint8_t kReplyTimeout = 2;
 
-// The most keys one WAIT or DELETE names.
+// The most keys one WAIT, DELETE or GET_MANY names.
 inline constexpr size_t kMaxWaitKeys = 1u << 16;
+// The most bytes of values one GET_MANY reply carries (the lengths and headers aside): a
+// start-up's records are a few hundred bytes per rank, so this serves well over 10^5 ranks,
+// and it bounds what one request makes the server copy and a client allocate.
+inline constexpr size_t kMaxGetManyReplyBytes = 64u << 20;
 // The largest legal request: a SET of the longest key and value, plus its headers. The keys of a
 // WAIT or DELETE together must fit in it too.
 inline constexpr size_t kMaxRequestBytes = 1 + 4 + kStoreMaxKeyBytes + 4 + kStoreMaxValueBytes;
@@ -84,11 +101,25 @@ inline std::string quote_keys(const std::vector<std::string>& keys) {
 
 // ---- request parsing (server) ------------------------------------------------------------------
 
+inline const char* op_name(Op op) {
+  switch (op) {
+    case Op::kSet: return "SET";
+    case Op::kGet: return "GET";
+    case Op::kWait: return "WAIT";
+    case Op::kAdd: return "ADD";
+    case Op::kErase: return "ERASE";
+    case Op::kDelete: return "DELETE";
+    case Op::kGetMany: return "GET_MANY";
+  }
+  return "unknown request";
+}
+
 struct Request {
   Op op = Op::kSet;
-  std::vector<std::string> keys;  // one key, WAIT's or DELETE's keys, or ERASE's prefix
+  std::vector<std::string> keys;  // one key, WAIT's, DELETE's or GET_MANY's keys, or ERASE's prefix
   std::vector<uint8_t> value;     // SET
   int64_t delta = 0;              // ADD
+  uint32_t wait_ms = 0;           // GET_MANY
 };
 
 enum class Parse { kIncomplete, kComplete, kMalformed };
@@ -125,14 +156,19 @@ class RequestParser {
       case Op::kErase:
         return parse_key();
       case Op::kWait:
-      case Op::kDelete: {
+      case Op::kDelete:
+      case Op::kGetMany: {
+        if (static_cast<Op>(op) == Op::kGetMany) {
+          if (!has(4)) return Parse::kIncomplete;
+          if (request_ != nullptr) request_->wait_ms = decode_u32(data_ + offset_);
+          offset_ += 4;
+        }
         if (!has(4)) return Parse::kIncomplete;
         uint32_t count = decode_u32(data_ + offset_);
         offset_ += 4;
         if (count > kMaxWaitKeys) {
           return malformed(fmt::format("a {} of {} keys (the limit is {})",
-                                       op == static_cast<uint8_t>(Op::kWait) ? "WAIT" : "DELETE",
-                                       count, kMaxWaitKeys));
+                                       op_name(static_cast<Op>(op)), count, kMaxWaitKeys));
         }
         for (uint32_t i = 0; i < count; ++i) {
           Parse key = parse_key();

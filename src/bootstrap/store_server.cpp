@@ -3,10 +3,11 @@
 // Server. One thread runs an epoll loop over the Gate that admits connections (net/gate.hpp: the
 // listener and every handshake, one descriptor), an eventfd that asks it to stop, and every
 // admitted client. Nothing in the loop blocks: sockets are non-blocking and each connection keeps
-// its own input and output buffers. A GET or WAIT for a key that does not
+// its own input and output buffers. A GET, GET_MANY or WAIT for a key that does not
 // exist yet is parked on the server and answered when a SET or ADD creates the key; the client
 // bounds how long it is prepared to wait, and when it gives up and closes, its waiters go with it.
-// A client that never gives up is answered with a timeout after StoreLimits::park_seconds.
+// A client that never gives up is answered with a timeout after StoreLimits::park_seconds; a
+// GET_MANY is answered after its own wait (at most park_seconds) with the values that exist then.
 // While a connection has a parked request or unsent output, the server reads nothing more from it,
 // so its input buffer stays bounded by one request and a read's chunk. A client that shuts down
 // its sending side (shutdown(SHUT_WR) after its last request) is still served what it sent, and
@@ -71,9 +72,11 @@ struct StoreServer::Impl {
     size_t input_start = 0;  // input before this offset has been executed
     std::vector<uint8_t> output;
     size_t output_sent = 0;
-    // A parked GET or WAIT: what it waits for and how many of its keys are still missing.
+    // A parked GET, GET_MANY or WAIT: what it waits for and how many of its keys are still
+    // missing.
     Op parked_op = Op::kGet;
     std::string parked_key;
+    std::vector<std::string> parked_keys;  // GET_MANY's keys, in the order of the reply
     std::vector<std::string> parked_missing;  // the keys this connection has waiters on
     size_t missing = 0;
     uint64_t park_generation = 0;
@@ -398,7 +401,8 @@ struct StoreServer::Impl {
         return;
       }
       case Op::kGet:
-      case Op::kWait: {
+      case Op::kWait:
+      case Op::kGetMany: {
         std::vector<std::string> missing;
         for (const auto& key : request.keys) {
           if (data.count(key) == 0) missing.push_back(key);
@@ -407,7 +411,14 @@ struct StoreServer::Impl {
         missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
         connection.parked_op = request.op;
         connection.parked_key = request.keys.empty() ? std::string() : request.keys.front();
-        if (missing.empty()) {
+        Clock::duration park_for = park_time;
+        if (request.op == Op::kGetMany) {
+          connection.parked_keys = std::move(request.keys);
+          park_for =
+              std::min<Clock::duration>(park_for, std::chrono::milliseconds(request.wait_ms));
+        }
+        if (missing.empty() ||
+            (request.op == Op::kGetMany && park_for <= Clock::duration::zero())) {
           answer_parked(connection);
           return;
         }
@@ -420,7 +431,7 @@ struct StoreServer::Impl {
         }
         waiter_count += missing.size();
         connection.parked_missing = std::move(missing);
-        connection.park_deadline = Clock::now() + park_time;
+        connection.park_deadline = Clock::now() + park_for;
         park_deadlines.emplace(connection.park_deadline, connection.id);
         return;
       }
@@ -561,12 +572,21 @@ struct StoreServer::Impl {
         continue;
       }
       Connection& connection = it->second;
+      if (connection.parked_op == Op::kGetMany) {
+        // Its own wait is over: it learns what exists now, and asks again for the rest.
+        forget_waiters(connection);
+        connection.state = State::kReady;
+        answer_get_many(connection);
+        to_process.push_back(connection.id);
+        continue;
+      }
       std::vector<std::string> missing;
       for (const std::string& key : connection.parked_missing) {
         if (data.count(key) == 0) missing.push_back(key);
       }
       forget_waiters(connection);  // erases the deadline too
       connection.state = State::kReady;
+      connection.parked_keys.clear();
       const std::string message = fmt::format(
           "{} {} {} appear within {:g} s (the store's limit for a waiting request)",
           missing.size() == 1 ? "key" : "keys", quote_keys(missing),
@@ -584,11 +604,43 @@ struct StoreServer::Impl {
       queue(connection, &ok, 1);
       return;
     }
+    if (connection.parked_op == Op::kGetMany) return answer_get_many(connection);
     const std::vector<uint8_t>& value = data.at(connection.parked_key);
     std::vector<uint8_t> reply{kReplyOk};
     reply.reserve(5 + value.size());
     append_u32(reply, static_cast<uint32_t>(value.size()));
     append_bytes(reply, value.data(), value.size());
+    queue(connection, reply.data(), reply.size());
+  }
+
+  // The value of every key GET_MANY named that exists, in its order, or an error when together
+  // they would exceed kMaxGetManyReplyBytes (checked before anything is copied).
+  void answer_get_many(Connection& connection) {
+    const std::vector<std::string> keys = std::move(connection.parked_keys);
+    connection.parked_keys.clear();
+    std::vector<const std::vector<uint8_t>*> values;
+    values.reserve(keys.size());
+    size_t value_bytes = 0;
+    for (const std::string& key : keys) {
+      auto it = data.find(key);
+      values.push_back(it == data.end() ? nullptr : &it->second);
+      if (it != data.end()) value_bytes += it->second.size();
+    }
+    if (value_bytes > kMaxGetManyReplyBytes) {
+      return refuse(connection,
+                    fmt::format("the values of the {} keys {} take {} bytes, over the limit of {} "
+                                "for one GET_MANY",
+                                keys.size(), quote_keys(keys), value_bytes, kMaxGetManyReplyBytes));
+    }
+    std::vector<uint8_t> reply{kReplyOk};
+    reply.reserve(5 + 5 * keys.size() + value_bytes);
+    append_u32(reply, static_cast<uint32_t>(keys.size()));
+    for (const std::vector<uint8_t>* value : values) {
+      reply.push_back(value != nullptr ? 1 : 0);
+      if (value == nullptr) continue;
+      append_u32(reply, static_cast<uint32_t>(value->size()));
+      append_bytes(reply, value->data(), value->size());
+    }
     queue(connection, reply.data(), reply.size());
   }
 

@@ -16,6 +16,7 @@
 #include "comm/report.hpp"
 #include "core/arguments.hpp"
 #include "core/build_info.hpp"
+#include "core/deadline.hpp"
 #include "core/host.hpp"
 #include "core/log.hpp"
 #include "core/topology.hpp"
@@ -24,6 +25,7 @@
 #include "gpu/gpu.hpp"
 #include "net/socket.hpp"
 #include "ring/ring.hpp"
+#include "transport/mesh.hpp"
 #include "transport/transport.hpp"
 
 namespace kolo {
@@ -67,6 +69,7 @@ uint64_t next_store_generation(const std::string& addr, int rank) {
 }  // namespace
 
 Communicator::Communicator(const ConfigOverrides& overrides) {
+  const Clock::time_point started = Clock::now();
   std::vector<std::string> unknown;
   config_ = resolve_config(overrides, process_environment(), &unknown);
   log::set_rank(config_.rank);
@@ -129,14 +132,14 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     log::info("rendezvous store at {}, from PMIx", config_.addr);
   }
   store_ = open_store(config_);
-  discover_hosts();
+  const std::string host = discover_hosts();
   if (config_.bind != "none") {
     log::info("{}", bind_process(config_.bind, config_.local_rank));
   }
-  Links links = connect_links(config_, *store_, kWorldContext, Waiter::kApplication);
+  Links links = connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
-  lifeline_ = std::make_shared<Lifeline>(config_, *store_, kWorldContext);
+  lifeline_ = std::make_shared<Lifeline>(config_, *store_, kWorldContext, host);
   const std::string allreduce_choice = place_allreduce();
 
   // Rank 0 serves the store: it stays until every rank is done with it.
@@ -147,9 +150,12 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
       keys.push_back(store_key(kWorldContext, "ready", rank));
     store_->wait(keys);
   }
-  log::info("communicator ready: rank {} of {}, local rank {} of {}, {} node(s), transport {}",
+  // bench/startup_perf.sh reads the time and the number of requests from this line.
+  log::info("communicator ready: rank {} of {}, local rank {} of {}, {} node(s), transport {}; "
+            "start-up took {:.4f} s and {} store request(s)",
             config_.rank, config_.size, config_.local_rank, config_.local_size, node_count_,
-            transport_->name());
+            transport_->name(), std::chrono::duration<double>(Clock::now() - started).count(),
+            store_->requests());
   if (config_.rank == 0) {
     // One line per job that says what ran, for bug reports and for comparing runs (rank 0 only).
     log::info("kolo {} (commit {}): {} rank(s) on {} node(s), transport {}, allreduce {} "
@@ -194,45 +200,78 @@ fusion::FusionEngine& Communicator::fusion() {
 // different schedules would wait for messages that never come. Every rank reads every value, so
 // every rank finds the same disagreement; rank 0, whose process serves the store, waits until
 // every rank has read before it fails, so that each reports the disagreement itself.
-void Communicator::discover_hosts() {
-  // The first thing every rank publishes: a rank whose key never comes never started, or started
-  // with another KOLO_ADDR or KOLO_SIZE, and the timeout says so rather than naming a store key.
-  auto host_of_rank = [&](int rank) {
-    try {
-      return store_->get_string(store_key(kWorldContext, "host", rank));
-    } catch (const Error& error) {
-      // Rank 0 times out first (it started first) and its store goes with it: the other ranks
-      // that waited then see the store close.
-      if (error.status() == Status::kPeerLost && config_.rank != 0) {
-        throw Error(Status::kPeerLost,
-                    fmt::format("kolo: rank {} of {} had not joined when the rendezvous store at "
-                                "{} closed (rank {} waited for it; rank 0, which serves the "
-                                "store, gave up waiting for it or was lost) [{}]",
-                                rank, config_.size, config_.addr, config_.rank, error.what()));
-      }
-      if (error.status() != Status::kTimeout) throw;
-      throw Error(Status::kTimeout,
-                  fmt::format("kolo: rank {} of {} never joined: rank {} waited {:g} s "
-                              "(KOLO_TIMEOUT) for it at the rendezvous store at {}; was it "
-                              "started, with the same KOLO_ADDR and KOLO_SIZE={}?",
-                              rank, config_.size, config_.rank, config_.timeout_s, config_.addr,
-                              config_.size));
-    }
-  };
+std::string Communicator::discover_hosts() {
+  // The first thing every rank publishes, "mode\nidentity\nroute", read from every other rank in
+  // one request (get_all): a rank whose key never comes never started, or started with another
+  // KOLO_ADDR or KOLO_SIZE, and the timeout says so rather than naming a store key. The route
+  // (the address this rank reaches the store from) decides where the ranks listen, so that this
+  // exchange serves that too.
+  const TransportSettings settings = transport_settings(config_);
   const std::string host = host_identity(config_);
-  store_->set_string(store_key(kWorldContext, "host", config_.rank),
-                     config_.allreduce + "\n" + host);
+  const std::string route = settings.socket_ifname.empty() ? store_route(settings) : "";
+  const std::string mine = config_.allreduce + "\n" + host + "\n" + route;
+  store_->set_string(store_key(kWorldContext, "host", config_.rank), mine);
+  std::vector<std::string> keys;
+  std::vector<int> key_ranks;
+  for (int rank = 0; rank < config_.size; ++rank) {
+    if (rank == config_.rank) continue;
+    keys.push_back(store_key(kWorldContext, "host", rank));
+    key_ranks.push_back(rank);
+  }
+  std::vector<size_t> missing;
+  std::vector<std::string> published;
+  try {
+    published = store_->get_all_strings(keys, &missing);
+  } catch (const Error& error) {
+    if (missing.empty() ||
+        (error.status() != Status::kTimeout && error.status() != Status::kPeerLost)) {
+      throw;
+    }
+    // "rank 3", or "ranks 3, 5, 6, 7 and 2 more": those still missing at the store's last answer.
+    std::vector<int> absent;
+    for (size_t index : missing) absent.push_back(key_ranks[index]);
+    constexpr size_t kShown = 4;
+    std::string who = fmt::format(
+        "{} {}", absent.size() == 1 ? "rank" : "ranks",
+        fmt::join(absent.begin(), absent.begin() + std::min(absent.size(), kShown), ", "));
+    if (absent.size() > kShown) who += fmt::format(" and {} more", absent.size() - kShown);
+    const char* it = absent.size() == 1 ? "it" : "them";
+    // Rank 0 times out first (it started first) and its store goes with it: the other ranks
+    // that waited then see the store close.
+    if (error.status() == Status::kPeerLost && config_.rank != 0) {
+      throw Error(Status::kPeerLost,
+                  fmt::format("kolo: {} of {} had not joined when the rendezvous store at {} "
+                              "closed (rank {} waited for {}; rank 0, which serves the store, "
+                              "gave up waiting for {} or was lost) [{}]",
+                              who, config_.size, config_.addr, config_.rank, it, it,
+                              error.what()));
+    }
+    if (error.status() != Status::kTimeout) throw;
+    throw Error(Status::kTimeout,
+                fmt::format("kolo: {} of {} never joined: rank {} waited {:g} s (KOLO_TIMEOUT) "
+                            "for {} at the rendezvous store at {}; was {} started, with the same "
+                            "KOLO_ADDR and KOLO_SIZE={}?",
+                            who, config_.size, config_.rank, config_.timeout_s, it, config_.addr,
+                            it, config_.size));
+  }
+  published.insert(published.begin() + config_.rank, mine);
   int local_rank = 0;
   int local_size = 0;
   std::map<std::string, int> numbers;
   std::vector<std::string> modes;
+  std::vector<std::pair<int, std::string>> routes;
   host_of_.clear();
   for (int rank = 0; rank < config_.size; ++rank) {
-    std::string other = rank == config_.rank ? config_.allreduce + "\n" + host
-                                             : host_of_rank(rank);
+    std::string other = published[static_cast<size_t>(rank)];
     const size_t newline = other.find('\n');
+    const size_t last = other.rfind('\n');
     modes.push_back(other.substr(0, newline));
-    other = newline == std::string::npos ? std::string() : other.substr(newline + 1);
+    if (rank != config_.rank && last != std::string::npos && last > newline) {
+      routes.emplace_back(rank, other.substr(last + 1));
+    }
+    other = newline == std::string::npos || last <= newline
+                ? std::string()
+                : other.substr(newline + 1, last - newline - 1);
     host_of_.push_back(numbers.emplace(other, static_cast<int>(numbers.size())).first->second);
     if (other == host) {
       if (rank < config_.rank) ++local_rank;
@@ -244,10 +283,10 @@ void Communicator::discover_hosts() {
   if (differs != modes.end()) {
     store_->set_string(store_key(kWorldContext, "host-checked", config_.rank), "1");
     if (config_.rank == 0) {
-      std::vector<std::string> keys;
+      std::vector<std::string> checked;
       for (int rank = 0; rank < config_.size; ++rank)
-        keys.push_back(store_key(kWorldContext, "host-checked", rank));
-      store_->wait(keys);
+        checked.push_back(store_key(kWorldContext, "host-checked", rank));
+      store_->wait(checked);
     }
     throw Error(Status::kConfig,
                 fmt::format("kolo: KOLO_ALLREDUCE is {} on rank 0 but {} on rank {}: it must be "
@@ -257,6 +296,7 @@ void Communicator::discover_hosts() {
   node_count_ = static_cast<int>(numbers.size());
   if (config_.local_rank < 0) config_.local_rank = local_rank;
   if (config_.local_size < 0) config_.local_size = local_size;
+  return listen_host_from_routes(settings, route, routes);
 }
 
 std::string Communicator::place_allreduce() {

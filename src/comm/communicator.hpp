@@ -127,10 +127,11 @@ class Communicator {
   // per pair of ranks).
   void run_point_to_point(const OpDescriptor& op,
                           const std::function<void(const OpDescriptor&)>& body);
-  // Exchanges every rank's host identity (core/host.hpp) and KOLO_ALLREDUCE through the store:
-  // sets the local rank and size where the launcher did not, the node count and host_of_, and
-  // throws kolo::Error(kConfig) on every rank when the ranks' KOLO_ALLREDUCE differ.
-  void discover_hosts();
+  // Exchanges every rank's host identity (core/host.hpp), KOLO_ALLREDUCE and route to the store
+  // in one record each: sets the local rank and size where the launcher did not, the node count
+  // and host_of_, throws kolo::Error(kConfig) on every rank when the ranks' KOLO_ALLREDUCE
+  // differ, and returns where this rank listens (transport/mesh.hpp, listen_host_from_routes).
+  std::string discover_hosts();
   // The collective run() started (running) or finished, for report().
   void set_activity(const OpDescriptor& op, bool running, bool failed = false);
   // Hands KOLO_ALLREDUCE and the host map to the allreduce dispatcher (ring/algorithms.hpp);

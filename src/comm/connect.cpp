@@ -8,6 +8,7 @@
 #include "core/host.hpp"
 #include "core/topology.hpp"
 #include "net/socket.hpp"
+#include "transport/mesh.hpp"
 #include "transport/transport.hpp"
 
 namespace kolo {
@@ -42,9 +43,16 @@ TransportSettings transport_settings(const Config& config) {
   return settings;
 }
 
-Links connect_links(const Config& config, StoreClient& store, uint64_t context, Waiter waiter) {
+std::string listen_host(const Config& config, StoreClient& store, uint64_t context) {
+  return mesh_listen_host(transport_settings(config), store, config.rank, config.size, context,
+                          "listen");
+}
+
+Links connect_links(const Config& config, StoreClient& store, uint64_t context, Waiter waiter,
+                    const std::string& listen_host) {
   TransportSettings settings = transport_settings(config);
   settings.yield_at_once = waiter == Waiter::kFusionEngine;
+  settings.listen_host = listen_host;
   Links links;
   links.transport = make_transport(settings, store, config.rank, config.size, context);
   links.ring = std::make_unique<Ring>(*links.transport, config.rank, config.size,

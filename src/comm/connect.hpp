@@ -36,8 +36,15 @@ TransportSettings transport_settings(const Config& config);
 // (TransportSettings::yield_at_once).
 enum class Waiter { kApplication, kFusionEngine };
 
+// Where this rank of the group listens, its transport and its lifeline alike: KOLO_SOCKET_IFNAME's
+// address, or the one its host routes to the store from (transport/mesh.hpp), agreed with the
+// group in one exchange under the context. Collective, as connect_links.
+std::string listen_host(const Config& config, StoreClient& store, uint64_t context);
+
 // This rank's transport to every peer of the group (config.rank of config.size, the transport
-// that config.transport names), and the ring over it.
-Links connect_links(const Config& config, StoreClient& store, uint64_t context, Waiter waiter);
+// that config.transport names), and the ring over it. The transport listens on listen_host, or
+// where it finds itself when that is empty.
+Links connect_links(const Config& config, StoreClient& store, uint64_t context, Waiter waiter,
+                    const std::string& listen_host = {});
 
 }  // namespace kolo

@@ -17,11 +17,9 @@
 #include <utility>
 
 #include "bootstrap/store.hpp"
-#include "comm/connect.hpp"
 #include "core/log.hpp"
 #include "net/auth.hpp"
 #include "net/gate.hpp"
-#include "transport/mesh.hpp"
 #include "transport/transport.hpp"
 
 namespace kolo {
@@ -99,7 +97,8 @@ std::string list_ranks(const std::vector<int>& ranks) { return fmt::format("{}",
 
 }  // namespace
 
-Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context)
+Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context,
+                   const std::string& listen_host)
     : rank_(config.rank),
       size_(config.size),
       context_(context),
@@ -109,7 +108,7 @@ Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context)
   if (!wake_.valid()) {
     throw Error(Status::kSystem, fmt::format("lifeline: eventfd: {}", std::strerror(errno)));
   }
-  host_ = mesh_listen_host(transport_settings(config), store, rank_, size_, context_, "lifeline");
+  host_ = listen_host;
   gate_ = std::make_unique<net::Gate>(
       net::listen_on({host_, 0}), secret_, "lifeline", [this](const net::Hello& hello) {
         if (hello.purpose != net::kPurposeLifeline || hello.context != context_) {
@@ -124,12 +123,17 @@ Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context)
       });
   const net::Endpoint me = gate_->endpoint();
   store.set_string(store_key(context_, "lifeline", rank_), me.to_string());
+  // Every other rank's lifeline address, in one request.
+  std::vector<std::string> keys;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) keys.push_back(store_key(context_, "lifeline", peer));
+  }
+  const std::vector<std::string> others = store.get_all_strings(keys);
   addresses_.resize(static_cast<size_t>(size_));
   for (int peer = 0; peer < size_; ++peer) {
-    addresses_[peer] = peer == rank_ ? me
-                                     : net::parse_endpoint(store.get_string(store_key(
-                                                               context_, "lifeline", peer)),
-                                                           "a lifeline address");
+    const size_t other = static_cast<size_t>(peer < rank_ ? peer : peer - 1);
+    addresses_[peer] =
+        peer == rank_ ? me : net::parse_endpoint(others[other], "a lifeline address");
   }
   thread_ = std::thread([this] { serve(); });
 }

@@ -57,10 +57,12 @@ class StoreClient;
 
 class Lifeline {
  public:
-  // Listens, publishes this rank's address under the communicator's context, reads every peer's
-  // and starts the thread that admits connections. Collective: part of every communicator's
+  // Listens on listen_host (the communicator's: listen_host() in comm/connect.hpp), publishes
+  // this rank's address under the communicator's context, reads every peer's (one request) and
+  // starts the thread that admits connections. Collective: part of every communicator's
   // construction.
-  Lifeline(const Config& config, StoreClient& store, uint64_t context);
+  Lifeline(const Config& config, StoreClient& store, uint64_t context,
+           const std::string& listen_host);
   ~Lifeline();
   Lifeline(const Lifeline&) = delete;
   Lifeline& operator=(const Lifeline&) = delete;

@@ -74,10 +74,11 @@ Communicator::Communicator(const Config& config, std::shared_ptr<StoreServer> se
   node_count_ = HostMap(host_of_).shape().hosts;
   store_ = open_store(config_);
   store_->remember_written_keys();
-  Links links = connect_links(config_, *store_, context_, Waiter::kApplication);
+  const std::string host = listen_host(config_, *store_, context_);
+  Links links = connect_links(config_, *store_, context_, Waiter::kApplication, host);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
-  lifeline_ = std::make_shared<Lifeline>(config_, *store_, context_);
+  lifeline_ = std::make_shared<Lifeline>(config_, *store_, context_, host);
   connect_keys_ = store_->take_written_keys();
   place_allreduce();
   log::info("sub-communicator {:x} ready: rank {} of {}, local rank {} of {}, {} node(s)", context_,

@@ -89,25 +89,44 @@ std::string unexpected_hello(const net::Hello& hello, uint64_t context, int rank
 // that published a network address, so that no peer on another host is handed a loopback address.
 std::string listen_address(const TransportSettings& settings, StoreClient& store, int rank,
                            int size, uint64_t context, const char* name) {
-  std::string own =
-      net::route_source_address(net::parse_endpoint(settings.addr, "KOLO_ADDR"), "KOLO_ADDR");
+  const std::string own = store_route(settings);
   std::string route_name = fmt::format("{}-route", name);
   store.set_string(store_key(context, route_name, rank), own);
   if (!net::is_loopback_address(own)) return own;
+  std::vector<int> peers;
+  std::vector<std::string> keys;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    std::string theirs = store.get_string(store_key(context, route_name, peer));
-    if (!net::is_loopback_address(theirs)) {
-      return net::route_source_address({theirs, 0}, fmt::format("the address of rank {}", peer));
+    peers.push_back(peer);
+    keys.push_back(store_key(context, route_name, peer));
+  }
+  const std::vector<std::string> routes = store.get_all_strings(keys);
+  std::vector<std::pair<int, std::string>> others;
+  for (size_t i = 0; i < routes.size(); ++i) others.emplace_back(peers[i], routes[i]);
+  return listen_host_from_routes(settings, own, others);
+}
+
+}  // namespace
+
+std::string store_route(const TransportSettings& settings) {
+  return net::route_source_address(net::parse_endpoint(settings.addr, "KOLO_ADDR"), "KOLO_ADDR");
+}
+
+std::string listen_host_from_routes(const TransportSettings& settings, const std::string& own,
+                                    const std::vector<std::pair<int, std::string>>& others) {
+  if (!settings.socket_ifname.empty()) return net::interface_address(settings.socket_ifname);
+  if (!net::is_loopback_address(own)) return own;
+  for (const auto& [peer, route] : others) {
+    if (!net::is_loopback_address(route)) {
+      return net::route_source_address({route, 0}, fmt::format("the address of rank {}", peer));
     }
   }
   return own;
 }
 
-}  // namespace
-
 std::string mesh_listen_host(const TransportSettings& settings, StoreClient& store, int rank,
                              int size, uint64_t context, const char* name) {
+  if (!settings.listen_host.empty()) return settings.listen_host;
   return !settings.socket_ifname.empty()
              ? net::interface_address(settings.socket_ifname)
              : listen_address(settings, store, rank, size, context, name);
@@ -147,8 +166,12 @@ std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreCl
   });
   std::exception_ptr connect_error;
   try {
+    // Every higher rank's address, in one request.
+    std::vector<std::string> keys;
+    for (int peer = rank + 1; peer < size; ++peer) keys.push_back(store_key(context, name, peer));
+    const std::vector<std::string> addresses = store.get_all_strings(keys);
     for (int peer = rank + 1; peer < size; ++peer) {
-      net::Endpoint endpoint = net::parse_endpoint(store.get_string(store_key(context, name, peer)),
+      net::Endpoint endpoint = net::parse_endpoint(addresses[static_cast<size_t>(peer - rank - 1)],
                                                    "the address published by a peer");
       for (int stream = 0; stream <= data_streams; ++stream) {
         bool control = stream == data_streams;

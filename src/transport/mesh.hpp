@@ -1,9 +1,11 @@
 // Authenticated TCP connections between every pair of ranks, set up through the rendezvous store.
 //
-// Every rank listens on the interface that routes to the store (or KOLO_SOCKET_IFNAME) and
-// publishes the address under kolo/<context>/<name>/<rank>. The lower rank of each pair connects,
-// the higher one accepts, and every socket proves the job secret (net/auth.hpp) and says which
-// rank, purpose and stream it is before it is used. The accepting side admits through a Gate
+// Every rank listens on the interface that routes to the store (or KOLO_SOCKET_IFNAME, or the
+// host the caller agreed on: TransportSettings::listen_host) and publishes the address under
+// kolo/<context>/<name>/<rank>, then reads every higher rank's in one request
+// (StoreClient::get_all). The lower rank of each pair connects, the higher one accepts, and every
+// socket proves the job secret (net/auth.hpp) and says which rank, purpose and stream it is
+// before it is used. The accepting side admits through a Gate
 // (net/gate.hpp), so strangers that connect delay and refuse no peer; the connecting side tries
 // again when pushed out. The listener is closed once the mesh is complete.
 //
@@ -12,6 +14,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "net/socket.hpp"
@@ -33,10 +37,18 @@ std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreCl
                                       int rank, int size, uint64_t context, const char* name,
                                       int data_streams);
 
-// The address this rank listens on for connections from its peers (KOLO_SOCKET_IFNAME's, else
-// the one its host routes to the store from; see mesh.cpp), published under `name`'s route key.
-// Collective in the same way as connect_mesh.
+// The address this rank listens on for connections from its peers (settings.listen_host if set,
+// else KOLO_SOCKET_IFNAME's, else the one its host routes to the store from; see mesh.cpp),
+// published under `name`'s route key. Collective in the same way as connect_mesh.
 std::string mesh_listen_host(const TransportSettings& settings, StoreClient& store, int rank,
                              int size, uint64_t context, const char* name);
+
+// The two halves of mesh_listen_host, for a caller that exchanges the routes with other facts in
+// one record (the world communicator's host discovery): the address this rank's host sends from
+// to reach the store (KOLO_ADDR), and where to listen given it and the other ranks' (rank,
+// route), in rank order.
+std::string store_route(const TransportSettings& settings);
+std::string listen_host_from_routes(const TransportSettings& settings, const std::string& own,
+                                    const std::vector<std::pair<int, std::string>>& others);
 
 }  // namespace kolo

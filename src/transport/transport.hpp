@@ -46,6 +46,9 @@ struct TransportSettings {
   std::string secret;                 // the job secret every connection proves
   double timeout_s = 300.0;           // KOLO_TIMEOUT: every wait during set-up
   std::string socket_ifname;          // KOLO_SOCKET_IFNAME: where to listen ("" = by route)
+  // Where to listen, when the caller has already agreed on it with the group
+  // (mesh_listen_host); "" = the transport finds it itself, one more exchange through the store.
+  std::string listen_host;
   std::string host;                   // this rank's host identity (core/host.hpp)
   int local_size = -1;                // ranks on this host, -1 when unknown
   // How a wait spins before it sleeps (transport/shm/waiting.hpp). own_core: kolo bound this rank

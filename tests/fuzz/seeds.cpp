@@ -55,6 +55,13 @@ void store_seeds() {
   append_key(erase_keys, "kolo/2a/tcp/0");
   append_key(erase_keys, "kolo/2a/lifeline/0");
   seed("store_request", "delete", erase_keys);
+  Bytes get_many{static_cast<uint8_t>(Op::kGetMany)};
+  append_u32(get_many, 1000);  // wait_ms
+  append_u32(get_many, 3);
+  append_key(get_many, "kolo/1/startup/0");
+  append_key(get_many, "kolo/1/startup/1");
+  append_key(get_many, "kolo/1/startup/2");
+  seed("store_request", "get_many", get_many);
 }
 
 fusion::UnitSpec allreduce(const std::string& name, uint64_t count, DataType dtype) {

@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Request request;
     RequestParser decode(front, left, &request);
     FUZZ_REQUIRE(decode.parse() == Parse::kComplete && decode.consumed() == consumed);
-    FUZZ_REQUIRE(request.op == Op::kWait || request.op == Op::kDelete
+    FUZZ_REQUIRE(request.op == Op::kWait || request.op == Op::kDelete || request.op == Op::kGetMany
                      ? request.keys.size() <= kMaxWaitKeys
                      : request.keys.size() == 1);
     for (const std::string& key : request.keys) {

@@ -44,8 +44,12 @@ bool ucx_is_faster(const TransportSettings& settings, StoreClient& store, int ra
   if (rank == 0) {
     std::set<std::string> hosts;
     int without_rdma = 0;
+    std::vector<std::string> keys;
     for (int other = 0; other < size; ++other) {
-      std::istringstream entry(store.get_string(store_key(context, "transport-auto", other)));
+      keys.push_back(store_key(context, "transport-auto", other));
+    }
+    for (const std::string& published : store.get_all_strings(keys)) {
+      std::istringstream entry(published);
       int rdma = 0;
       std::string host;
       entry >> rdma;

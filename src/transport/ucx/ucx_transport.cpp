@@ -440,9 +440,15 @@ class UcxTransport final : public Transport {
     log::info("ucx: rank {} worker address of {} bytes published", rank_, published.size());
     const auto worker_ready = Clock::now();
 
+    // Every other rank's worker address, in one request.
+    std::vector<std::string> keys;
     for (int peer = 0; peer < size_; ++peer) {
-      std::vector<uint8_t> remote =
-          peer == rank_ ? published : store.get(store_key(context, "ucx-worker", peer));
+      if (peer != rank_) keys.push_back(store_key(context, "ucx-worker", peer));
+    }
+    std::vector<std::vector<uint8_t>> others = store.get_all(keys);
+    for (int peer = 0; peer < size_; ++peer) {
+      const std::vector<uint8_t>& remote =
+          peer == rank_ ? published : others[static_cast<size_t>(peer < rank_ ? peer : peer - 1)];
       if (remote.empty()) {
         throw Error(Status::kPeerLost,
                     fmt::format("ucx: rank {} could not start UCX (its log says why)", peer));
