@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster.hpp"
 #include "faults.hpp"
 #include "process.hpp"
 
@@ -29,14 +30,8 @@ namespace {
 
 const char* kClusterName = "kolotest";
 
-std::string cluster_script() {
-  const char* path = std::getenv("TESTS_CLUSTER_SCRIPT");
-  return path != nullptr ? path : "scripts/cluster.sh";
-}
-
 int run_script(const std::string& arguments) {
-  std::string command = fmt::format("sh '{}' {} >/dev/null 2>&1", cluster_script(), arguments);
-  return std::system(command.c_str());
+  return run_cluster_script(arguments);
 }
 
 // The hosts of one test, taken down again whatever happens.
@@ -54,9 +49,12 @@ enum class Launcher { kTorchrun, kSlurm, kOpenMpi };
 
 const char* launcher_name(Launcher launcher) {
   switch (launcher) {
-    case Launcher::kTorchrun: return "torchrun (MASTER_ADDR=kolotest1, a host name)";
-    case Launcher::kSlurm: return "srun (KOLO_ADDR=10.77.0.1, an address)";
-    case Launcher::kOpenMpi: return "mpirun (KOLO_ADDR=kolotest1, a host name)";
+    case Launcher::kTorchrun:
+      return "torchrun (MASTER_ADDR=kolotest1, a host name)";
+    case Launcher::kSlurm:
+      return "srun (KOLO_ADDR=10.77.0.1, an address)";
+    case Launcher::kOpenMpi:
+      return "mpirun (KOLO_ADDR=kolotest1, a host name)";
   }
   return "";
 }
@@ -64,9 +62,8 @@ const char* launcher_name(Launcher launcher) {
 // What the launcher would export for global rank `rank`, the `local`-th of `per_host` on its host.
 std::map<std::string, std::string> launcher_env(Launcher launcher, int rank, int size, int local,
                                                 int per_host) {
-  std::map<std::string, std::string> env = {{"KOLO_SECRET", kTestSecret},
-                                            {"KOLO_TIMEOUT", "60"},
-                                            {"KOLO_DEBUG", "INFO"}};
+  std::map<std::string, std::string> env = {
+      {"KOLO_SECRET", kTestSecret}, {"KOLO_TIMEOUT", "60"}, {"KOLO_DEBUG", "INFO"}};
   switch (launcher) {
     case Launcher::kTorchrun:
       env.insert({{"RANK", std::to_string(rank)},
@@ -193,7 +190,8 @@ const std::map<std::string, Program> kPrograms = {
     {"allreduce", {{"tests/kolo_test_worker", "allreduce", "quick"}, "allreduce checks passed"}},
     {"broadcast", {{"tests/kolo_test_worker", "broadcast"}, "broadcast checks passed"}},
     {"barrier", {{"tests/kolo_test_worker", "barrier"}, "barrier checks passed"}},
-    {"allgather", {{"tests/kolo_test_collectives", "allgather", "quick"}, "allgather checks passed"}},
+    {"allgather",
+     {{"tests/kolo_test_collectives", "allgather", "quick"}, "allgather checks passed"}},
     {"reduce_scatter",
      {{"tests/kolo_test_collectives", "reduce_scatter", "quick"}, "reduce_scatter checks passed"}},
     {"alltoall", {{"tests/kolo_test_collectives", "alltoall", "quick"}, "alltoall checks passed"}},
@@ -207,14 +205,16 @@ const std::map<std::string, Program> kPrograms = {
 
 TEST_CASE("every collective, split and named operation across hosts over TCP", "[cluster][tcp]") {
   for (const auto& [name, program] : kPrograms) {
-    DYNAMIC_SECTION(name) { run_everywhere(program, "tcp"); }
+    DYNAMIC_SECTION(name) {
+      run_everywhere(program, "tcp");
+    }
   }
 }
 
 // Each rank passed and reached each peer on its host through kolo's rings and each other one
 // through `network` ("UCX", "TCP"), as its INFO log says.
-void expect_ring_paths(std::vector<Process>& ranks, const Program& program, int hosts,
-                       int per_host, const std::string& transport, const std::string& network,
+void expect_ring_paths(std::vector<Process>& ranks, const Program& program, int hosts, int per_host,
+                       const std::string& transport, const std::string& network,
                        const std::function<void(const std::string&)>& more_checks) {
   for (size_t rank = 0; rank < ranks.size(); ++rank) {
     ProcessResult result = ranks[rank].wait(300);
@@ -227,10 +227,10 @@ void expect_ring_paths(std::vector<Process>& ranks, const Program& program, int 
     for (size_t peer = 0; peer < ranks.size(); ++peer) {
       if (peer == rank) continue;
       bool same_host = peer / per_host == rank / per_host;
-      CHECK(contains(result.output,
-                     fmt::format("{}: rank {} reaches rank {} through {}", transport, rank, peer,
-                                 same_host ? "kolo's shared-memory ring"
-                                           : network + " (another host)")));
+      CHECK(contains(
+          result.output,
+          fmt::format("{}: rank {} reaches rank {} through {}", transport, rank, peer,
+                      same_host ? "kolo's shared-memory ring" : network + " (another host)")));
     }
   }
 }
@@ -280,8 +280,10 @@ TEST_CASE("by default, TCP between hosts and kolo's rings inside each, in one co
     Shape shape;
     const char* allreduce;
   };
-  const Case cases[] = {{"allreduce", kShapes[1], "auto"}, {"allgather", kShapes[3], "auto"},
-                        {"split", kShapes[1], "auto"},     {"fusion", kShapes[3], "auto"},
+  const Case cases[] = {{"allreduce", kShapes[1], "auto"},
+                        {"allgather", kShapes[3], "auto"},
+                        {"split", kShapes[1], "auto"},
+                        {"fusion", kShapes[3], "auto"},
                         {"allreduce", {2, 3, Launcher::kTorchrun}, "hierarchical"}};
   for (const Case& c : cases) {
     DYNAMIC_SECTION(c.program << ", " << c.shape.hosts << " hosts x " << c.shape.per_host
@@ -447,14 +449,14 @@ TEST_CASE("strangers on a host of their own change nothing the ranks agree on",
     DYNAMIC_SECTION("over " << transport) {
       Cluster cluster(5);
       Job job;
-      job.ranks = start_ranks(cluster, 1, Launcher::kTorchrun,
-                              {built_program("tests/kolo_test_elastic"), "allreduce", "0"},
-                              {{"KOLO_TRANSPORT", transport},
-                               {"KOLO_TIMEOUT", "10"},
-                               {"ELASTIC_STEADY_MS", "2000"}},
-                              4, {{"ELASTIC_LATE_MS", "1500"}});
-      std::vector<std::string> crowd_args = {"/bin/sh", cluster_script(), "exec", kClusterName,
-                                             "5", built_program("tests/kolo_stranger_crowd")};
+      job.ranks = start_ranks(
+          cluster, 1, Launcher::kTorchrun,
+          {built_program("tests/kolo_test_elastic"), "allreduce", "0"},
+          {{"KOLO_TRANSPORT", transport}, {"KOLO_TIMEOUT", "10"}, {"ELASTIC_STEADY_MS", "2000"}}, 4,
+          {{"ELASTIC_LATE_MS", "1500"}});
+      std::vector<std::string> crowd_args = {"/bin/sh", cluster_script(),
+                                             "exec",    kClusterName,
+                                             "5",       built_program("tests/kolo_stranger_crowd")};
       for (int rank = 0; rank < 4; ++rank) {
         crowd_args.push_back(fmt::format("10.77.0.{}={}", rank + 1, job.ranks[rank].pid()));
       }
@@ -487,13 +489,6 @@ TEST_CASE("strangers on a host of their own change nothing the ranks agree on",
 }
 
 int main(int argc, char** argv) {
-  if (::geteuid() != 0) {
-    std::puts("skipped: the simulated cluster needs root (ip netns, unshare)");
-    return 77;
-  }
-  if (std::system("ip netns list >/dev/null 2>&1 && command -v unshare >/dev/null") != 0) {
-    std::puts("skipped: `ip netns` or `unshare` is not available here");
-    return 77;
-  }
+  if (kolo::test::cluster_unavailable()) return kolo::test::kSkipped;
   return Catch::Session().run(argc, argv);
 }

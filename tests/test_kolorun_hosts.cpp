@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster.hpp"
 #include "process.hpp"
 
 using namespace kolo::test;
@@ -38,25 +39,12 @@ const int kHosts = 4;
 // The job secret, given to kolorun as a user may; it must reach every rank and no command line.
 const char* kSecret = "kolorun-hosts-test-secret-5f1c0a9e";
 
-std::string cluster_script() {
-  const char* path = std::getenv("TESTS_CLUSTER_SCRIPT");
-  return path != nullptr ? path : "scripts/cluster.sh";
-}
-
-std::string source_dir() {
-  const char* path = std::getenv("TESTS_SOURCE_DIR");
-  return path != nullptr ? path : "..";
-}
-
 std::string host_name(int host) {
   return fmt::format("{}{}", kClusterName, host);
 }
 
 int run_script(const std::string& arguments) {
-  std::string command =
-      fmt::format("CLUSTER_SUBNET={} CLUSTER_SUBNET6={} sh '{}' {} >/dev/null 2>&1", kSubnet,
-                  kSubnet6, cluster_script(), arguments);
-  return std::system(command.c_str());
+  return run_cluster_script(arguments, kSubnet, kSubnet6);
 }
 
 // Four hosts with an sshd each, taken down again whatever happens.
@@ -340,14 +328,8 @@ TEST_CASE("kolorun across hosts: a missing program, an unreachable host, signals
 }
 
 int main(int argc, char** argv) {
-  if (::geteuid() != 0) {
-    std::puts("skipped: the simulated cluster needs root (ip netns, unshare)");
-    return 77;
-  }
-  if (std::system("ip netns list >/dev/null 2>&1 && command -v unshare >/dev/null && "
-                  "test -x /usr/sbin/sshd") != 0) {
-    std::puts("skipped: `ip netns`, `unshare` or /usr/sbin/sshd is not available here");
-    return 77;
-  }
+  if (kolo::test::cluster_unavailable(
+          {{"test -x /usr/sbin/sshd", "/usr/sbin/sshd (openssh-server) is not installed"}}))
+    return kolo::test::kSkipped;
   return Catch::Session().run(argc, argv);
 }

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster.hpp"
 #include "process.hpp"
 
 using namespace kolo::test;
@@ -35,25 +36,9 @@ const char* kClusterName = "kolompi";
 const std::map<std::string, std::string> kClusterEnv = {{"CLUSTER_SUBNET", "10.81.0"},
                                                         {"CLUSTER_SUBNET6", "fd81"}};
 
-std::string source_dir() {
-  const char* path = std::getenv("TESTS_SOURCE_DIR");
-  return path != nullptr ? path : "..";
-}
-
-std::string cluster_script() {
-  return source_dir() + "/scripts/cluster.sh";
-}
-
 int run_script(const std::string& arguments) {
-  std::string command =
-      fmt::format("CLUSTER_SUBNET={} CLUSTER_SUBNET6={} sh '{}' {} >/dev/null 2>&1",
-                  kClusterEnv.at("CLUSTER_SUBNET"), kClusterEnv.at("CLUSTER_SUBNET6"),
-                  cluster_script(), arguments);
-  return std::system(command.c_str());
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
+  return run_cluster_script(arguments, kClusterEnv.at("CLUSTER_SUBNET"),
+                            kClusterEnv.at("CLUSTER_SUBNET6"));
 }
 
 size_t count(const std::string& text, const std::string& part) {
@@ -231,14 +216,9 @@ TEST_CASE("mpirun over ssh: a rank killed mid-job is named by every survivor",
 }
 
 int main(int argc, char** argv) {
-  if (::geteuid() != 0) {
-    std::puts("skipped: the simulated cluster needs root (ip netns, unshare)");
-    return 77;
-  }
-  if (std::system("ip netns list >/dev/null 2>&1 && command -v unshare >/dev/null && "
-                  "command -v mpirun >/dev/null && test -x /usr/sbin/sshd") != 0) {
-    std::puts("skipped: `ip netns`, `unshare`, mpirun or /usr/sbin/sshd is not available here");
-    return 77;
-  }
+  if (kolo::test::cluster_unavailable(
+          {{"command -v mpirun >/dev/null && test -x /usr/sbin/sshd",
+            "mpirun (openmpi-bin) or /usr/sbin/sshd (openssh-server) is not installed"}}))
+    return kolo::test::kSkipped;
   return Catch::Session().run(argc, argv);
 }

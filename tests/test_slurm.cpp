@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster.hpp"
 #include "faults.hpp"
 #include "process.hpp"
 
@@ -34,11 +35,6 @@ namespace {
 
 // Unlike test_cluster's, so that both can run at once.
 const char* kClusterName = "kolosl";
-
-std::string source_dir() {
-  const char* path = std::getenv("TESTS_SOURCE_DIR");
-  return path != nullptr ? path : "..";
-}
 
 std::string script(const std::string& name) {
   return source_dir() + "/scripts/" + name;
@@ -145,21 +141,6 @@ void expect_all_reduce_perf_passed(const std::string& output, int hosts, int per
     std::regex placed(fmt::format(R"(#\s+Rank\s+{} Group\s+0 Pid\s+\d+ on\s+{} )", rank,
                                   host_name(rank / per_host + 1)));
     CHECK(std::regex_search(output, placed));
-  }
-}
-
-// Every rank printed `rank R: parameters sha256 HEX`, all with the same HEX.
-void expect_same_parameters(const std::string& output, int size) {
-  static const std::regex digest(R"(rank (\d+): parameters sha256 ([0-9a-f]{64}))");
-  std::map<int, std::string> digests;
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), digest);
-       it != std::sregex_iterator(); ++it) {
-    digests[std::stoi((*it)[1])] = (*it)[2];
-  }
-  REQUIRE(static_cast<int>(digests.size()) == size);
-  for (const auto& [rank, hex] : digests) {
-    INFO("rank " << rank);
-    CHECK(hex == digests.begin()->second);
   }
 }
 
@@ -350,20 +331,11 @@ TEST_CASE("a node lost in an srun job is reported by number on every survivor", 
 }
 
 int main(int argc, char** argv) {
-  if (::geteuid() != 0) {
-    std::puts("skipped: the simulated cluster needs root (ip netns, unshare)");
-    return 77;
-  }
-  if (std::system("ip netns list >/dev/null 2>&1 && command -v unshare >/dev/null") != 0) {
-    std::puts("skipped: `ip netns` or `unshare` is not available here");
-    return 77;
-  }
-  if (std::system("command -v slurmctld >/dev/null && command -v slurmd >/dev/null && "
-                  "command -v srun >/dev/null && command -v munged >/dev/null") != 0) {
-    std::puts(
-        "skipped: Slurm (slurmctld, slurmd, slurm-client) or munge is not installed "
-        "(scripts/install-deps.sh installs them)");
-    return 77;
-  }
+  if (kolo::test::cluster_unavailable(
+          {{"command -v slurmctld >/dev/null && command -v slurmd >/dev/null && "
+            "command -v srun >/dev/null && command -v munged >/dev/null",
+            "Slurm (slurmctld, slurmd, slurm-client) or munge is not installed "
+            "(scripts/install-deps.sh installs them)"}}))
+    return kolo::test::kSkipped;
   return Catch::Session().run(argc, argv);
 }

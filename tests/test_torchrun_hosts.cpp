@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster.hpp"
 #include "process.hpp"
 
 extern char** environ;
@@ -45,24 +46,8 @@ const char* kRendezvousPort = "29400";
 // A survivor's report, and its exit, seen by its agent (which polls every 5 s).
 constexpr std::chrono::seconds kReportWithin{15};
 
-std::string cluster_script() {
-  const char* path = std::getenv("TESTS_CLUSTER_SCRIPT");
-  return path != nullptr ? path : "scripts/cluster.sh";
-}
-
-std::string source_dir() {
-  const char* path = std::getenv("TESTS_SOURCE_DIR");
-  return path != nullptr ? path : "..";
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 int run_script(const std::string& arguments) {
-  std::string command = fmt::format("CLUSTER_SUBNET={} sh '{}' {} >/dev/null 2>&1", kSubnet,
-                                    cluster_script(), arguments);
-  return std::system(command.c_str());
+  return run_cluster_script(arguments, kSubnet);
 }
 
 // The hosts of one test, taken down again whatever happens.
@@ -327,21 +312,10 @@ TEST_CASE("a node whose torchrun dies is reported by every rank on the other hos
 }
 
 int main(int argc, char** argv) {
-  if (::geteuid() != 0) {
-    std::puts("skipped: the simulated cluster needs root (ip netns, unshare)");
-    return 77;
-  }
-  if (std::system("ip netns list >/dev/null 2>&1 && command -v unshare >/dev/null") != 0) {
-    std::puts("skipped: `ip netns` or `unshare` is not available here");
-    return 77;
-  }
-  if (!std::filesystem::exists("/usr/bin/torchrun")) {
-    std::puts("skipped: Debian's torchrun (python3-torch) is not installed");
-    return 77;
-  }
-  if (std::system("/usr/bin/python3 -c 'import sklearn' >/dev/null 2>&1") != 0) {
-    std::puts("skipped: the examples need python3-sklearn, which is not installed");
-    return 77;
-  }
+  if (kolo::test::cluster_unavailable(
+          {{"test -x /usr/bin/torchrun", "Debian's torchrun (python3-torch) is not installed"},
+           {"/usr/bin/python3 -c 'import sklearn' >/dev/null 2>&1",
+            "the examples need python3-sklearn, which is not installed"}}))
+    return kolo::test::kSkipped;
   return Catch::Session().run(argc, argv);
 }
