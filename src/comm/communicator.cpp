@@ -90,6 +90,12 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     }
   }
 
+  if (!config_.invitation.empty()) {
+    join_growth();  // a newcomer: rank, size and store come from the growth (comm/grow.cpp)
+    report_on(this);
+    return;
+  }
+
   net::Endpoint store_endpoint = net::parse_endpoint(config_.addr, "KOLO_ADDR");
   config_.store_generation = next_store_generation(config_.addr, config_.rank);
   if (config_.rank == 0) {
