@@ -487,8 +487,10 @@ KOLO_API kolo_status_t kolo_comm_shrink(kolo_comm_t comm, kolo_comm_t *newcomm);
  *      the launchers' variables are ignored); the rest of its configuration (KOLO_SECRET,
  *      KOLO_TIMEOUT, ...) is read as usual and should match the members'.
  *   3. Every member calls kolo_comm_grow with the same new_size.
- * Newcomers may start before or after the members call kolo_comm_grow: each side waits for the
- * other up to KOLO_TIMEOUT.
+ * Newcomers may start before or after the members call kolo_comm_grow: rank 0 waits for them up
+ * to KOLO_TIMEOUT from its call, and a newcomer waits for rank 0's decision up to twice
+ * KOLO_TIMEOUT from its arrival (as the other members do, so that they read why a growth failed
+ * rather than time out beside it).
  *
  * Writes the invitation for the next kolo_comm_grow of comm into buf (len bytes, at most
  * KOLO_INVITATION_MAX needed), NUL-terminated: "kolo-grow-1:<token>:<host:port>", where
@@ -535,9 +537,10 @@ KOLO_API kolo_status_t kolo_comm_invite(kolo_comm_t comm, char *buf, size_t len)
  *     newcomer, saying how many came.
  *   - Then every rank connects the new communicator and tells the others whether it could; every
  *     rank returns success only if all could. A newcomer (or member) that dies while joining is
- *     not left out: the call fails on every other rank, within about twice KOLO_TIMEOUT, with
- *     KOLO_ERR_TIMEOUT or KOLO_ERR_PEER_LOST naming what was missing. The same happens to the
- *     newcomers when rank 0's process dies.
+ *     not left out: the call fails on every other rank with KOLO_ERR_TIMEOUT or
+ *     KOLO_ERR_PEER_LOST saying what was missing (each wait bounded by KOLO_TIMEOUT, the whole
+ *     call by about three times KOLO_TIMEOUT). When rank 0's process dies, every other member
+ *     and newcomer fails with KOLO_ERR_PEER_LOST (its store goes with it).
  *
  * Returns KOLO_ERR_INVALID_ARGUMENT for a NULL comm or newcomm, or a new_size not larger than
  * comm's size or above 2^20 (nothing is sent, comm usable); otherwise KOLO_SUCCESS or an error as

@@ -193,3 +193,21 @@ TEST_CASE("a newcomer killed while joining fails the growth everywhere", "[grow]
   CHECK_FALSE(left.timed_out);
   CHECK(std::regex_search(left.output, std::regex("refused: KOLO_ERR_(TIMEOUT|PEER_LOST)")));
 }
+
+TEST_CASE("too few newcomers within KOLO_TIMEOUT", "[grow][grow_few]") {
+  GrowDir dir;
+  const std::map<std::string, std::string> timeout = {{"KOLO_TIMEOUT", "4"}};
+  Job members = start_job(2, {"killed"}, {{"GROW_DIR", dir.path}, {"KOLO_TIMEOUT", "4"}}, kWorker);
+  std::map<std::string, std::string> env = timeout;
+  env["KOLO_DEBUG"] = "INFO";
+  Process newcomer =
+      start_newcomer("killed", read_published(dir, "invitation1", members), dir, env);
+  wait_for_arrival(newcomer);
+  std::ofstream(dir.path + "/go").put('\n');  // the members grow to 4: one newcomer short
+  const std::string expected = "1 of the 2 newcomer\\(s\\) arrived within 4 s";
+  expect_all_pass(members.wait(120), "grow passed", [&](const std::string& output) {
+    CHECK(output.find("refused: KOLO_ERR_TIMEOUT") != std::string::npos);
+    CHECK(std::regex_search(output, std::regex(expected)));
+  });
+  expect_refused(newcomer.wait(60), "KOLO_ERR_TIMEOUT", expected);
+}

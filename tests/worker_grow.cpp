@@ -17,9 +17,9 @@
 //   mismatch  2 members wait for GROW_DIR/go (the test starts a newcomer), then rank 0 asks for
 //             4 ranks, rank 1 for 5: both must get KOLO_ERR_MISMATCH, and the old communicator
 //             must still work.
-//   killed    2 members wait for GROW_DIR/go (the test starts the newcomers, one of which kills
-//             itself once it has arrived), then grow to 4: every member must fail, then shrink
-//             the old communicator back to the 2 of them and find it working.
+//   killed    2 members wait for GROW_DIR/go (the test starts the newcomers: one of which kills
+//             itself once it has arrived, or only one), then grow to 4: every member must fail,
+//             then shrink the old communicator back to the 2 of them and find it working.
 // Every check on a grown communicator compares against values computed here: its size, this
 // rank's place (members keep theirs; newcomers after them in order of process id, all on one
 // host), an allreduce of rank-dependent integers, the process ids of every rank (allgather), and

@@ -63,6 +63,9 @@ namespace {
 constexpr const char* kInvitationPrefix = "kolo-grow-1:";
 constexpr size_t kMaxAddressBytes = 96;  // what the members' exchange carries (GrowRecord)
 constexpr int kMaxGrowSize = 1 << 20;
+// How many timeouts a rank other than rank 0 waits for the decision: rank 0 may wait one for the
+// newcomers first.
+constexpr double kDecisionTimeouts = 2.0;
 // The token's state in the growth's store, an integer so that a newcomer reads it without waiting.
 constexpr int64_t kOpen = 1;
 constexpr int64_t kClosed = 2;    // its growth has begun, or failed: the invitation is used
@@ -370,6 +373,9 @@ std::unique_ptr<Communicator> Communicator::grow(int new_size) {
   Config at_store = config_;
   at_store.addr = address;
   at_store.store_generation = 0;
+  // Rank 0 waits up to the timeout for the newcomers, then decides: the others wait for the
+  // decision longer, so that they read its reason rather than time out with it.
+  if (config_.rank != 0) at_store.timeout_s = kDecisionTimeouts * config_.timeout_s;
   std::unique_ptr<StoreClient> store;
   try {
     store = open_store(at_store);
@@ -480,6 +486,7 @@ void Communicator::join_growth() {
   at_store.addr = invitation.address;
   at_store.store_generation = 0;
   at_store.rank = -1;
+  at_store.timeout_s = kDecisionTimeouts * config_.timeout_s;  // as the members' (grow())
   std::unique_ptr<StoreClient> store;
   int64_t state = 0;
   try {
