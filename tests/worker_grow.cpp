@@ -13,7 +13,8 @@
 //             later call on the old communicator must fail with KOLO_ERR_CANCELLED. Then rank 0
 //             of the 4 invites again (GROW_DIR/invitation2) and the 4 grow to 5.
 //   again     4 ranks; rank 3 kills itself, the others shrink to 3, rank 0 invites
-//             (GROW_DIR/invitation1) and the 3 grow back to 4; then the 4 split in two halves.
+//             (GROW_DIR/invitation1) and the 3 grow back to 4; then the 4 split in two halves;
+//             then the newcomer kills itself and the 3 members shrink the grown communicator.
 //   mismatch  2 members wait for GROW_DIR/go (the test starts a newcomer), then rank 0 asks for
 //             4 ranks, rank 1 for 5: both must get KOLO_ERR_MISMATCH, and the old communicator
 //             must still work.
@@ -175,7 +176,13 @@ int newcomer(const std::string& scenario) {
   check_grown(comm, me.size, first_newcomer, -1);
   kolo_comm_t last = comm;
   if (scenario == "grow" && me.size == 4) last = grow(comm, 5);
-  if (scenario == "again") last = split_halves(comm);
+  if (scenario == "again") {
+    last = split_halves(comm);
+    check_status(comm, kolo_barrier(comm), "the barrier before the newcomer dies");
+    fmt::print("rank {}: dying\n", g_rank);
+    std::fflush(stdout);
+    ::raise(SIGKILL);
+  }
   check_status(last, kolo_barrier(last), "the final barrier");
   if (last != comm) kolo_comm_destroy(last);
   kolo_comm_destroy(comm);
@@ -239,6 +246,25 @@ int member(const std::string& scenario) {
     kolo_comm_t four = grow(three, 4);
     made.push_back(four);
     made.push_back(split_halves(four));
+    // The newcomer (rank 3) dies: the grown communicator shrinks like any other.
+    check_status(four, kolo_barrier(four), "the barrier before the newcomer dies");
+    status = KOLO_SUCCESS;
+    for (int i = 0; i < 1000 && status == KOLO_SUCCESS; ++i) {
+      status = kolo_allreduce(four, &value, &result, 1, KOLO_INT64, KOLO_SUM);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (status == KOLO_SUCCESS) fail("the newcomer died and every allreduce still succeeded");
+    kolo_comm_t shrunk = nullptr;
+    check_status(four, kolo_comm_shrink(four, &shrunk), "kolo_comm_shrink of the grown communicator");
+    made.push_back(shrunk);
+    const Comm after = describe_comm(shrunk);
+    int64_t mine = after.rank + 1, sum = 0;
+    check_status(shrunk, kolo_allreduce(shrunk, &mine, &sum, 1, KOLO_INT64, KOLO_SUM),
+                 "allreduce after shrinking the grown communicator");
+    if (after.size != 3 || after.rank != me.rank || sum != 6) {
+      fail(fmt::format("after shrinking the grown communicator: rank {} of {}, sum {}", after.rank,
+                       after.size, sum));
+    }
   } else if (scenario == "mismatch") {
     if (me.rank == 0) invite(world, "invitation1");
     wait_for_file("go", 60);
