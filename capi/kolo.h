@@ -483,9 +483,13 @@ KOLO_API kolo_status_t kolo_comm_shrink(kolo_comm_t comm, kolo_comm_t *newcomm);
  *      newcomers out of band (a launcher puts it in their environment as KOLO_INVITATION), and to
  *      the other members if they need to know that growth is coming.
  *   2. Each newcomer calls kolo_comm_init with KOLO_INVITATION set in its environment: its rank,
- *      size and rendezvous address then come from the growth (KOLO_RANK, KOLO_SIZE, KOLO_ADDR and
- *      the launchers' variables are ignored); the rest of its configuration (KOLO_SECRET,
- *      KOLO_TIMEOUT, ...) is read as usual and should match the members'.
+ *      size, local rank and size and rendezvous address then come from the growth (those fields
+ *      of config, KOLO_RANK, KOLO_SIZE, KOLO_ADDR and the launchers' variables are ignored); the
+ *      rest of its configuration (KOLO_SECRET, KOLO_TIMEOUT, ...) is read as usual and should
+ *      match the members' (unlike kolo_comm_init's start of a job, the growth does not compare
+ *      KOLO_ALLREDUCE). kolo_comm_init then blocks until the growth is decided and connected
+ *      (see kolo_comm_grow), and fails with KOLO_ERR_CONFIG for an invitation that is malformed,
+ *      forged, stale (used or replaced) or used up, naming which.
  *   3. Every member calls kolo_comm_grow with the same new_size.
  * Newcomers may start before or after the members call kolo_comm_grow: rank 0 waits for them up
  * to KOLO_TIMEOUT from its call, and a newcomer waits for rank 0's decision up to twice
