@@ -486,8 +486,8 @@ KOLO_API kolo_status_t kolo_comm_shrink(kolo_comm_t comm, kolo_comm_t *newcomm);
  *      size, local rank and size and rendezvous address then come from the growth (those fields
  *      of config, KOLO_RANK, KOLO_SIZE, KOLO_ADDR and the launchers' variables are ignored); the
  *      rest of its configuration (KOLO_SECRET, KOLO_TIMEOUT, ...) is read as usual and should
- *      match the members' (unlike kolo_comm_init's start of a job, the growth does not compare
- *      KOLO_ALLREDUCE). kolo_comm_init then blocks until the growth is decided and connected
+ *      match the members' (KOLO_ALLREDUCE must: a newcomer whose value differs from rank 0's
+ *      fails the growth with KOLO_ERR_CONFIG everywhere, as at a job's start). kolo_comm_init then blocks until the growth is decided and connected
  *      (see kolo_comm_grow), and fails with KOLO_ERR_CONFIG for an invitation that is malformed,
  *      forged, stale (used or replaced) or used up, naming which.
  *   3. Every member calls kolo_comm_grow with the same new_size.

@@ -213,3 +213,24 @@ TEST_CASE("too few newcomers within KOLO_TIMEOUT", "[grow][grow_few]") {
   });
   expect_refused(newcomer.wait(60), "KOLO_ERR_TIMEOUT", expected);
 }
+
+TEST_CASE("a newcomer whose KOLO_ALLREDUCE differs", "[grow][grow_allreduce]") {
+  GrowDir dir;
+  Job members = start_job(2, {"killed"}, {{"GROW_DIR", dir.path}, {"KOLO_TIMEOUT", "10"}}, kWorker);
+  const std::string invitation = read_published(dir, "invitation1", members);
+  std::vector<Process> newcomers;
+  for (const char* mode : {"auto", "ring"}) {
+    newcomers.push_back(start_newcomer(
+        "killed", invitation, dir,
+        {{"KOLO_ALLREDUCE", mode}, {"KOLO_TIMEOUT", "10"}, {"KOLO_DEBUG", "INFO"}}));
+    wait_for_arrival(newcomers.back());
+  }
+  std::ofstream(dir.path + "/go").put('\n');
+  const std::string expected = "the newcomer 1 \\(process [0-9]+\\) has KOLO_ALLREDUCE=ring and rank "
+                               "0 has auto";
+  expect_all_pass(members.wait(120), "grow passed", [&](const std::string& output) {
+    CHECK(output.find("refused: KOLO_ERR_CONFIG") != std::string::npos);
+    CHECK(std::regex_search(output, std::regex(expected)));
+  });
+  for (auto& newcomer : newcomers) expect_refused(newcomer.wait(60), "KOLO_ERR_CONFIG", expected);
+}

@@ -20,7 +20,7 @@
 //      new_size - size arrivals, closes the token (later arrivals and later uses of the invitation
 //      are refused as used), orders the newcomers by (host identity, process id) after the
 //      members, numbers the hosts, draws a fresh context and publishes the decision, or the error
-//      that ends the growth.
+//      that ends the growth (too few newcomers; one whose KOLO_ALLREDUCE differs from rank 0's).
 //   5. Build: every rank of the new communicator connects (the constructor of split and shrink,
 //      through the growth's store) and publishes whether it could; every rank then reads every
 //      rank's outcome, so that all return the new communicator or all fail, each naming the
@@ -128,6 +128,33 @@ struct GrowRecord {
   char address[kMaxAddressBytes] = {};
 };
 static_assert(sizeof(GrowRecord) == 112);
+
+// What every member and newcomer publishes about itself in the growth's store: its
+// KOLO_ALLREDUCE (the schedules follow from it, so it must agree, as at a job's start), its
+// process id (the newcomers' order) and its host identity (core/host.hpp), one a line.
+struct Arrival {
+  std::string allreduce;
+  int64_t pid = 0;
+  std::string host;
+};
+
+std::string encode_arrival(const Config& config) {
+  return fmt::format("{}\n{}\n{}", config.allreduce, static_cast<int64_t>(::getpid()),
+                     host_identity(config));
+}
+
+Arrival decode_arrival(const std::string& text) {
+  Arrival arrival;
+  const size_t first = text.find('\n');
+  const size_t second = first == std::string::npos ? first : text.find('\n', first + 1);
+  if (second == std::string::npos) {
+    throw Error(Status::kInternal, "kolo_comm_grow: a malformed arrival in the growth's store");
+  }
+  arrival.allreduce = text.substr(0, first);
+  arrival.pid = std::strtoll(text.c_str() + first + 1, nullptr, 10);
+  arrival.host = text.substr(second + 1);
+  return arrival;
+}
 
 // Rank 0's decision, as text in the growth's store:
 //   "ok <context hex> <size> <members>\n" then one line per newcomer rank, "<arrival>", then one
@@ -385,7 +412,7 @@ std::unique_ptr<Communicator> Communicator::grow(int new_size) {
                                             config_.rank, address, error.what()));
   }
   store->set_string(growth_key(token, fmt::format("member/{}", config_.rank)),
-                    host_identity(config_));
+                    encode_arrival(config_));
 
   // Step 4, on rank 0.
   if (config_.rank == 0) {
@@ -409,25 +436,29 @@ std::unique_ptr<Communicator> Communicator::grow(int new_size) {
                                 config_.timeout_s));
       }
       store->add(growth_key(token, "state"), kClosed - kOpen);
+      auto arrival_of = [&](const std::string& key, const std::string& name) {
+        Arrival arrival = decode_arrival(store->get_string(growth_key(token, key)));
+        if (arrival.allreduce != config_.allreduce) {
+          throw Error(Status::kConfig,
+                      fmt::format("kolo_comm_grow: the {} (process {}) has KOLO_ALLREDUCE={} and "
+                                  "rank 0 has {}: every rank must choose the same schedules; no "
+                                  "communicator was formed",
+                                  name, arrival.pid, arrival.allreduce, config_.allreduce));
+        }
+        return arrival;
+      };
       struct Newcomer {
-        std::string host;
-        int64_t pid = 0;
-        int64_t arrival = 0;
+        Arrival arrival;
+        int64_t index = 0;  // its arrival number
       };
       std::vector<Newcomer> joining;
       for (int i = 0; i < newcomers; ++i) {
-        const std::string value = store->get_string(growth_key(token, fmt::format("newcomer/{}", i)));
-        const size_t newline = value.rfind('\n');
-        Newcomer newcomer;
-        newcomer.host = value.substr(0, newline);
-        newcomer.arrival = i;
-        if (newline != std::string::npos) {
-          newcomer.pid = std::strtoll(value.c_str() + newline + 1, nullptr, 10);
-        }
-        joining.push_back(newcomer);
+        joining.push_back(
+            Newcomer{arrival_of(fmt::format("newcomer/{}", i), fmt::format("newcomer {}", i)), i});
       }
       std::stable_sort(joining.begin(), joining.end(), [](const Newcomer& a, const Newcomer& b) {
-        return a.host != b.host ? a.host < b.host : a.pid < b.pid;
+        return a.arrival.host != b.arrival.host ? a.arrival.host < b.arrival.host
+                                                : a.arrival.pid < b.arrival.pid;
       });
       Decision decision;
       decision.context = fresh_context();
@@ -438,12 +469,12 @@ std::unique_ptr<Communicator> Communicator::grow(int new_size) {
         return host_number.emplace(host, static_cast<int>(host_number.size())).first->second;
       };
       for (int r = 0; r < n; ++r) {
-        decision.host_of.push_back(
-            number_host(store->get_string(growth_key(token, fmt::format("member/{}", r)))));
+        decision.host_of.push_back(number_host(
+            arrival_of(fmt::format("member/{}", r), fmt::format("member rank {}", r)).host));
       }
       for (const Newcomer& newcomer : joining) {
-        decision.arrivals.push_back(newcomer.arrival);
-        decision.host_of.push_back(number_host(newcomer.host));
+        decision.arrivals.push_back(newcomer.index);
+        decision.host_of.push_back(number_host(newcomer.arrival.host));
       }
       text = encode_decision(decision);
       log::info("kolo_comm_grow: rank 0 decided: {} member(s) and newcomer arrival(s) {} form "
@@ -481,7 +512,6 @@ std::unique_ptr<Communicator> Communicator::grow(int new_size) {
 
 void Communicator::join_growth() {
   const Invitation invitation = parse_invitation(config_.invitation);
-  const std::string identity = host_identity(config_);
   Config at_store = config_;
   at_store.addr = invitation.address;
   at_store.store_generation = 0;
@@ -525,7 +555,7 @@ void Communicator::join_growth() {
   }
   const int64_t arrival = store->add(growth_key(invitation.token, "arrivals"), 1) - 1;
   store->set_string(growth_key(invitation.token, fmt::format("newcomer/{}", arrival)),
-                    fmt::format("{}\n{}", identity, static_cast<int64_t>(::getpid())));
+                    encode_arrival(config_));
   log::info("kolo_comm_init: newcomer {} of growth {:016x} at {}; waiting for the members", arrival,
             invitation.token, invitation.address);
 
