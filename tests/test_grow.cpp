@@ -152,7 +152,8 @@ TEST_CASE("4 -> 3 (a rank dies, shrink) -> 4 (grow), split, -> 3 (the newcomer d
 
 TEST_CASE("members that ask for different sizes", "[grow][grow_mismatch]") {
   GrowDir dir;
-  Job members = start_job(2, {"mismatch"}, {{"GROW_DIR", dir.path}, {"KOLO_TIMEOUT", "30"}}, kWorker);
+  Job members =
+      start_job(2, {"mismatch"}, {{"GROW_DIR", dir.path}, {"KOLO_TIMEOUT", "30"}}, kWorker);
   Process newcomer = start_newcomer("mismatch", read_published(dir, "invitation1", members), dir,
                                     {{"KOLO_DEBUG", "INFO"}});
   wait_for_arrival(newcomer);
@@ -168,9 +169,8 @@ TEST_CASE("members that ask for different sizes", "[grow][grow_mismatch]") {
 TEST_CASE("a newcomer killed while joining fails the growth everywhere", "[grow][grow_killed]") {
   GrowDir dir;
   constexpr double kTimeout = 8;
-  Job members = start_job(2, {"killed"},
-                          {{"GROW_DIR", dir.path}, {"KOLO_TIMEOUT", std::to_string(kTimeout)}},
-                          kWorker);
+  Job members = start_job(
+      2, {"killed"}, {{"GROW_DIR", dir.path}, {"KOLO_TIMEOUT", std::to_string(kTimeout)}}, kWorker);
   const std::string invitation = read_published(dir, "invitation1", members);
   const std::map<std::string, std::string> timeout = {{"KOLO_TIMEOUT", std::to_string(kTimeout)}};
   Process survivor = start_newcomer("killed", invitation, dir, timeout);
@@ -220,14 +220,15 @@ TEST_CASE("a newcomer whose KOLO_ALLREDUCE differs", "[grow][grow_allreduce]") {
   const std::string invitation = read_published(dir, "invitation1", members);
   std::vector<Process> newcomers;
   for (const char* mode : {"auto", "ring"}) {
-    newcomers.push_back(start_newcomer(
-        "killed", invitation, dir,
-        {{"KOLO_ALLREDUCE", mode}, {"KOLO_TIMEOUT", "10"}, {"KOLO_DEBUG", "INFO"}}));
+    newcomers.push_back(
+        start_newcomer("killed", invitation, dir,
+                       {{"KOLO_ALLREDUCE", mode}, {"KOLO_TIMEOUT", "10"}, {"KOLO_DEBUG", "INFO"}}));
     wait_for_arrival(newcomers.back());
   }
   std::ofstream(dir.path + "/go").put('\n');
-  const std::string expected = "the newcomer 1 \\(process [0-9]+\\) has KOLO_ALLREDUCE=ring and rank "
-                               "0 has auto";
+  const std::string expected =
+      "the newcomer 1 \\(process [0-9]+\\) has KOLO_ALLREDUCE=ring and rank "
+      "0 has auto";
   expect_all_pass(members.wait(120), "grow passed", [&](const std::string& output) {
     CHECK(output.find("refused: KOLO_ERR_CONFIG") != std::string::npos);
     CHECK(std::regex_search(output, std::regex(expected)));

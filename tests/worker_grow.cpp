@@ -79,7 +79,8 @@ void refused(kolo_comm_t comm, kolo_status_t status) {
 // rank `first_newcomer`; `old_rank` is this rank's rank before the growth (-1: a newcomer).
 void check_grown(kolo_comm_t handle, int size, int first_newcomer, int old_rank) {
   const Comm comm = describe_comm(handle);
-  if (comm.size != size) fail(fmt::format("grown communicator has {} ranks, expected {}", comm.size, size));
+  if (comm.size != size)
+    fail(fmt::format("grown communicator has {} ranks, expected {}", comm.size, size));
   if (old_rank >= 0 && comm.rank != old_rank) {
     fail(fmt::format("member rank {} became rank {}", old_rank, comm.rank));
   }
@@ -92,15 +93,17 @@ void check_grown(kolo_comm_t handle, int size, int first_newcomer, int old_rank)
   stats.struct_size = sizeof stats;
   check_status(handle, kolo_comm_fusion_stats(handle, &stats), "kolo_comm_fusion_stats");
   if (stats.tensors_submitted != 0 || stats.cycles != 0) {
-    fail(fmt::format("the new communicator's fusion engine did not start clean ({} tensors, {} "
-                     "cycles)",
-                     stats.tensors_submitted, stats.cycles));
+    fail(
+        fmt::format("the new communicator's fusion engine did not start clean ({} tensors, {} "
+                    "cycles)",
+                    stats.tensors_submitted, stats.cycles));
   }
 
   constexpr int kCount = 1000;
   std::vector<int64_t> values(kCount), sums(kCount);
   for (int i = 0; i < kCount; ++i) values[i] = int64_t{comm.rank + 1} * 1000003 + i;
-  check_status(handle, kolo_allreduce(handle, values.data(), sums.data(), kCount, KOLO_INT64, KOLO_SUM),
+  check_status(handle,
+               kolo_allreduce(handle, values.data(), sums.data(), kCount, KOLO_INT64, KOLO_SUM),
                "kolo_allreduce on the grown communicator");
   for (int i = 0; i < kCount; ++i) {
     const int64_t expected = int64_t{size} * (size + 1) / 2 * 1000003 + int64_t{size} * i;
@@ -228,17 +231,19 @@ int member(const std::string& scenario) {
     if (pending != nullptr) {
       const kolo_status_t status = kolo_request_wait(pending);
       if (status != KOLO_ERR_CANCELLED) {
-        fail(fmt::format("a named request pending on the old communicator ended with {}, expected "
-                         "KOLO_ERR_CANCELLED",
-                         kolo_status_string(status)));
+        fail(
+            fmt::format("a named request pending on the old communicator ended with {}, expected "
+                        "KOLO_ERR_CANCELLED",
+                        kolo_status_string(status)));
       }
       kolo_request_free(pending);
     }
     const kolo_status_t old = kolo_allreduce(world, &value, &result, 1, KOLO_INT64, KOLO_SUM);
     if (old != KOLO_ERR_CANCELLED) {
-      fail(fmt::format("an allreduce on the old communicator returned {}, expected "
-                       "KOLO_ERR_CANCELLED",
-                       kolo_status_string(old)));
+      fail(
+          fmt::format("an allreduce on the old communicator returned {}, expected "
+                      "KOLO_ERR_CANCELLED",
+                      kolo_status_string(old)));
     }
     fmt::print("rank {}: old communicator: {}\n", me.rank, kolo_comm_last_error(world));
     if (me.rank == 0) invite(four, "invitation2");
@@ -261,7 +266,8 @@ int member(const std::string& scenario) {
     // The newcomer (rank 3) dies: the grown communicator shrinks like any other.
     see_loss(four, "the newcomer");
     kolo_comm_t shrunk = nullptr;
-    check_status(four, kolo_comm_shrink(four, &shrunk), "kolo_comm_shrink of the grown communicator");
+    check_status(four, kolo_comm_shrink(four, &shrunk),
+                 "kolo_comm_shrink of the grown communicator");
     made.push_back(shrunk);
     const Comm after = describe_comm(shrunk);
     int64_t mine = after.rank + 1, sum = 0;
@@ -296,7 +302,8 @@ int member(const std::string& scenario) {
     fmt::print("rank {}: failed after {:.1f} s\n", me.rank,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     kolo_comm_t again = nullptr;
-    check_status(world, kolo_comm_shrink(world, &again), "kolo_comm_shrink after the failed growth");
+    check_status(world, kolo_comm_shrink(world, &again),
+                 "kolo_comm_shrink after the failed growth");
     int64_t value = me.rank + 1, result = 0;
     check_status(again, kolo_allreduce(again, &value, &result, 1, KOLO_INT64, KOLO_SUM),
                  "allreduce after the shrink");

@@ -218,7 +218,8 @@ Decision decode_decision(const std::string& text, const char* call) {
 
 // This rank's configuration in the new communicator: the given one with the growth's rank, size,
 // store, and local rank and size from the host numbers.
-Config member_config(Config config, const Decision& decision, int rank, const std::string& address) {
+Config member_config(Config config, const Decision& decision, int rank,
+                     const std::string& address) {
   config.rank = rank;
   config.size = decision.size;
   config.addr = address;
@@ -298,9 +299,10 @@ std::string Communicator::invite() {
   if (offer_) store->add(growth_key(offer_->token, "state"), kReplaced - kOpen);
   store->add(growth_key(offer->token, "state"), kOpen);
   offer_ = offer;
-  log::info("kolo_comm_invite: communicator {:x} invites newcomers through the store at {} "
-            "(token {:016x})",
-            context_, offer->address, offer->token);
+  log::info(
+      "kolo_comm_invite: communicator {:x} invites newcomers through the store at {} "
+      "(token {:016x})",
+      context_, offer->address, offer->token);
   return format_invitation(offer->token, offer->address);
 }
 
@@ -429,11 +431,11 @@ std::unique_ptr<Communicator> Communicator::grow(int new_size) {
       } catch (const Error& error) {
         if (error.status() != Status::kTimeout) throw;
         const int64_t arrived = store->add(growth_key(token, "arrivals"), 0);
-        throw Error(Status::kTimeout,
-                    fmt::format("kolo_comm_grow: {} of the {} newcomer(s) arrived within {:g} s "
-                                "(KOLO_TIMEOUT) with the invitation; no communicator was formed",
-                                std::min<int64_t>(arrived, newcomers), newcomers,
-                                config_.timeout_s));
+        throw Error(
+            Status::kTimeout,
+            fmt::format("kolo_comm_grow: {} of the {} newcomer(s) arrived within {:g} s "
+                        "(KOLO_TIMEOUT) with the invitation; no communicator was formed",
+                        std::min<int64_t>(arrived, newcomers), newcomers, config_.timeout_s));
       }
       store->add(growth_key(token, "state"), kClosed - kOpen);
       auto arrival_of = [&](const std::string& key, const std::string& name) {
@@ -477,9 +479,10 @@ std::unique_ptr<Communicator> Communicator::grow(int new_size) {
         decision.host_of.push_back(number_host(newcomer.arrival.host));
       }
       text = encode_decision(decision);
-      log::info("kolo_comm_grow: rank 0 decided: {} member(s) and newcomer arrival(s) {} form "
-                "communicator {:x} of {} ranks",
-                n, fmt::join(decision.arrivals, ", "), decision.context, new_size);
+      log::info(
+          "kolo_comm_grow: rank 0 decided: {} member(s) and newcomer arrival(s) {} form "
+          "communicator {:x} of {} ranks",
+          n, fmt::join(decision.arrivals, ", "), decision.context, new_size);
     } catch (const Error& error) {
       text = encode_failure(error);
     }
@@ -572,8 +575,9 @@ void Communicator::join_growth() {
   try {
     decision = decode_decision(text, "kolo_comm_init");
   } catch (const Error& error) {
-    throw Error(error.status(),
-                fmt::format("kolo_comm_init: the growth of KOLO_INVITATION failed: {}", error.what()));
+    throw Error(
+        error.status(),
+        fmt::format("kolo_comm_init: the growth of KOLO_INVITATION failed: {}", error.what()));
   }
   const auto found = std::find(decision.arrivals.begin(), decision.arrivals.end(), arrival);
   if (found == decision.arrivals.end()) {
