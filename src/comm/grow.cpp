@@ -296,7 +296,7 @@ std::string Communicator::invite() {
   at_store.addr = offer->address;
   at_store.store_generation = 0;
   std::unique_ptr<StoreClient> store = open_store(at_store);
-  if (offer_) store->add(growth_key(offer_->token, "state"), kReplaced - kOpen);
+  if (offer_ && !offer_->used) store->add(growth_key(offer_->token, "state"), kReplaced - kOpen);
   store->add(growth_key(offer->token, "state"), kOpen);
   offer_ = offer;
   log::info(
