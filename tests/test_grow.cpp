@@ -150,12 +150,15 @@ TEST_CASE("4 -> 3 (a rank dies, shrink) -> 4 (grow), split, -> 3 (the newcomer d
   CHECK(joined.output.find("rank 3: dying") != std::string::npos);
 }
 
-TEST_CASE("members that ask for different sizes", "[grow][grow_mismatch]") {
+TEST_CASE("members that ask for different sizes; a replaced invitation", "[grow][grow_mismatch]") {
   GrowDir dir;
   Job members =
       start_job(2, {"mismatch"}, {{"GROW_DIR", dir.path}, {"KOLO_TIMEOUT", "30"}}, kWorker);
-  Process newcomer = start_newcomer("mismatch", read_published(dir, "invitation1", members), dir,
-                                    {{"KOLO_DEBUG", "INFO"}});
+  const std::string replaced = read_published(dir, "invitation0", members);
+  const std::string current = read_published(dir, "invitation1", members);
+  expect_refused(start_newcomer("mismatch", replaced, dir).wait(30), "KOLO_ERR_CONFIG",
+                 "stale: rank 0 replaced it with a newer invitation");
+  Process newcomer = start_newcomer("mismatch", current, dir, {{"KOLO_DEBUG", "INFO"}});
   wait_for_arrival(newcomer);
   std::ofstream(dir.path + "/go").put('\n');
   std::vector<ProcessResult> results = members.wait(120);

@@ -15,7 +15,8 @@
 //   again     4 ranks; rank 3 kills itself, the others shrink to 3, rank 0 invites
 //             (GROW_DIR/invitation1) and the 3 grow back to 4; then the 4 split in two halves;
 //             then the newcomer kills itself and the 3 members shrink the grown communicator.
-//   mismatch  2 members wait for GROW_DIR/go (the test starts a newcomer), then rank 0 asks for
+//   mismatch  rank 0 invites twice (GROW_DIR/invitation0, replaced by GROW_DIR/invitation1); the
+//             2 members wait for GROW_DIR/go (the test starts a newcomer), then rank 0 asks for
 //             4 ranks, rank 1 for 5: both must get KOLO_ERR_MISMATCH, and the old communicator
 //             must still work.
 //   killed    2 members wait for GROW_DIR/go (the test starts the newcomers: one of which kills
@@ -278,7 +279,10 @@ int member(const std::string& scenario) {
                        after.size, sum));
     }
   } else if (scenario == "mismatch") {
-    if (me.rank == 0) invite(world, "invitation1");
+    if (me.rank == 0) {
+      invite(world, "invitation0");  // replaced at once: the test checks it is refused
+      invite(world, "invitation1");
+    }
     wait_for_file("go", 60);
     kolo_comm_t grown = nullptr;
     const kolo_status_t status = kolo_comm_grow(world, me.rank == 0 ? 4 : 5, &grown);
