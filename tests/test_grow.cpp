@@ -238,3 +238,23 @@ TEST_CASE("a newcomer whose KOLO_ALLREDUCE differs", "[grow][grow_allreduce]") {
   });
   for (auto& newcomer : newcomers) expect_refused(newcomer.wait(60), "KOLO_ERR_CONFIG", expected);
 }
+
+TEST_CASE("a newcomer beyond the growth's size is refused", "[grow][grow_extra]") {
+  GrowDir dir;
+  Job members = start_job(2, {"extra"}, {{"GROW_DIR", dir.path}, {"KOLO_TIMEOUT", "30"}}, kWorker);
+  const std::string invitation = read_published(dir, "invitation1", members);
+  std::vector<Process> newcomers;
+  for (int i = 0; i < 2; ++i) {
+    newcomers.push_back(start_newcomer("extra", invitation, dir, {{"KOLO_DEBUG", "INFO"}}));
+    wait_for_arrival(newcomers.back());  // in this order
+  }
+  std::ofstream(dir.path + "/go").put('\n');
+  expect_all_pass(members.wait(120), "grow passed");
+  const ProcessResult first = newcomers[0].wait(60);
+  INFO("the first newcomer:\n" << first.output);
+  CHECK(first.exit_code == 0);
+  CHECK(first.output.find("rank 2: grow passed") != std::string::npos);
+  expect_refused(newcomers[1].wait(60), "KOLO_ERR_CONFIG",
+                 "KOLO_INVITATION is used up: its growth took 1 newcomer\\(s\\), and this process "
+                 "came later \\(arrival 2\\)");
+}

@@ -19,6 +19,9 @@
 //             2 members wait for GROW_DIR/go (the test starts a newcomer), then rank 0 asks for
 //             4 ranks, rank 1 for 5: both must get KOLO_ERR_MISMATCH, and the old communicator
 //             must still work.
+//   extra     2 members wait for GROW_DIR/go (the test starts two newcomers), then grow to 3: the
+//             first newcomer to arrive joins, the second must be refused (the invitation is used
+//             up).
 //   killed    2 members wait for GROW_DIR/go (the test starts the newcomers: one of which kills
 //             itself once it has arrived, or only one), then grow to 4: every member must fail,
 //             then shrink the old communicator back to the 2 of them and find it working.
@@ -192,7 +195,7 @@ int newcomer(const std::string& scenario) {
   }
   Comm me = describe_comm(comm);
   g_rank = me.rank;
-  const int first_newcomer = scenario == "grow" ? (me.size == 4 ? 2 : 4) : 3;
+  const int first_newcomer = scenario == "grow" ? (me.size == 4 ? 2 : 4) : me.size - 1;
   check_grown(comm, me.size, first_newcomer, -1);
   kolo_comm_t last = comm;
   if (scenario == "grow" && me.size == 4) last = grow(comm, 5);
@@ -313,6 +316,10 @@ int member(const std::string& scenario) {
                  "allreduce after the shrink");
     if (result != 3) fail(fmt::format("allreduce after the shrink: {}", result));
     made.push_back(again);
+  } else if (scenario == "extra") {
+    if (me.rank == 0) invite(world, "invitation1");
+    wait_for_file("go", 60);
+    made.push_back(grow(world, 3));
   } else {
     fail("unknown scenario " + scenario);
   }
