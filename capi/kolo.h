@@ -464,13 +464,93 @@ KOLO_API kolo_status_t kolo_comm_split(kolo_comm_t comm, int color, int key,
  *     others formed: only the members learn its store's address and its context, which every
  *     connection of it must name besides proving the job secret.
  *
- * Growing a job (new processes joining at a step boundary, as Horovod's elastic mode adds hosts)
- * is not part of this call, and not yet of kolo: a job that wants more ranks starts them anew.
+ * Growing a communicator again (new processes joining it) is kolo_comm_grow's, below.
  *
  * Returns KOLO_ERR_INVALID_ARGUMENT for a NULL comm or newcomm (nothing happens); otherwise
  * KOLO_SUCCESS, or an error as above with *newcomm NULL.
  */
 KOLO_API kolo_status_t kolo_comm_shrink(kolo_comm_t comm, kolo_comm_t *newcomm);
+
+/* ---- Growing a communicator ---------------------------------------------------------------- */
+
+/* The longest invitation kolo_comm_invite writes, its terminating NUL included. */
+#define KOLO_INVITATION_MAX 128
+
+/*
+ * Growing: the ranks of comm (the members) and new processes (the newcomers) form a larger
+ * communicator together (ncclCommGrow; Horovod's elastic mode adding hosts). Three steps:
+ *   1. Rank 0 of comm calls kolo_comm_invite and hands the invitation, a short text, to the
+ *      newcomers out of band (a launcher puts it in their environment as KOLO_INVITATION), and to
+ *      the other members if they need to know that growth is coming.
+ *   2. Each newcomer calls kolo_comm_init with KOLO_INVITATION set in its environment: its rank,
+ *      size, local rank and size and rendezvous address then come from the growth (those fields
+ *      of config, KOLO_RANK, KOLO_SIZE, KOLO_ADDR and the launchers' variables are ignored); the
+ *      rest of its configuration (KOLO_SECRET, KOLO_TIMEOUT, ...) is read as usual and should
+ *      match the members' (KOLO_ALLREDUCE must: a newcomer whose value differs from rank 0's
+ *      fails the growth with KOLO_ERR_CONFIG everywhere, as at a job's start). kolo_comm_init then blocks until the growth is decided and connected
+ *      (see kolo_comm_grow), and fails with KOLO_ERR_CONFIG for an invitation that is malformed,
+ *      forged, stale (used or replaced) or used up, naming which.
+ *   3. Every member calls kolo_comm_grow with the same new_size.
+ * Newcomers may start before or after the members call kolo_comm_grow: rank 0 waits for them up
+ * to KOLO_TIMEOUT from its call, and a newcomer waits for rank 0's decision up to twice
+ * KOLO_TIMEOUT from its arrival (as the other members do, so that they read why a growth failed
+ * rather than time out beside it).
+ *
+ * Writes the invitation for the next kolo_comm_grow of comm into buf (len bytes, at most
+ * KOLO_INVITATION_MAX needed), NUL-terminated: "kolo-grow-1:<token>:<host:port>", where
+ * host:port is a rendezvous store that rank 0 starts for the growth (on the address its other
+ * connections listen on) and token a fresh random number. Call it on rank 0 of comm only; it
+ * sends nothing to the other members and returns at once. A later call replaces the invitation
+ * (newcomers holding the earlier one are refused, as stale), and an invitation serves one growth:
+ * once kolo_comm_grow has used it (successfully or not), a newcomer that comes with it is
+ * refused, saying so. The invitation is no secret: a process without the job secret cannot use
+ * it, because every connection to that store proves the secret (docs/security.md).
+ *
+ * Returns KOLO_ERR_INVALID_ARGUMENT for a NULL comm or buf, len smaller than the invitation (the
+ * message says how long it is), or a comm of which this is not rank 0; comm's error if it is
+ * broken; KOLO_ERR_SYSTEM if the store cannot listen. buf is untouched on failure.
+ */
+KOLO_API kolo_status_t kolo_comm_invite(kolo_comm_t comm, char *buf, size_t len);
+
+/*
+ * Called by every member of comm, with the same new_size (> comm's size): forms, with the
+ * new_size - size newcomers that came with rank 0's current invitation (kolo_comm_init with
+ * KOLO_INVITATION), a communicator of new_size ranks. The members keep their ranks 0..size-1 and
+ * their order; the newcomers follow, ordered by host (ranks of one host together) and, within a
+ * host, by process id. Every member and every newcomer returns the same membership, or an error.
+ * On success *newcomm is a new communicator (the caller owns it, as one from kolo_comm_init) that
+ * behaves as a freshly created one: its own connections, sequence numbers and fusion engine
+ * (named operations start clean on it), and it can be split, shrunk and grown again. Its
+ * rendezvous store is the one rank 0 of comm started for the invitation, served by rank 0's
+ * process while it holds the new communicator; the store of the job's rank 0 plays no part.
+ *
+ * Steps and guarantees:
+ *   - First the members exchange their new_size and rank 0's invitation over comm (a collective
+ *     on comm: the other members must call kolo_comm_grow too, as their next call on comm).
+ *     Members that passed different sizes all get KOLO_ERR_MISMATCH naming the two sizes, and
+ *     when rank 0 has made no invitation all get KOLO_ERR_INVALID_ARGUMENT; in both cases comm is
+ *     unchanged and usable, the invitation is used up, and the newcomers waiting fail with the
+ *     same message.
+ *   - Then comm is broken on every member: every later call on comm, and every named request
+ *     still pending on it, fails with KOLO_ERR_CANCELLED ("grew ... use the new communicator").
+ *     comm stays valid until kolo_comm_destroy(). After a failed growth kolo_comm_shrink(comm)
+ *     gives the members a working communicator of themselves again.
+ *   - Rank 0 waits, up to KOLO_TIMEOUT, for every member and for new_size - size newcomers; it
+ *     takes the first that arrive, and a newcomer that comes later is refused (the invitation is
+ *     used up). Too few newcomers within KOLO_TIMEOUT: KOLO_ERR_TIMEOUT on every member and
+ *     newcomer, saying how many came.
+ *   - Then every rank connects the new communicator and tells the others whether it could; every
+ *     rank returns success only if all could. A newcomer (or member) that dies while joining is
+ *     not left out: the call fails on every other rank with KOLO_ERR_TIMEOUT or
+ *     KOLO_ERR_PEER_LOST saying what was missing (each wait bounded by KOLO_TIMEOUT, the whole
+ *     call by about three times KOLO_TIMEOUT). When rank 0's process dies, every other member
+ *     and newcomer fails with KOLO_ERR_PEER_LOST (its store goes with it).
+ *
+ * Returns KOLO_ERR_INVALID_ARGUMENT for a NULL comm or newcomm, or a new_size not larger than
+ * comm's size or above 2^20 (nothing is sent, comm usable); otherwise KOLO_SUCCESS or an error as
+ * above, with *newcomm NULL.
+ */
+KOLO_API kolo_status_t kolo_comm_grow(kolo_comm_t comm, int new_size, kolo_comm_t *newcomm);
 
 /* ---- Named asynchronous operations: the fusion engine ------------------------------------- */
 

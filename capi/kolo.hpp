@@ -606,7 +606,7 @@ class Comm {
                   handle_);
   }
 
-  // ---- Sub-communicators and shrinking ----
+  // ---- Sub-communicators, shrinking and growing ----
 
   // kolo_comm_split: the new communicator; an empty Comm for a negative colour (KOLO_COLOR_NONE).
   Comm split(int color, int key) {
@@ -619,6 +619,21 @@ class Comm {
   Comm shrink() {
     kolo_comm_t child = nullptr;
     detail::check(kolo_comm_shrink(handle_, &child), handle_);
+    return Comm(child);
+  }
+
+  // kolo_comm_invite, on rank 0: the invitation newcomers pass in KOLO_INVITATION.
+  std::string invite() {
+    char text[KOLO_INVITATION_MAX];
+    detail::check(kolo_comm_invite(handle_, text, sizeof text), handle_);
+    return text;
+  }
+
+  // kolo_comm_grow: with the invited newcomers, a communicator of new_size ranks; this one is
+  // broken after it.
+  Comm grow(int new_size) {
+    kolo_comm_t child = nullptr;
+    detail::check(kolo_comm_grow(handle_, new_size, &child), handle_);
     return Comm(child);
   }
 

@@ -329,6 +329,34 @@ kolo_status_t kolo_comm_shrink(kolo_comm_t comm, kolo_comm_t* newcomm) {
   });
 }
 
+kolo_status_t kolo_comm_invite(kolo_comm_t comm, char* buf, size_t len) {
+  return guarded(comm, [&] {
+    kolo::Communicator& communicator = communicator_of(comm);
+    if (!buf) throw kolo::Error(kolo::Status::kInvalidArgument, "kolo_comm_invite: buf is NULL");
+    const std::string invitation = communicator.invite();
+    if (invitation.size() + 1 > len) {
+      throw kolo::Error(kolo::Status::kInvalidArgument,
+                        fmt::format("kolo_comm_invite: the invitation needs {} bytes and buf has "
+                                    "{} (KOLO_INVITATION_MAX is enough)",
+                                    invitation.size() + 1, len));
+    }
+    std::memcpy(buf, invitation.c_str(), invitation.size() + 1);
+  });
+}
+
+kolo_status_t kolo_comm_grow(kolo_comm_t comm, int new_size, kolo_comm_t* newcomm) {
+  if (newcomm) *newcomm = nullptr;
+  return guarded(comm, [&] {
+    kolo::Communicator& communicator = communicator_of(comm);
+    if (!newcomm) {
+      throw kolo::Error(kolo::Status::kInvalidArgument, "kolo_comm_grow: newcomm is NULL");
+    }
+    auto handle = std::make_unique<kolo_comm>();
+    handle->communicator = communicator.grow(new_size);
+    *newcomm = handle.release();
+  });
+}
+
 }  // extern "C"
 
 // ---- Named asynchronous operations (src/fusion/) ---------------------------------------------

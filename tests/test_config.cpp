@@ -855,10 +855,24 @@ TEST_CASE("the table of known variables is complete and well formed", "[config]"
                            "KOLO_AUTOTUNE_LOG",
                            "KOLO_AUTOTUNE_WINDOW_MS",
                            "KOLO_TCP_CONGESTION",
-                           "KOLO_STORE_FD"}) {
+                           "KOLO_STORE_FD",
+                           "KOLO_INVITATION"}) {
     CHECK(names.count(name) == 1);
   }
-  CHECK(names.size() == 31);
+  CHECK(names.size() == 32);
+}
+
+TEST_CASE("a newcomer's KOLO_INVITATION replaces the launcher's rank, size and address",
+          "[config]") {
+  // KOLO_SIZE without a rank is refused for a process of a job, and ignored for a newcomer.
+  const Environment env = {{"KOLO_INVITATION", "kolo-grow-1:00000000000000ff:127.0.0.1:1"},
+                           {"KOLO_SIZE", "4"}};
+  const Config config = kolo::resolve_config({}, env);
+  CHECK(config.invitation == "kolo-grow-1:00000000000000ff:127.0.0.1:1");
+  CHECK(config.launcher == "invitation");
+  CHECK(config.rank == -1);
+  CHECK(config.addr.empty());
+  CHECK_THROWS(kolo::resolve_config({}, {{"KOLO_SIZE", "4"}}));
 }
 
 TEST_CASE("docs/environment.md's table of variables lists exactly the known ones", "[config]") {

@@ -15,6 +15,7 @@ ABI_MINOR = 2
 API_VERSION = 1  # KOLO_API_VERSION: the version of the structs below
 CONFIG_MAGIC = 0x6B6F6C6F
 COLOR_NONE = -1
+INVITATION_MAX = 128  # KOLO_INVITATION_MAX: the longest invitation, its NUL included
 
 # kolo_status_t
 SUCCESS = 0
@@ -126,6 +127,8 @@ _SIGNATURES = {
     "kolo_recv": (status_t, [comm_t, _ptr, _u64, _int, _int, _int]),
     "kolo_comm_split": (status_t, [comm_t, _int, _int, ctypes.POINTER(comm_t)]),
     "kolo_comm_shrink": (status_t, [comm_t, ctypes.POINTER(comm_t)]),
+    "kolo_comm_invite": (status_t, [comm_t, ctypes.c_char_p, ctypes.c_size_t]),
+    "kolo_comm_grow": (status_t, [comm_t, _int, ctypes.POINTER(comm_t)]),
     "kolo_allreduce_async": (status_t, [comm_t, _str, _ptr, _ptr, _u64, _int, _int,
                                         ctypes.POINTER(AsyncOptions),
                                         ctypes.POINTER(request_t)]),

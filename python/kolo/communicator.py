@@ -707,6 +707,30 @@ class Communicator:
         self._check(lib.kolo_comm_shrink(self._live(), ctypes.byref(new)))
         return self._derived(new.value)
 
+    def invite(self):
+        """On rank 0 only: the invitation (a str, kolo_comm_invite) for the next grow() of this
+        communicator. Hand it to each new process in its environment as KOLO_INVITATION; there
+        Communicator.create() (or kolo.init()) joins the growth. A later invite() replaces it;
+        it serves one growth. Sends nothing and does not block. Raises InvalidArgumentError on
+        other ranks."""
+        text = ctypes.create_string_buffer(_capi.INVITATION_MAX)
+        self._check(lib.kolo_comm_invite(self._live(), text, _capi.INVITATION_MAX))
+        return text.value.decode()
+
+    def grow(self, new_size):
+        """Called by every rank of this communicator with the same new_size: returns a new
+        Communicator of new_size ranks, this one's ranks first in their order, then the
+        new_size - size processes that joined with rank 0's invitation (kolo_comm_grow). This
+        communicator is broken afterwards (its calls and pending named operations fail with
+        CancelledError) and stays to be shut down by the caller. Blocks until all have
+        connected, at most about three times the timeout. Raises MismatchError when the ranks
+        pass different sizes (this communicator then keeps working), KoloTimeoutError or
+        PeerLostError when newcomers are missing or die while joining, and the other KoloErrors
+        of kolo_comm_grow."""
+        new = ctypes.c_void_p()
+        self._check(lib.kolo_comm_grow(self._live(), int(new_size), ctypes.byref(new)))
+        return self._derived(new.value)
+
     def _derived(self, handle):
         """A Communicator for a handle made from this one, whose connections prove the same
         secret."""

@@ -94,6 +94,12 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     }
   }
 
+  if (!config_.invitation.empty()) {
+    join_growth();  // a newcomer: rank, size and store come from the growth (comm/grow.cpp)
+    report_on(this);
+    return;
+  }
+
   // Under PMIx rank 0's store binds a free port on every interface, and the address it publishes
   // (its host name, or KOLO_SOCKET_IFNAME's address) reaches the other ranks through PMIx.
   net::Endpoint store_endpoint = config_.pmix_rendezvous

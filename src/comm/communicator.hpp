@@ -23,6 +23,7 @@ namespace kolo {
 class StoreServer;
 class StoreClient;
 class Lifeline;
+struct GrowthOffer;
 class Transport;
 class Ring;
 struct Blocks;
@@ -93,6 +94,14 @@ class Communicator {
   // communicator of exactly them, ranked in their order here. Throws kolo::Error.
   std::unique_ptr<Communicator> shrink();
 
+  // Growth (comm/grow.cpp; capi/kolo.h's kolo_comm_invite and kolo_comm_grow state the contract).
+  // invite(), on rank 0 only: the invitation text for newcomers (KOLO_INVITATION), valid for the
+  // next grow() and replacing any earlier one. grow(), collective on this communicator: with the
+  // newcomers holding the invitation, forms a communicator of new_size ranks, this one's first in
+  // their order, and breaks this one. Both throw kolo::Error.
+  std::string invite();
+  std::unique_ptr<Communicator> grow(int new_size);
+
   // The fusion engine of this communicator, for named asynchronous operations (src/fusion/):
   // created on first use, its thread and connections start with the first submission. It fails
   // its requests when this communicator breaks, and is stopped first when it is destroyed.
@@ -116,6 +125,10 @@ class Communicator {
   // host_of[rank] numbers the host of every member (equal numbers: one host).
   Communicator(const Config& config, std::shared_ptr<StoreServer> server, uint64_t context,
                const std::vector<int>& host_of);
+
+  // The public constructor's way for a newcomer (config_.invitation set; comm/grow.cpp): joins
+  // the growth the invitation names and connects as the rank it is given there.
+  void join_growth();
 
   // Runs one call under the lock, numbering it (unless told not to) and breaking the
   // communicator if it fails.
@@ -168,6 +181,7 @@ class Communicator {
   // survivor that comes too late waits there and fails, rather than finding every rank before it
   // gone and forming a communicator of its own.
   std::shared_ptr<Lifeline> predecessor_;
+  std::shared_ptr<GrowthOffer> offer_;  // under mutex_: rank 0's latest invitation (comm/grow.cpp)
   std::mutex mutex_;
   uint64_t sequence_ = 0;
   bool warned_concurrent_ = false;  // under mutex_: the warning of run() is given once

@@ -44,6 +44,8 @@ const std::vector<EnvVarInfo> kKnownVariables = {
      "host:port where rank 0 serves the rendezvous store"},
     {"KOLO_STORE_FD", "(none: rank 0 binds KOLO_ADDR)",
      "rank 0: an inherited descriptor that already listens at KOLO_ADDR's port (kolorun sets it)"},
+    {"KOLO_INVITATION", "(none)",
+     "an invitation from kolo_comm_invite: this process joins that growing communicator"},
     {"KOLO_SECRET", "(none: unauthenticated)",
      "the job secret every connection must prove, at least 16 characters"},
     {"KOLO_SECRET_FILE", "(none)",
@@ -860,8 +862,13 @@ Config resolve_config(const ConfigOverrides& overrides, const Environment& given
     }
   }
   Config config;
-  resolve_identity(overrides, env, config);
-  resolve_address(overrides, env, config);
+  if (auto invitation = from_env(env, "KOLO_INVITATION")) {
+    config.invitation = invitation->text;  // rank, size and store: from the growth (comm/grow.cpp)
+    config.launcher = "invitation";
+  } else {
+    resolve_identity(overrides, env, config);
+    resolve_address(overrides, env, config);
+  }
   resolve_tuning(overrides, env, config);
   resolve_fusion(env, config);
   return config;

@@ -102,6 +102,9 @@ struct Config {
   std::string gpu_backend = "auto";  // KOLO_GPU_BACKEND: auto | nccl | staged (gpu/backend.hpp)
   std::string launcher;              // who supplied the rank: config|kolo|ompi|pmi|slurm|torchrun,
                                      // or kNoLauncher (a world of one)
+  // KOLO_INVITATION: this process joins a growing communicator (comm/grow.cpp) instead of a job;
+  // its rank, size and store come from the growth, not from the launcher's variables.
+  std::string invitation;
 
   // Settings of the fusion engine (named, asynchronous calls); read here so that every KOLO_*
   // variable is parsed and validated in one place.

@@ -22,6 +22,7 @@ const char* collective_name(Collective collective) {
     case Collective::kSendRecvReceipt: return "send/recv receipt";
     case Collective::kSplit: return "split";
     case Collective::kNegotiation: return "fusion negotiation";
+    case Collective::kGrow: return "grow";
   }
   return "unknown collective";
 }

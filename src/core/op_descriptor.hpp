@@ -26,6 +26,7 @@ enum class Collective : uint8_t {
   kSplit = 13,            // the exchange and the outcome of a communicator split
   kNegotiation = 14,      // a fusion engine's negotiation message (src/fusion/wire.hpp): the
                           // cycle in `sequence`, the message kind expected in `detail`
+  kGrow = 15,             // the members' exchange of a communicator growth (comm/grow.cpp)
 };
 
 const char* collective_name(Collective collective);
