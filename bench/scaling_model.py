@@ -761,10 +761,17 @@ def fit_pmix(points, radix=OMPI_ROUTED_RADIX):
 
 def read_startup_mpirun(path):
     """startup_mpirun.sh -o rows: {(way, shape): {"hosts", "per_host", "init" (s), "pmix",
-    "pmix_init", "fence", "fence_min" (ms, PMIx runs only)}}."""
+    "pmix_init", "fence", "fence_min" (ms, PMIx runs only)}}. Exits naming the file and the
+    columns if it is not such a file."""
+    needed = ("way", "shape", "init_max_s", "pmix_max_ms", "pmix_init_max_ms", "fence_max_ms",
+              "fence_min_ms")
     runs = {}
     with open_input(path) as tsv:
         header = tsv.readline().rstrip("\n").split("\t")
+        missing = [column for column in needed if column not in header]
+        if missing:
+            sys.exit(f"scaling_model.py: {path} is not written by startup_mpirun.sh -o: it has no "
+                     f"column {', '.join(missing)}")
         for line in tsv:
             row = dict(zip(header, line.rstrip("\n").split("\t")))
             hosts, per_host = (int(part) for part in row["shape"].split("x"))

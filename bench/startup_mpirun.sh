@@ -81,8 +81,9 @@ run() {  # way shape round [mpirun arguments]
     echo "startup_mpirun.sh: $way $shape round $round: $ranks of $((h * l)) ranks reported" >&2
     exit 1
   }
-  pmix=$(echo "$output" | grep -o "store address exchanged in [0-9.]* ms (PMIx_Init [0-9.]* ms, the fence [0-9.]* ms)" |
-    tr -d '(),' || true)
+  # "store address exchanged in T ms (PMIx_Init I ms, the fence F ms)": T, I, F are fields 5, 8, 12.
+  line='store address exchanged in [0-9.]* ms (PMIx_Init [0-9.]* ms, the fence [0-9.]* ms)'
+  pmix=$(echo "$output" | grep -o "$line" | tr -d '(),' || true)
   if [ "$way" = pmix ] && [ "$(echo "$pmix" | grep -c .)" -ne $((h * l)) ]; then
     echo "$output" >&2
     echo "startup_mpirun.sh: pmix $shape round $round: not every rank printed its PMIx line" >&2
@@ -90,8 +91,8 @@ run() {  # way shape round [mpirun arguments]
   fi
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$way" "$shape" $((h * l)) "$round" \
     "$(echo "$figures" | largest)" "$(echo "$pmix" | awk 'NF { print $5 }' | largest)" \
-    "$(echo "$pmix" | awk 'NF { print $8 }' | largest)" "$(echo "$pmix" | awk 'NF { print $12 }' | largest)" \
-    "$(echo "$pmix" | awk 'NF { print $12 }' | smallest)"
+    "$(echo "$pmix" | awk 'NF { print $8 }' | largest)" \
+    "$(echo "$pmix" | awk 'NF { print $12 }' | largest)" "$(echo "$pmix" | awk 'NF { print $12 }' | smallest)"
 }
 
 port=29500

@@ -302,6 +302,13 @@ class StartUpThroughPmix(unittest.TestCase):
                 self.assertLessEqual(fence_min, fence)
                 self.assertLessEqual(whole, init * 1e3)
 
+    def test_a_file_of_other_columns_is_refused_by_name(self):
+        with self.assertRaises(SystemExit) as caught:
+            model.read_startup_mpirun(StartUp.TSV)
+        message = str(caught.exception)
+        self.assertIn("startup_perf.tsv is not written by startup_mpirun.sh -o", message)
+        self.assertIn("no column way, pmix_max_ms", message)
+
     def test_fit_against_the_measured_runs(self):
         runs = model.read_startup_mpirun(self.TSV)
         points = model.pmix_points(runs)
