@@ -61,9 +61,10 @@ How to run it (a Python 3 from Debian, standard library only; the plot needs mat
                                         predictions (flat ring, hierarchical) against cluster_perf.sh medians
   /usr/bin/python3 bench/scaling_model.py small --hosts H --ranks-per-host L [options]
                                         kolo's small-buffer schedules: time of each, per size
-  /usr/bin/python3 bench/scaling_model.py startup --scheme LABEL=SCHEME... TSV...
+  /usr/bin/python3 bench/scaling_model.py startup --scheme LABEL=SCHEME... [--mpirun TSV] TSV...
                                         kolo_comm_init: a fit to startup_perf.sh's runs, the
-                                        store's requests and bytes, and a prediction at 1,024
+                                        store's requests and bytes, and a prediction at 1,024;
+                                        with --mpirun, what PMIx adds (startup_mpirun.sh's runs)
 
 `--help` after each command lists its options and defaults.
 """
@@ -656,6 +657,144 @@ def median(values):
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
+# ---- start-up through PMIx (mpirun) -------------------------------------------------------------
+#
+# Under mpirun, kolo gets rank 0's store address through PMIx (src/bootstrap/pmix.cpp) instead of
+# KOLO_ADDR; the rest of start-up is the store's, as above. What PMIx adds to the slowest rank:
+# PMIx_Init (the rank's connection to the Open MPI daemon on its host; the ranks of a host connect
+# at once) and one fence that collects the data. Open MPI 4.1's fence (grpcomm "direct" over the
+# routed "radix" tree, radix 64 by default): each daemon waits for its local ranks, sends its
+# bucket up the tree to its parent, mpirun (the root, itself the daemon of the first host) waits
+# for all of them and sends the whole bucket down the same tree. So its time grows with the
+# depth of the tree (one level up and one down per level) and, through the bucket that every
+# daemon receives and hands to its ranks, with the number of ranks.
+
+OMPI_ROUTED_RADIX = 64
+
+
+def daemon_tree_depth(hosts, radix=OMPI_ROUTED_RADIX):
+    """Levels below mpirun in a radix tree of `hosts` daemons (mpirun counted as the first): the
+    smallest d with 1 + radix + ... + radix^d >= hosts. 1 host: 0; 2..65: 1; 66..4161: 2."""
+    if hosts < 1 or radix < 1:
+        raise ValueError(f"hosts and radix must be at least 1: {hosts}, {radix}")
+    depth, reached, level = 0, 1, 1
+    while reached < hosts:
+        level *= radix
+        reached += level
+        depth += 1
+    return depth
+
+
+class PmixModel:
+    """What PMIx adds to kolo_comm_init's slowest rank at N ranks on H hosts, L per host:
+        PMIx_Init: init_s + init_per_local_s (L - 1)
+        fence:     per_level_s depth(H) + per_rank_s N
+    The fence term is the shortest fence of any rank (the last rank to arrive waits for the
+    collective alone); the slowest rank's PMIx_Init is what the others' fences wait for."""
+
+    def __init__(self, init_s, init_per_local_s, per_level_s, per_rank_s,
+                 radix=OMPI_ROUTED_RADIX):
+        self.init_s = init_s
+        self.init_per_local_s = init_per_local_s
+        self.per_level_s = per_level_s
+        self.per_rank_s = per_rank_s
+        self.radix = radix
+
+    def init_time(self, per_host):
+        return self.init_s + self.init_per_local_s * (per_host - 1)
+
+    def fence_time(self, hosts, ranks):
+        return self.per_level_s * daemon_tree_depth(hosts, self.radix) + self.per_rank_s * ranks
+
+    def time(self, hosts, per_host):
+        return self.init_time(per_host) + self.fence_time(hosts, hosts * per_host)
+
+
+def fit_non_negative(rows, ys):
+    """Least squares of y = sum_i c_i x_i with every c_i >= 0, weighted by 1/y^2 (every point
+    counts alike relatively), for a few columns: the best of the unconstrained fits on each subset
+    of the columns whose coefficients are all >= 0 (the constrained optimum is one of them), the
+    others 0. rows: one tuple of x per point. Returns the coefficients."""
+    columns = len(rows[0])
+    ws = [1 / y**2 for y in ys]
+    best, best_residual = None, math.inf
+    for mask in range(1, 2**columns):
+        used = [i for i in range(columns) if mask >> i & 1]
+        normal = [[sum(w * x[i] * x[j] for w, x in zip(ws, rows)) for j in used] for i in used]
+        right = [sum(w * x[i] * y for w, x, y in zip(ws, rows, ys)) for i in used]
+        try:
+            solution = solve(normal, right)
+        except ValueError:
+            continue
+        if min(solution) < 0:
+            continue
+        coefficients = [0.0] * columns
+        for i, c in zip(used, solution):
+            coefficients[i] = c
+        residual = sum(w * (y - sum(c * x for c, x in zip(coefficients, row))) ** 2
+                       for w, row, y in zip(ws, rows, ys))
+        if residual < best_residual - 1e-15:
+            best, best_residual = coefficients, residual
+    if best is None:
+        raise ValueError("no fit with non-negative terms: the points do not determine the model")
+    return best
+
+
+def fit_pmix(points, radix=OMPI_ROUTED_RADIX):
+    """PmixModel from (hosts, per_host, init_s, fence_s) points, every term >= 0: PMIx_Init a line
+    in L - 1, the fence a line in depth(H) and N. Points all on one tree depth (as on 2 to 65
+    hosts) cannot tell the per-level term from a constant part of the fence: it is all put on the
+    level, which a deeper tree then counts once per level, an upper bound. Returns (model,
+    largest relative error of PMIx_Init, of the fence)."""
+    if all(daemon_tree_depth(h, radix) == 0 for h, *_ in points):
+        raise ValueError("every point is on one host: no fence across daemons to fit")
+    init_s, init_per_local_s = fit_non_negative([(1.0, l - 1.0) for _, l, _, _ in points],
+                                                [init for *_, init, _ in points])
+    per_level_s, per_rank_s = fit_non_negative(
+        [(float(daemon_tree_depth(h, radix)), float(h * l)) for h, l, *_ in points],
+        [fence for *_, fence in points])
+    model = PmixModel(init_s, init_per_local_s, per_level_s, per_rank_s, radix)
+    worst_init = max(abs(model.init_time(l) - init) / init for _, l, init, _ in points)
+    worst_fence = max(abs(model.fence_time(h, h * l) - fence) / fence for h, l, _, fence in points)
+    return model, worst_init, worst_fence
+
+
+def read_startup_mpirun(path):
+    """startup_mpirun.sh -o rows: {(way, shape): {"hosts", "per_host", "init" (s), "pmix",
+    "pmix_init", "fence", "fence_min" (ms, PMIx runs only)}}. Exits naming the file and the
+    columns if it is not such a file."""
+    needed = ("way", "shape", "init_max_s", "pmix_max_ms", "pmix_init_max_ms", "fence_max_ms",
+              "fence_min_ms")
+    runs = {}
+    with open_input(path) as tsv:
+        header = tsv.readline().rstrip("\n").split("\t")
+        missing = [column for column in needed if column not in header]
+        if missing:
+            sys.exit(f"scaling_model.py: {path} is not written by startup_mpirun.sh -o: it has no "
+                     f"column {', '.join(missing)}")
+        for line in tsv:
+            row = dict(zip(header, line.rstrip("\n").split("\t")))
+            hosts, per_host = (int(part) for part in row["shape"].split("x"))
+            run = runs.setdefault((row["way"], row["shape"]), {
+                "hosts": hosts, "per_host": per_host, "init": [], "pmix": [], "pmix_init": [],
+                "fence": [], "fence_min": []})
+            run["init"].append(float(row["init_max_s"]))
+            if row["way"] == "pmix":
+                for key, column in (("pmix", "pmix_max_ms"), ("pmix_init", "pmix_init_max_ms"),
+                                    ("fence", "fence_max_ms"), ("fence_min", "fence_min_ms")):
+                    run[key].append(float(row[column]))
+    return runs
+
+
+def pmix_points(runs):
+    """(hosts, per_host, init_s, fence_s) per shape of startup_mpirun.sh's PMIx runs: the medians
+    of the slowest PMIx_Init and of the shortest fence."""
+    return [(run["hosts"], run["per_host"], median(run["pmix_init"]) / 1e3,
+             median(run["fence_min"]) / 1e3)
+            for (way, _), run in sorted(runs.items(), key=lambda item: item[1]["hosts"] *
+                                        item[1]["per_host"]) if way == "pmix"]
+
+
 def command_startup(arguments):
     schemes = {}
     for text in arguments.scheme:
@@ -694,6 +833,44 @@ def command_startup(arguments):
               f"{model.store_requests(ranks, per_host, scheme):.0f}\t"
               f"{startup_store_bytes(ranks, per_host, scheme) / 1e6:.1f}\t{fixed:.3f}\t"
               f"{peers:.3f}\t{requests:.3f}\t{moved:.3f}\t{fixed + peers + requests + moved:.3f}")
+    if arguments.mpirun:
+        command_startup_pmix(arguments, model)
+
+
+def command_startup_pmix(arguments, store):
+    runs = {}
+    for path in arguments.mpirun:
+        runs.update(read_startup_mpirun(path))
+    points = pmix_points(runs)
+    if not points:
+        sys.exit("scaling_model.py: no PMIx rows in the --mpirun files")
+    pmix, worst_init, worst_fence = fit_pmix(points)
+    print(f"\n# PMIx under mpirun: PMIx_Init {pmix.init_s * 1e3:.1f} ms + "
+          f"{pmix.init_per_local_s * 1e3:.2f} ms per other rank on the host; fence "
+          f"{pmix.per_level_s * 1e3:.2f} ms per level of the daemon tree (radix {pmix.radix}) + "
+          f"{pmix.per_rank_s * 1e3:.2f} ms per rank; largest errors {worst_init:.0%}, "
+          f"{worst_fence:.0%}")
+    print("shape\tranks\tinit ms PMIx\tinit ms KOLO_ADDR\tdifference\tPMIx ms (slowest)\t"
+          "PMIx_Init ms\tmodel\tfence ms (shortest)\tmodel")
+    for hosts, per_host, init, fence in points:
+        shape = f"{hosts}x{per_host}"
+        with_pmix = median(runs[("pmix", shape)]["init"])
+        given = runs.get(("kolo_addr", shape))
+        addr = f"{median(given['init']) * 1e3:.1f}" if given else "-"
+        difference = f"{(with_pmix - median(given['init'])) * 1e3:.1f}" if given else "-"
+        print(f"{shape}\t{hosts * per_host}\t{with_pmix * 1e3:.1f}\t{addr}\t{difference}\t"
+              f"{median(runs[('pmix', shape)]['pmix']):.1f}\t{init * 1e3:.1f}\t"
+              f"{pmix.init_time(per_host) * 1e3:.1f}\t{fence * 1e3:.1f}\t"
+              f"{pmix.fence_time(hosts, hosts * per_host) * 1e3:.1f}")
+    ranks, per_host = arguments.ranks, arguments.ranks_per_host
+    hosts = -(-ranks // per_host)
+    base = store.time(ranks, per_host, "get-many")
+    print(f"\n# at {ranks} ranks on {hosts} hosts ({per_host} per host): the daemon tree has "
+          f"{daemon_tree_depth(hosts, pmix.radix)} levels; times in s")
+    print("rendezvous\tstore (get-many)\tPMIx_Init\tfence\ttotal")
+    print(f"KOLO_ADDR\t{base:.3f}\t-\t-\t{base:.3f}")
+    print(f"PMIx\t{base:.3f}\t{pmix.init_time(per_host):.3f}\t"
+          f"{pmix.fence_time(hosts, ranks):.3f}\t{base + pmix.time(hosts, per_host):.3f}")
 
 
 def positive(text):
@@ -811,6 +988,9 @@ def main(argv=None):
                               "get-many); repeat for each label")
     startup.add_argument("--ranks", type=int, default=1024, help="default: %(default)s")
     startup.add_argument("--ranks-per-host", type=int, default=8, help="default: %(default)s")
+    startup.add_argument("--mpirun", action="append", default=[], metavar="TSV",
+                         help="a file written by startup_mpirun.sh -o: also fit what PMIx adds "
+                              "under mpirun and predict it; repeatable")
     startup.add_argument("--store-gbit", type=positive, default=10,
                          help="rank 0's link, Gbit/s, for the store's bytes (default: "
                               "%(default)s)")

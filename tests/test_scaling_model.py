@@ -221,5 +221,126 @@ class StartUp(unittest.TestCase):
         self.assertAlmostEqual(fitted.per_request_s, 50e-6)
 
 
+
+class StartUpThroughPmix(unittest.TestCase):
+    """What PMIx adds to start-up under mpirun: the model's terms against values worked out by
+    hand, and the fit against bench/startup_mpirun.sh's runs in bench/results/startup_mpirun.tsv
+    (docs/performance.md, "Start-up through PMIx")."""
+
+    RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "results")
+    TSV = os.path.join(RESULTS, "startup_mpirun.tsv")
+
+    def test_daemon_tree_depth_by_hand(self):
+        # Radix 64: mpirun alone; mpirun and up to 64 children; then 64 * 64 grandchildren.
+        for hosts, depth in ((1, 0), (2, 1), (4, 1), (65, 1), (66, 2), (128, 2), (4161, 2),
+                             (4162, 3)):
+            self.assertEqual(model.daemon_tree_depth(hosts), depth, f"{hosts} hosts")
+        # Radix 2: 1 | 2, 3 | 4..7 | 8..15.
+        for hosts, depth in ((1, 0), (3, 1), (4, 2), (7, 2), (8, 3), (15, 3), (16, 4)):
+            self.assertEqual(model.daemon_tree_depth(hosts, radix=2), depth, f"{hosts} hosts")
+        with self.assertRaises(ValueError):
+            model.daemon_tree_depth(0)
+
+    def test_pmix_model_by_hand(self):
+        pmix = model.PmixModel(0.05, 0.01, 0.02, 0.001)
+        # 8 per host: 50 ms + 7 * 10 ms; 128 hosts are 2 levels: 2 * 20 ms + 1024 * 1 ms.
+        self.assertAlmostEqual(pmix.init_time(8), 0.12)
+        self.assertAlmostEqual(pmix.fence_time(128, 1024), 1.064)
+        self.assertAlmostEqual(pmix.time(128, 8), 1.184)
+        # 4 hosts x 2: one level.
+        self.assertAlmostEqual(pmix.time(4, 2), 0.06 + 0.02 + 0.008)
+
+    def test_fit_non_negative_by_hand(self):
+        rows = [(1.0, 1.0), (1.0, 2.0), (1.0, 3.0)]
+        # y = 3 + 2x exactly.
+        fitted = model.fit_non_negative(rows, [5.0, 7.0, 9.0])
+        self.assertAlmostEqual(fitted[0], 3.0)
+        self.assertAlmostEqual(fitted[1], 2.0)
+        # y = -1 + 2x would need a negative constant: the line through 0 instead, weighted by
+        # 1/y^2: slope = sum(x y / y^2) / sum(x^2 / y^2) = (1 + 6/9 + 15/25) / (1 + 4/9 + 9/25).
+        fitted = model.fit_non_negative(rows, [1.0, 3.0, 5.0])
+        self.assertEqual(fitted[0], 0.0)
+        self.assertAlmostEqual(fitted[1], (1 + 6 / 9 + 15 / 25) / (1 + 4 / 9 + 9 / 25))
+
+    def test_fit_recovers_a_known_model(self):
+        # Radix 2, so that the points lie on several depths and the level is told apart.
+        truth = model.PmixModel(0.03, 0.01, 0.002, 0.0005, radix=2)
+        shapes = ((2, 1), (4, 1), (4, 2), (8, 2), (16, 1))
+        points = [(h, l, truth.init_time(l), truth.fence_time(h, h * l)) for h, l in shapes]
+        fitted, worst_init, worst_fence = model.fit_pmix(points, radix=2)
+        self.assertLess(max(worst_init, worst_fence), 1e-9)
+        for name in ("init_s", "init_per_local_s", "per_level_s", "per_rank_s"):
+            self.assertAlmostEqual(getattr(fitted, name), getattr(truth, name), msg=name)
+
+    def test_one_depth_puts_the_constant_on_the_level(self):
+        # 2 to 4 hosts are one level under radix 64: a fence of 2 ms + 0.5 ms per rank fits as
+        # 2 ms per level, which 128 hosts (2 levels) count twice.
+        points = [(h, l, 0.03, 0.002 + 0.0005 * h * l) for h, l in ((2, 1), (4, 1), (4, 2), (4, 4))]
+        fitted, _, worst_fence = model.fit_pmix(points)
+        self.assertLess(worst_fence, 1e-9)
+        self.assertAlmostEqual(fitted.per_level_s, 0.002)
+        self.assertAlmostEqual(fitted.fence_time(128, 1024), 2 * 0.002 + 0.0005 * 1024)
+        with self.assertRaises(ValueError):
+            model.fit_pmix([(1, 2, 0.03, 0.001), (1, 4, 0.05, 0.002)])
+
+    def test_measured_runs_are_read_as_written(self):
+        runs = model.read_startup_mpirun(self.TSV)
+        self.assertEqual(sorted(runs), sorted((way, shape) for way in ("kolo_addr", "pmix")
+                                              for shape in ("2x1", "4x1", "4x2", "4x4")))
+        for (way, shape), run in runs.items():
+            self.assertEqual(len(run["init"]), 11, f"{way} {shape}: 11 rounds")
+            if way == "kolo_addr":
+                self.assertEqual(run["pmix"], [])
+                continue
+            # Per round, figures that are each the maximum over the ranks of the rank's own:
+            # a rank's exchange holds its PMIx_Init and its fence, and its kolo_comm_init holds
+            # its exchange; the shortest fence is at most the longest.
+            for init, whole, pmix_init, fence, fence_min in zip(
+                    run["init"], run["pmix"], run["pmix_init"], run["fence"], run["fence_min"]):
+                self.assertLessEqual(pmix_init, whole)
+                self.assertLessEqual(fence, whole)
+                self.assertLessEqual(fence_min, fence)
+                self.assertLessEqual(whole, init * 1e3)
+
+    def test_a_file_of_other_columns_is_refused_by_name(self):
+        with self.assertRaises(SystemExit) as caught:
+            model.read_startup_mpirun(StartUp.TSV)
+        message = str(caught.exception)
+        self.assertIn("startup_perf.tsv is not written by startup_mpirun.sh -o", message)
+        self.assertIn("no column way, pmix_max_ms", message)
+
+    def test_fit_against_the_measured_runs(self):
+        runs = model.read_startup_mpirun(self.TSV)
+        points = model.pmix_points(runs)
+        self.assertEqual([(h, l) for h, l, *_ in points], [(2, 1), (4, 1), (4, 2), (4, 4)])
+        fitted, worst_init, worst_fence = model.fit_pmix(points)
+        # PMIx_Init is within 20 % of every median. The fence itself is a few ms at most here,
+        # noise beside PMIx_Init; its model is within 60 % of every median.
+        self.assertLess(worst_init, 0.20)
+        self.assertLess(worst_fence, 0.60)
+        for hosts, per_host, init, fence in points:
+            self.assertLess(fence, 0.010)
+            self.assertGreater(init, 0.025)
+        # What the model says PMIx adds, within a factor of 1.7 of what the medians of the
+        # slowest rank's kolo_comm_init show, PMIx against KOLO_ADDR, at every shape.
+        for hosts, per_host, *_ in points:
+            shape = f"{hosts}x{per_host}"
+            added = (model.median(runs[("pmix", shape)]["init"]) -
+                     model.median(runs[("kolo_addr", shape)]["init"]))
+            ratio = fitted.time(hosts, per_host) / added
+            self.assertGreater(ratio, 1 / 1.7, shape)
+            self.assertLess(ratio, 1.7, shape)
+        # At 1,024 ranks, 8 per host, PMIx adds a few tenths of a second, under 10 % of the
+        # store's start-up fitted to startup_perf.sh's runs.
+        store_runs = model.read_startup(os.path.join(self.RESULTS, "startup_perf.tsv"),
+                                        StartUp.SCHEMES)
+        store, _ = model.fit_startup([
+            (run["ranks"], run["per_host"], StartUp.SCHEMES[label], model.median(run["init"]))
+            for (label, _), run in store_runs.items()])
+        added = fitted.time(128, 8)
+        self.assertGreater(added, 0.1)
+        self.assertLess(added / store.time(1024, 8, "get-many"), 0.10)
+
+
 if __name__ == "__main__":
     unittest.main()
