@@ -166,7 +166,8 @@ TEST_CASE("torchrun's variables, with MASTER_ADDR and MASTER_PORT", "[config]") 
                      {"LOCAL_WORLD_SIZE", "2"},
                      {"MASTER_ADDR", "node7"},
                      {"MASTER_PORT", "29400"},
-                     {"TORCHELASTIC_RUN_ID", "none"}};
+                     {"TORCHELASTIC_RUN_ID", "none"},
+                     {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
   Config config = resolve(env);
   CHECK(config.launcher == "torchrun");
   CHECK(config.rank == 3);
@@ -175,6 +176,12 @@ TEST_CASE("torchrun's variables, with MASTER_ADDR and MASTER_PORT", "[config]") 
   CHECK(config.local_size == 2);
   CHECK(config.addr == "node7:29401");  // torchrun's own store holds MASTER_PORT
 
+  SECTION("under torchrun's c10d rendezvous no agent store holds MASTER_PORT: it is kolo's") {
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+    CHECK(resolve(env).addr == "node7:29400");
+    env.erase("TORCHELASTIC_USE_AGENT_STORE");
+    CHECK(resolve(env).addr == "node7:29400");
+  }
   SECTION("without torchrun's agent, MASTER_PORT is kolo's") {
     env.erase("TORCHELASTIC_RUN_ID");
     env["KOLO_RANK"] = "3";

@@ -51,7 +51,7 @@ def init(**config):
     unauthenticated (Communicator.peers_authenticated), since whoever reaches MASTER_PORT can
     read it. Under torchrun's other rendezvous (c10d, etcd) nothing serves MASTER_PORT, and
     the core's own reading applies: kolo's store at MASTER_ADDR (rank 0's host) and
-    MASTER_PORT + 1, the secret from KOLO_SECRET or KOLO_SECRET_FILE (without one the job is
+    MASTER_PORT, the secret from KOLO_SECRET or KOLO_SECRET_FILE (without one the job is
     unauthenticated, with a warning). Blocks until every rank has joined, at most the timeout.
     Raises ConfigError naming the variable to set, KoloTimeoutError, KoloSystemError."""
     global _world

@@ -482,9 +482,12 @@ void resolve_address(const ConfigOverrides& overrides, const Environment& env, C
   auto master_port = from_env(env, "MASTER_PORT");
   if (master_addr && master_port) {
     int port = integer_in_range(*master_port, 1, 65535, "a TCP port from 1 to 65535");
-    // Under torchrun (TORCHELASTIC_RUN_ID), the elastic agent's own store listens on MASTER_PORT:
-    // kolo's store takes the port after it.
-    if (from_env(env, "TORCHELASTIC_RUN_ID")) {
+    // Under torchrun's static rendezvous (TORCHELASTIC_USE_AGENT_STORE=True) the elastic agent's
+    // own store listens on MASTER_PORT: kolo's store takes the port after it. Under its c10d (or
+    // etcd) rendezvous nothing listens there: the agent found the port free and left it to the
+    // workers, and the port after it is often where the agent's own connections come from.
+    auto agent_store = from_env(env, "TORCHELASTIC_USE_AGENT_STORE");
+    if (from_env(env, "TORCHELASTIC_RUN_ID") && agent_store && trim(agent_store->text) == "True") {
       if (port == 65535) {
         fail("kolo: under torchrun MASTER_PORT=65535 leaves no port for kolo's store after "
              "torchrun's own; set KOLO_ADDR=host:port");
