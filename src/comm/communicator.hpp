@@ -126,6 +126,11 @@ class Communicator {
   Communicator(const Config& config, std::shared_ptr<StoreServer> server, uint64_t context,
                const std::vector<int>& host_of);
 
+  // What a member of a split, shrink or growth does to connect, with config_, context_ and
+  // host_of_ set: opens the store config_.addr names, agrees where each member listens, connects
+  // the transport, ring and lifeline, and places the allreduce. Collective over the members.
+  void connect_members();
+
   // The public constructor's way for a newcomer (config_.invitation set; comm/grow.cpp): joins
   // the growth the invitation names and connects as the rank it is given there.
   void join_growth();

@@ -594,16 +594,7 @@ void Communicator::join_growth() {
   node_count_ = HostMap(host_of_).shape().hosts;
   std::optional<Error> failure;
   try {
-    store_ = open_store(config_);
-    store_->remember_written_keys();
-    // As the members' constructor does (comm/split.cpp): every step of it is collective.
-    const std::string host = listen_host(config_, *store_, context_);
-    Links links = connect_links(config_, *store_, context_, Waiter::kApplication, host);
-    transport_ = std::move(links.transport);
-    ring_ = std::move(links.ring);
-    lifeline_ = std::make_shared<Lifeline>(config_, *store_, context_, host);
-    connect_keys_ = store_->take_written_keys();
-    place_allreduce();
+    connect_members();  // as the members do in their constructor (comm/split.cpp)
   } catch (const Error& error) {
     failure.emplace(error.status(), fmt::format("kolo_comm_init: newcomer rank {} could not "
                                                 "connect the grown communicator: {}",

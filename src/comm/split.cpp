@@ -68,10 +68,7 @@ uint64_t hash_text(const std::string& text) {
 
 }  // namespace
 
-Communicator::Communicator(const Config& config, std::shared_ptr<StoreServer> server,
-                           uint64_t context, const std::vector<int>& host_of)
-    : config_(config), host_of_(host_of), server_(std::move(server)), context_(context) {
-  node_count_ = HostMap(host_of_).shape().hosts;
+void Communicator::connect_members() {
   store_ = open_store(config_);
   store_->remember_written_keys();
   const std::string host = listen_host(config_, *store_, context_);
@@ -81,6 +78,13 @@ Communicator::Communicator(const Config& config, std::shared_ptr<StoreServer> se
   lifeline_ = std::make_shared<Lifeline>(config_, *store_, context_, host);
   connect_keys_ = store_->take_written_keys();
   place_allreduce();
+}
+
+Communicator::Communicator(const Config& config, std::shared_ptr<StoreServer> server,
+                           uint64_t context, const std::vector<int>& host_of)
+    : config_(config), host_of_(host_of), server_(std::move(server)), context_(context) {
+  node_count_ = HostMap(host_of_).shape().hosts;
+  connect_members();
   log::info("sub-communicator {:x} ready: rank {} of {}, local rank {} of {}, {} node(s)", context_,
             config_.rank, config_.size, config_.local_rank, config_.local_size, node_count_);
   report_on(this);
