@@ -54,9 +54,9 @@ class Spinner {
 
  private:
   std::chrono::steady_clock::duration ceiling_;
-  bool shared_ = false;      // the last wait that yielded gave the CPU away
-  bool yielded_ = false;     // in this wait
-  bool gave_away_ = false;   // in this wait
+  bool shared_ = false;     // the last wait that yielded gave the CPU away
+  bool yielded_ = false;    // in this wait
+  bool gave_away_ = false;  // in this wait
 };
 
 // An eventfd that a transport sets whenever progress() returns without having asked its peers for
