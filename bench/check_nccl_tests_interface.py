@@ -10,7 +10,8 @@ layout: every line that is not a row starts with "#" (no launcher prefix), the p
 first, the column header, 13 fields per row, sizes rising by the factor, busbw = algbw times the
 collective's factor, algbw = size / time, no wrong element, "# Out of bounds values : 0 OK" and
 "# Avg bus bandwidth : X" with X the mean of the busbw columns, printed once (by rank 0 alone).
-Then the flags: an unknown one exits 2, -m, -N, -c, -C, -S, -M and -J do what nccl-tests says, and
+Then the flags: an unknown one exits 2, -m, -N, -c, -C, -S, -M, -J and -w 0 do what nccl-tests says
+(and kolo's own --first prints the first calls' times), and
 on a host without a usable GPU the GPU flags refuse with a sentence saying why. Last, the install
 location: <libexecdir>/kolo, never <bindir>, where nccl-tests' own binaries live.
 
@@ -221,6 +222,26 @@ with tempfile.TemporaryDirectory() as directory:
             fail(f"-J: JSON sizes {sizes}, table rows {rows}")
     except (OSError, ValueError, KeyError) as error:
         fail(f"-J: exit {result.returncode}, no readable JSON: {error}; {result.stderr[-500:]}")
+
+# -w 0: no warm-up at all, the table unchanged. --first K (kolo's own): after each row one "#"
+# line with the first K calls timed one by one: call 1, then the medians of calls 2-10, 11-100,
+# each with its ratio to the row's timed time; the rows and summary are nccl-tests' as ever.
+result = launch("all_reduce_perf", 2, ["-b", "1K", "-e", "4K", "-f", "4", "-w", "0", "-n", "3",
+                                       "--first", "30"])
+if result.returncode != 0:
+    fail(f"-w 0 --first 30: exit {result.returncode}: {result.stderr[-2000:]}")
+else:
+    check_table("-w 0 --first 30", result.stdout, "all_reduce_perf", 2, 1024, 4096, 4, iters=3,
+                warmup=0)
+    first = [line for line in result.stdout.splitlines() if line.startswith("# first calls")]
+    pattern = (r"# first calls +(\d+) B \(us, x timed\):  #1 [\d.]+ \([\d.]+x\)  "
+               r"#2-10 [\d.]+ \([\d.]+x\)  #11-30 [\d.]+ \([\d.]+x\)$")
+    matches = [re.match(pattern, line) for line in first]
+    if not all(matches) or [int(match.group(1)) for match in matches] != [1024, 4096]:
+        fail(f"--first 30: the first-call lines {first}")
+result = launch("all_reduce_perf", 1, ["--first", "-1"])
+if result.returncode != 2 or "--first" not in result.stderr:
+    fail(f"--first -1: exit {result.returncode}, stderr {result.stderr!r}")
 
 # The GPU flags on a run without GPU buffers: refused with a sentence, exit 2, before any job.
 header = launch("all_reduce_perf", 1, ["-b", "8", "-e", "8", "-g", "1"]).stdout

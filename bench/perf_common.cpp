@@ -3,6 +3,7 @@
 // perf_common.hpp for what a benchmark provides and what the harness does with it.
 //
 // One row is measured like this, on every rank:
+//   first calls      with --first K: barrier, K calls out of place, each timed on its own
 //   warm up          -w calls out of place
 //   out of place     barrier, -n x -m calls, time / (n x m);  then -c calls, each on fresh input,
 //                    compared
@@ -127,6 +128,22 @@ double time_calls(const Collective& collective, const Operation& operation, cons
   return elapsed.count() / calls;
 }
 
+// --first: each call timed on its own, after a barrier that starts them together on every rank.
+std::vector<double> time_each_call(const Collective& collective, const Operation& operation,
+                                   const void* sendbuf, void* recvbuf, int calls) {
+  std::vector<double> seconds(static_cast<size_t>(calls));
+  check(operation.comm, kolo_barrier(operation.comm));
+  for (double& taken : seconds) {
+    const auto start = std::chrono::steady_clock::now();
+    check(operation.comm, collective.run(operation, sendbuf, recvbuf));
+    if (operation.stream) {
+      check(operation.comm, kolo_stream_synchronize(operation.comm, operation.stream));
+    }
+    taken = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return seconds;
+}
+
 // Combines per-rank values as -a asks: rank 0's, or their average, minimum or maximum.
 void combine_across_ranks(kolo_comm_t comm, Combine combine, double* values, uint64_t count) {
   switch (combine) {
@@ -247,6 +264,10 @@ class Runner {
 
     collective_.init_input(operation, send);
     upload(run_send, send, send_bytes);
+    std::vector<double> first;
+    if (options_.first_calls > 0) {
+      first = time_each_call(collective_, operation, run_send, run_recv, options_.first_calls);
+    }
     for (int call = 0; call < options_.warmup_iterations; ++call) {
       check(comm_, collective_.run(operation, run_send, run_recv));
     }
@@ -281,6 +302,7 @@ class Runner {
     }
 
     combine_across_ranks(comm_, options_.combine, seconds, 2);
+    if (!first.empty()) combine_across_ranks(comm_, options_.combine, first.data(), first.size());
     check(comm_, kolo_allreduce(comm_, wrong, wrong, 2, KOLO_INT64, KOLO_SUM));
 
     Row row;
@@ -300,6 +322,7 @@ class Runner {
       total_wrong_ += placement_wrong;
     }
     print_row(out_, row, options_);
+    if (!first.empty()) print_first_calls(out_, row.bytes, first, seconds[0]);
     if (!options_.json_path.empty()) rows_.push_back(row);
   }
 

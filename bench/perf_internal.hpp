@@ -41,6 +41,7 @@ struct Options {
   int step_factor = 2;
   int iterations = 20;
   int warmup_iterations = 5;
+  int first_calls = 0;       // --first: calls timed one by one at the start of each row
   int agg_iterations = 1;    // -m: calls per timed iteration; a row's time is per call
   int run_cycles = 1;        // -N: how many times the whole table is measured; 0: until killed
   int check_iterations = 1;  // -c: checked calls per placement; 0: no check
@@ -131,6 +132,12 @@ void print_memory(Printer& out, kolo_comm_t comm, int ranks, uint64_t bytes, boo
 void print_column_headers(Printer& out, const Options& options);
 
 void print_row(Printer& out, const Row& row, const Options& options);
+
+// --first: after a row, the times of its first calls (per call, combined across ranks): the
+// first alone, then the median of calls 2-10, 11-100, 101-1000, ... as far as there are calls,
+// and the ratio of each to the row's timed out-of-place time.
+void print_first_calls(Printer& out, uint64_t bytes, const std::vector<double>& seconds,
+                       double steady_seconds);
 
 // The table's foot: the wrong elements of all rows, the average busbw of all placements, and the
 // program's name, as nccl-tests ends.

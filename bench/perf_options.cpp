@@ -162,6 +162,11 @@ std::optional<int> parse_options(int argc, char** argv, const Collective& collec
   app.add_option("-w,--warmup_iters", options.warmup_iterations, "untimed calls before each row")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--first", options.first_calls,
+                 "time each row's first K calls one by one, before its -w warm-up calls, and "
+                 "print them after the row (the warm-up cliff); 0: none")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("-N,--run_cycles", options.run_cycles,
                  "measure and print the rows this many times; 0: until interrupted")
       ->check(CLI::NonNegativeNumber)

@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <ctime>
 #include <string>
@@ -104,6 +105,26 @@ void print_row(Printer& out, const Row& row, const Options& options) {
     char stamp[32] = {};
     std::strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", &local);
     line += fmt::format("  {}", stamp);
+  }
+  out.line("{}", line);
+}
+
+void print_first_calls(Printer& out, uint64_t bytes, const std::vector<double>& seconds,
+                       double steady_seconds) {
+  std::string line = fmt::format("# first calls {:>10} B (us, x timed):", bytes);
+  // Buckets 1, 2-10, 11-100, ...: a cliff that lasts some hundred calls shows in one of them.
+  size_t begin = 0, end = 1;
+  while (begin < seconds.size()) {
+    end = std::min(end, seconds.size());
+    std::vector<double> bucket(seconds.begin() + begin, seconds.begin() + end);
+    std::nth_element(bucket.begin(), bucket.begin() + bucket.size() / 2, bucket.end());
+    const double median = bucket[bucket.size() / 2];
+    const std::string calls =
+        end - begin == 1 ? fmt::format("#{}", end) : fmt::format("#{}-{}", begin + 1, end);
+    line += fmt::format("  {} {:.2f} ({:.1f}x)", calls, median * 1e6,
+                        steady_seconds > 0 ? median / steady_seconds : 0.0);
+    begin = end;
+    end = end == 1 ? 10 : end * 10;
   }
   out.line("{}", line);
 }

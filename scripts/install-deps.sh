@@ -22,6 +22,8 @@ packages="$packages clang-14 libclang-rt-14-dev"
 packages="$packages openssh-server"
 # Benchmarks: Open MPI beside kolo in bench/compare_mpi.sh.
 packages="$packages openmpi-bin libopenmpi-dev"
+# The main job's plot (scripts/bench.sh draws build/main-job/main_job.png with gnuplot's png).
+packages="$packages gnuplot-nox"
 # Slurm on the simulated cluster (scripts/slurm.sh, tests/test_slurm.cpp): its controller, node
 # daemon, commands (srun, sbatch, squeue) and the munge daemon that signs their credentials.
 packages="$packages slurmctld slurmd slurm-client munge"

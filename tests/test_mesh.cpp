@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
@@ -357,6 +358,64 @@ TEST_CASE("a wait spins only on a CPU that no other thread of the job needs", "[
   config.local_size = kolo::local_topology().cores + 1;  // some ranks share a core
   CHECK_FALSE(kolo::transport_settings(config).own_core);
   CHECK_FALSE(kolo::transport_settings(config).yield_at_once);  // set by connect_links alone
+}
+
+// A wait whose yield ran another task (the peer it waits for, started on the same CPU, or any
+// other program) polls without yielding no more: the next waits yield from the start, until a
+// wait's yields all come straight back (transport/shm/waiting.hpp, Spinner).
+TEST_CASE("a wait that finds its CPU shared yields at once until the CPU is its own again",
+          "[spin]") {
+  using std::chrono::microseconds;
+  const auto none = std::chrono::steady_clock::duration::zero();
+  kolo::TransportSettings settings;
+  settings.local_size = 1;
+  kolo::Spinner spinner(settings);
+  spinner.begin();
+  CHECK(spinner.pure_spin() == kolo::kPureSpin);
+  spinner.begin();  // a wait that ended without yielding changes nothing
+  CHECK(spinner.pure_spin() == kolo::kPureSpin);
+  spinner.yielded(microseconds(1));
+  spinner.yielded(microseconds(1));
+  spinner.begin();  // every yield came straight back: nobody else wants this CPU
+  CHECK(spinner.pure_spin() == kolo::kPureSpin);
+  spinner.yielded(microseconds(1));
+  spinner.yielded(microseconds(40));  // one ran another task first
+  spinner.begin();
+  CHECK(spinner.pure_spin() == none);
+  spinner.begin();  // a wait that needed no yield says nothing about the CPU
+  CHECK(spinner.pure_spin() == none);
+  spinner.yielded(microseconds(1));
+  spinner.begin();
+  CHECK(spinner.pure_spin() == kolo::kPureSpin);
+
+  // The settings' ceiling stays: the fusion engine's waits never spin without yielding.
+  settings.yield_at_once = true;
+  kolo::Spinner engine(settings);
+  engine.yielded(microseconds(1));
+  engine.begin();
+  CHECK(engine.pure_spin() == none);
+
+  // A real yield with another thread runnable on the same CPU runs it, and is seen to.
+  cpu_set_t saved, one;
+  REQUIRE(::sched_getaffinity(0, sizeof(saved), &saved) == 0);
+  CPU_ZERO(&one);
+  CPU_SET(::sched_getcpu(), &one);
+  REQUIRE(::sched_setaffinity(0, sizeof(one), &one) == 0);  // this thread only
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    ::sched_setaffinity(0, sizeof(one), &one);
+    while (!stop.load()) {
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // running, and on this CPU
+  kolo::Spinner shared(kolo::TransportSettings{});
+  shared.begin();
+  for (int i = 0; i < 20; ++i) shared.yield();
+  shared.begin();
+  stop = true;
+  busy.join();
+  REQUIRE(::sched_setaffinity(0, sizeof(saved), &saved) == 0);
+  CHECK(shared.pure_spin() == none);
 }
 
 TEST_CASE("a crowd of strangers at a rank's listener refuses no peer", "[mesh]") {

@@ -24,6 +24,22 @@ std::chrono::steady_clock::duration pure_spin_for(const TransportSettings& setti
   return kPureSpin;
 }
 
+void Spinner::begin() {
+  if (yielded_) shared_ = gave_away_;
+  yielded_ = gave_away_ = false;
+}
+
+void Spinner::yield() {
+  const auto before = std::chrono::steady_clock::now();
+  ::sched_yield();
+  yielded(std::chrono::steady_clock::now() - before);
+}
+
+void Spinner::yielded(std::chrono::steady_clock::duration took) {
+  yielded_ = true;
+  if (took > kGaveAway) gave_away_ = true;
+}
+
 AwakeFlag::AwakeFlag() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
   if (!fd_.valid()) {
     throw Error(Status::kSystem, fmt::format("eventfd failed: {}", std::strerror(errno)));

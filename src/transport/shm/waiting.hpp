@@ -13,6 +13,14 @@
 // (docs/tuning.md, "Spinning and binding"). The next piece of a pipeline comes within a 256 KiB
 // copy (tens of microseconds), so the same spin covers it; a longer spin after each copy measured
 // no better.
+//
+// Ranks may share a CPU even where there are enough CPUs for all: the scheduler starts two ranks
+// on one CPU and separates them only later, or other programs keep the other CPUs busy. Then every
+// wait spins its kPureSpin for nothing (the peer cannot run meanwhile) before it yields, and two
+// ranks exchanging small messages alternate a call of twice that and a call of nothing. A Spinner
+// notices from its own yields: one that took longer than kGaveAway gave the CPU to another task,
+// so the next wait yields between polls from the start; a wait whose yields all came straight back
+// (nobody else wanted this CPU) brings the plain spin back.
 #pragma once
 
 #include <chrono>
@@ -24,9 +32,32 @@ namespace kolo {
 
 constexpr auto kPureSpin = std::chrono::microseconds(5);
 constexpr auto kSpin = std::chrono::microseconds(50);
+// A sched_yield() with nobody else to run returns in well under a microsecond (0.6 us in a VM);
+// one that ran another task first takes at least two context switches.
+constexpr auto kGaveAway = std::chrono::microseconds(2);
 
 // kPureSpin, or none (see above).
 std::chrono::steady_clock::duration pure_spin_for(const TransportSettings& settings);
+
+// One waiting thread's spin (see above): a wait calls begin() when it starts, polls without
+// yielding for pure_spin(), then calls yield() between polls. Not thread-safe: one per waiter.
+class Spinner {
+ public:
+  explicit Spinner(const TransportSettings& settings) : ceiling_(pure_spin_for(settings)) {}
+  void begin();
+  std::chrono::steady_clock::duration pure_spin() const {
+    return shared_ ? std::chrono::steady_clock::duration::zero() : ceiling_;
+  }
+  // sched_yield(), timed: what it took is what yielded() learns from.
+  void yield();
+  void yielded(std::chrono::steady_clock::duration took);
+
+ private:
+  std::chrono::steady_clock::duration ceiling_;
+  bool shared_ = false;     // the last wait that yielded gave the CPU away
+  bool yielded_ = false;    // in this wait
+  bool gave_away_ = false;  // in this wait
+};
 
 // An eventfd that a transport sets whenever progress() returns without having asked its peers for
 // a doorbell (ShmChannel::prepare_sleep), and clears just before asking: part of the transport's

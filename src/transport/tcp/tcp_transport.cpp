@@ -109,7 +109,7 @@ class TcpTransport final : public Transport {
         peers_(size),
         control_(rank, size),
         shm_(rank, size, control_, "tcp"),
-        pure_spin_(pure_spin_for(settings)) {
+        spinner_(settings) {
     epoll_ = net::Socket(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_.valid()) {
       throw Error(Status::kSystem, fmt::format("epoll_create1 failed: {}", std::strerror(errno)));
@@ -254,6 +254,7 @@ class TcpTransport final : public Transport {
   // starting the spin again. True when a ring transfer completed or a socket reported something.
   bool spin(const Deadline& deadline) {
     shm_.end_sleep();
+    spinner_.begin();
     const auto length = deadline.expired() ? Clock::duration::zero() : Clock::duration(kSpin);
     auto from = Clock::now();
     auto now = from;
@@ -262,7 +263,7 @@ class TcpTransport final : public Transport {
       if (shm_.pump(copied) || serve_events(0) > 0) return true;
       now = Clock::now();
       if (copied && length != Clock::duration::zero()) from = now;
-      if (now >= from + pure_spin_) ::sched_yield();
+      if (now >= from + spinner_.pure_spin()) spinner_.yield();
     } while (now < from + length);
     return false;
   }
@@ -534,7 +535,7 @@ class TcpTransport final : public Transport {
   ControlChannel control_;
   ShmChannel shm_;  // after control_, which it rings doorbells through
   AwakeFlag awake_;
-  Clock::duration pure_spin_;
+  Spinner spinner_;
   OpDescriptor current_;  // of the latest posted transfer of a numbered collective (enter)
   std::optional<Error> failure_;
 };

@@ -195,8 +195,8 @@ class UcxTransport final : public Transport {
         size_(size),
         peers_(size),
         control_(rank, size),
-        shm_(rank, size, control_, "ucx") {
-    pure_spin_ = pure_spin_for(settings);
+        shm_(rank, size, control_, "ucx"),
+        spinner_(settings) {
     timeout_s_ = settings.timeout_s;
     if (size > kMaxRanks) {
       throw Error(
@@ -288,6 +288,7 @@ class UcxTransport final : public Transport {
       // expired deadline (a caller that sleeps on readiness_fd() itself) gets one pass.
       // Copies through shared memory restart the spin: the peer is busy on the other side of a
       // ring and will most likely free or fill a slot within microseconds.
+      spinner_.begin();
       auto spin_from = Clock::now();
       const auto spin_length =
           deadline.expired() ? Clock::duration::zero() : Clock::duration(kSpin);
@@ -302,7 +303,7 @@ class UcxTransport final : public Transport {
         if (completed) return awake_.set();
         now = Clock::now();
         if (copied && spin_length != Clock::duration::zero()) spin_from = now;
-        if (now >= spin_from + pure_spin_) ::sched_yield();
+        if (now >= spin_from + spinner_.pure_spin()) spinner_.yield();
       } while (now < spin_from + spin_length);
       serve_control();
       judge_early_messages();
@@ -1027,7 +1028,7 @@ class UcxTransport final : public Transport {
   int event_fd_ = -1;
   AwakeFlag awake_;
   net::Socket readiness_;
-  Clock::duration pure_spin_;
+  Spinner spinner_;
   double timeout_s_;                // KOLO_TIMEOUT
   int max_sleep_ms_ = kMaxSleepMs;  // 1 once a wake-up was found missing (missed_wake_up)
   std::vector<std::unique_ptr<Operation>> operations_;
