@@ -99,8 +99,8 @@ TEST_CASE("mpirun with no address: collectives compute right, rendezvous through
         CHECK(count(result.output, fmt::format("{} checks passed", scenario)) ==
               static_cast<size_t>(ranks));
         CHECK(contains(result.output, "started by ompi, rendezvous through PMIx"));
-        CHECK(count(result.output, fmt::format("start-up records of {} ranks from PMIx",
-                                               ranks)) == static_cast<size_t>(ranks));
+        CHECK(count(result.output, fmt::format("start-up records of {} ranks from PMIx", ranks)) ==
+              static_cast<size_t>(ranks));
         // Every start-up exchange went through the one fence: no rank asked the store anything,
         // and rank 0 never started serving it.
         CHECK(count(result.output, "and 0 store request(s)") == static_cast<size_t>(ranks));
@@ -125,9 +125,9 @@ TEST_CASE("mpirun: UCX exchanges its worker addresses through a store rank 0 ser
           "[mpirun]") {
   if (!kBuiltWithPmix) return;
   // KOLO_TRANSPORT=auto on one host picks UCX where it is built (else TCP, and no store).
-  ProcessResult result = mpirun({"-np", "3", built_program("tests/kolo_test_worker"), "allreduce",
-                                 "quick"},
-                                {{"KOLO_TRANSPORT", "auto"}});
+  ProcessResult result =
+      mpirun({"-np", "3", built_program("tests/kolo_test_worker"), "allreduce", "quick"},
+             {{"KOLO_TRANSPORT", "auto"}});
   INFO(result.output);
   CHECK_FALSE(result.timed_out);
   CHECK(result.exit_code == 0);

@@ -5,8 +5,8 @@
 #include <pmix.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -107,12 +107,13 @@ void fence(const Config& config) {
   const auto limit = std::chrono::duration<double>(config.timeout_s);
   if (!state->done_changed.wait_for(lock, limit, [&] { return state->done; }) ||
       state->status == PMIX_ERR_TIMEOUT) {
-    throw Error(Status::kTimeout,
-                fmt::format("kolo: rank {} of {}: the PMIx fence that exchanges the ranks' "
-                            "start-up records did not complete within {:g} s (KOLO_TIMEOUT): some rank of "
-                            "the job has not reached kolo_comm_init, or made fewer communicators "
-                            "than this one; {}",
-                            config.rank, config.size, config.timeout_s, kUseStoreInstead));
+    throw Error(
+        Status::kTimeout,
+        fmt::format("kolo: rank {} of {}: the PMIx fence that exchanges the ranks' "
+                    "start-up records did not complete within {:g} s (KOLO_TIMEOUT): some rank of "
+                    "the job has not reached kolo_comm_init, or made fewer communicators "
+                    "than this one; {}",
+                    config.rank, config.size, config.timeout_s, kUseStoreInstead));
   }
   if (state->status != PMIX_SUCCESS) {
     throw Error(Status::kPeerLost,
@@ -212,9 +213,10 @@ std::vector<std::string> exchange(const Config& config, const std::string& recor
                               config.rank, config.size, rank, key, rank, kUseStoreInstead));
     }
   }
-  log::info("PMIx: {} start-up records exchanged in {:.1f} ms (PMIx_Init {:.1f} ms, the fence "
-            "{:.1f} ms)",
-            config.size, milliseconds(started), init_ms, fence_ms);
+  log::info(
+      "PMIx: {} start-up records exchanged in {:.1f} ms (PMIx_Init {:.1f} ms, the fence "
+      "{:.1f} ms)",
+      config.size, milliseconds(started), init_ms, fence_ms);
   return records;
 }
 

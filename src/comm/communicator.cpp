@@ -142,9 +142,10 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
           inherited.valid()) {
         server_ = std::make_unique<StoreServer>(std::move(inherited), config_.secret,
                                                 store_limits(config_));
-        log::info("serving the rendezvous store at {} on the socket its launcher bound "
-                  "(KOLO_STORE_FD)",
-                  server_->endpoint().to_string());
+        log::info(
+            "serving the rendezvous store at {} on the socket its launcher bound "
+            "(KOLO_STORE_FD)",
+            server_->endpoint().to_string());
       } else {
         server_ =
             std::make_unique<StoreServer>(listen_endpoint, config_.secret, store_limits(config_));
@@ -167,7 +168,8 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
 
   // Rank 0 serves the store: it stays until every rank is done with it. (Under PMIx no rank used
   // it at start-up.)
-  if (!config_.pmix_rendezvous) store_->set_string(store_key(kWorldContext, "ready", config_.rank), "1");
+  if (!config_.pmix_rendezvous)
+    store_->set_string(store_key(kWorldContext, "ready", config_.rank), "1");
   if (config_.rank == 0 && !config_.pmix_rendezvous) {
     std::vector<std::string> keys;
     for (int rank = 0; rank < config_.size; ++rank)
@@ -349,13 +351,12 @@ void Communicator::start_through_pmix() {
   }
   const TransportSettings settings = transport_settings(config_);
   constexpr size_t kFields = 6;
-  const std::vector<std::string> mine_fields = {
-      config_.allreduce,
-      host_identity(config_),
-      net::local_endpoint(prepared->listener).to_string(),
-      net::local_endpoint(lifeline_listener).to_string(),
-      transport_auto_facts(settings),
-      store_address};
+  const std::vector<std::string> mine_fields = {config_.allreduce,
+                                                host_identity(config_),
+                                                net::local_endpoint(prepared->listener).to_string(),
+                                                net::local_endpoint(lifeline_listener).to_string(),
+                                                transport_auto_facts(settings),
+                                                store_address};
   std::string mine;
   for (const std::string& field : mine_fields) {
     if (field.find('\n') != std::string::npos) {
@@ -395,9 +396,10 @@ void Communicator::start_through_pmix() {
   // Every rank read every record, so every rank finds the same disagreement.
   if (facts.differs >= 0) throw modes_differ(modes, facts.differs);
   take_host_facts(facts);
-  log::info("start-up records of {} ranks from PMIx; the rendezvous store will be at {} once a "
-            "split, the fusion engine or GPU set-up needs it",
-            config_.size, config_.addr);
+  log::info(
+      "start-up records of {} ranks from PMIx; the rendezvous store will be at {} once a "
+      "split, the fusion engine or GPU set-up needs it",
+      config_.size, config_.addr);
   store_ = open_store(config_);  // connects at its first request, if any
   if (config_.bind != "none") {
     log::info("{}", bind_process(config_.bind, config_.local_rank));
@@ -406,8 +408,8 @@ void Communicator::start_through_pmix() {
       connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host, prepared);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
-  lifeline_ = std::make_shared<Lifeline>(config_, kWorldContext, std::move(lifeline_listener),
-                                         lifelines);
+  lifeline_ =
+      std::make_shared<Lifeline>(config_, kWorldContext, std::move(lifeline_listener), lifelines);
 }
 
 std::string Communicator::place_allreduce() {

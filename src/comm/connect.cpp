@@ -45,9 +45,7 @@ std::unique_ptr<StoreClient> open_store(const Config& config) {
 }
 
 ReservedStore::ReservedStore(const Config& config)
-    : secret_(config.secret),
-      timeout_s_(config.timeout_s),
-      generation_(config.store_generation) {
+    : secret_(config.secret), timeout_s_(config.timeout_s), generation_(config.store_generation) {
   fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;

@@ -97,8 +97,7 @@ std::string list_ranks(const std::vector<int>& ranks) { return fmt::format("{}",
 
 }  // namespace
 
-Lifeline::Lifeline(const Config& config, uint64_t context, net::Socket listener,
-                   std::string host)
+Lifeline::Lifeline(const Config& config, uint64_t context, net::Socket listener, std::string host)
     : rank_(config.rank),
       size_(config.size),
       context_(context),
@@ -148,16 +147,16 @@ Lifeline::Lifeline(const Config& config, uint64_t context, net::Socket listener,
     : Lifeline(config, context, std::move(listener), std::string()) {
   host_ = gate_->endpoint().host;
   if (addresses.size() != static_cast<size_t>(size_)) {
-    throw Error(Status::kInternal, fmt::format("lifeline: {} addresses for {} ranks",
-                                               addresses.size(), size_));
+    throw Error(Status::kInternal,
+                fmt::format("lifeline: {} addresses for {} ranks", addresses.size(), size_));
   }
   addresses_.resize(static_cast<size_t>(size_));
   for (int peer = 0; peer < size_; ++peer) {
-    addresses_[peer] = peer == rank_ ? gate_->endpoint()
-                                     : net::parse_endpoint(addresses[peer],
-                                                           fmt::format("the lifeline address of "
-                                                                       "rank {}",
-                                                                       peer));
+    addresses_[peer] =
+        peer == rank_ ? gate_->endpoint()
+                      : net::parse_endpoint(addresses[peer], fmt::format("the lifeline address of "
+                                                                         "rank {}",
+                                                                         peer));
   }
   thread_ = std::thread([this] { serve(); });
 }

@@ -143,8 +143,7 @@ std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreCl
     listener = std::move(settings.prepared->listener);
     prepared_addresses = settings.prepared->addresses;
   } else {
-    listener =
-        net::listen_on({mesh_listen_host(settings, store, rank, size, context, name), 0});
+    listener = net::listen_on({mesh_listen_host(settings, store, rank, size, context, name), 0});
   }
   const bool prepared = !prepared_addresses.empty();
   net::Gate gate(std::move(listener), settings.secret, name, [&](const net::Hello& hello) {

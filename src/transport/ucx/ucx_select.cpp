@@ -53,7 +53,8 @@ std::string decide(const std::vector<std::string>& facts, int size) {
     hosts.insert(host);
     if (!rdma) ++without_rdma;
   }
-  if (hosts.size() == 1) return fmt::format("ucx all {} ranks are on one host: shared memory", size);
+  if (hosts.size() == 1)
+    return fmt::format("ucx all {} ranks are on one host: shared memory", size);
   if (without_rdma == 0) {
     return fmt::format("ucx every rank of {} hosts has an active RDMA port", hosts.size());
   }

@@ -26,7 +26,8 @@ std::string ucx_auto_facts(const TransportSettings& settings);
 // every rank on one host (shared memory) or an active RDMA port on every host. Every rank
 // publishes its host and RDMA ports in the store and rank 0 decides for all, so that all ranks
 // choose the same transport; where the group exchanged every rank's ucx_auto_facts already
-// (TransportSettings::prepared), every rank decides from them alike, without the store. `reason` says why, for the log.
+// (TransportSettings::prepared), every rank decides from them alike, without the store. `reason`
+// says why, for the log.
 bool ucx_is_faster(const TransportSettings& settings, StoreClient& store, int rank, int size,
                    uint64_t context, std::string& reason);
 
