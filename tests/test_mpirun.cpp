@@ -121,22 +121,40 @@ TEST_CASE("mpirun: communicators made one after another each get their own PMIx 
   CHECK(count(result.output, "made 3 communicators one after the other") == 3);
 }
 
-TEST_CASE("mpirun: UCX exchanges its worker addresses through a store rank 0 serves only then",
-          "[mpirun]") {
+TEST_CASE("mpirun: UCX's worker addresses go over its control connections, no store", "[mpirun]") {
   if (!kBuiltWithPmix) return;
-  // KOLO_TRANSPORT=auto on one host picks UCX where it is built (else TCP, and no store).
-  ProcessResult result =
-      mpirun({"-np", "3", built_program("tests/kolo_test_worker"), "allreduce", "quick"},
-             {{"KOLO_TRANSPORT", "auto"}});
-  INFO(result.output);
-  CHECK_FALSE(result.timed_out);
-  CHECK(result.exit_code == 0);
-  CHECK(count(result.output, "allreduce checks passed") == 3);
-  if (contains(result.output, "KOLO_TRANSPORT=auto chose ucx")) {
-    CHECK(count(result.output, "serving the rendezvous store at port") == 1);
-    CHECK(count(result.output, "and 2 store request(s)") == 3);
-  } else {
-    CHECK_FALSE(contains(result.output, "serving the rendezvous store"));
+  const std::string worker = built_program("tests/kolo_test_worker");
+  // KOLO_TRANSPORT=auto on one host picks UCX where it is built (else TCP); ucx names it.
+  for (const char* transport : {"auto", "ucx"}) {
+    DYNAMIC_SECTION("KOLO_TRANSPORT=" << transport) {
+      ProcessResult result = mpirun({"-np", "3", worker, "allreduce", "quick"},
+                                    {{"KOLO_TRANSPORT", transport}});
+      INFO(result.output);
+      CHECK_FALSE(result.timed_out);
+      if (std::string(transport) == "ucx" && contains(result.output, "is not available")) {
+        continue;  // a build without UCX refuses it, as tested elsewhere
+      }
+      CHECK(result.exit_code == 0);
+      CHECK(count(result.output, "allreduce checks passed") == 3);
+      CHECK(count(result.output, "and 0 store request(s)") == 3);
+      CHECK_FALSE(contains(result.output, "serving the rendezvous store"));
+    }
+  }
+  SECTION("a rank whose UCX cannot start fails the others at once, naming it") {
+    const auto started = std::chrono::steady_clock::now();
+    ProcessResult result = mpirun({"-np", "1", "env", "UCX_TLS=no_such_transport", worker,
+                                   "allreduce", "quick", ":", "-np", "2", worker, "allreduce",
+                                   "quick"},
+                                  {{"KOLO_TRANSPORT", "ucx"}, {"KOLO_TIMEOUT", "30"}});
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    INFO(result.output);
+    if (contains(result.output, "is not available")) return;  // no UCX in this build
+    CHECK_FALSE(result.timed_out);
+    CHECK(result.exit_code != 0);
+    CHECK(contains(result.output, "ucx: UCX could not start"));
+    CHECK_FALSE(contains(result.output, "checks passed"));
+    CHECK(seconds < 25);  // well before KOLO_TIMEOUT
   }
 }
 
