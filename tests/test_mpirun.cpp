@@ -1,6 +1,6 @@
 // Open MPI's mpirun on this machine, with nothing of kolo's set: no KOLO_ADDR, no MASTER_ADDR,
 // no rank. Ranks exchange their start-up records through mpirun's PMIx server in one fence, and
-// no store serves until a split, the fusion engine or UCX needs one (src/bootstrap/pmix.hpp,
+// no store serves until a split or the fusion engine needs one (src/bootstrap/pmix.hpp,
 // src/comm/connect.hpp); in a build without PMIx every rank is told to set KOLO_ADDR. The
 // workers (and tests/mpirun_pmix_checks.py) check their results against their own reference.
 // Skipped (77) where mpirun is not installed.

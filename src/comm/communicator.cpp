@@ -329,8 +329,8 @@ void Communicator::take_host_facts(const HostFacts& facts) {
 //   the lifeline's listening address
 //   what KOLO_TRANSPORT=auto decides from (transport_auto_facts)
 //   the store's address (rank 0: the port it reserved; "" on the other ranks)
-// and every rank connects from what it read. No store request is made unless the transport
-// needs the store (UCX's worker addresses): then world rank 0 starts serving at its first request.
+// and every rank connects from what it read (UCX sends its worker addresses over its control
+// connections). No store request is made: world rank 0 serves the store from its first use.
 void Communicator::start_through_pmix() {
   config_.store_generation = next_store_generation("PMIx", config_.rank);
   const std::string host =

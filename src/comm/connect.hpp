@@ -33,7 +33,7 @@ std::unique_ptr<StoreClient> open_store(const Config& config);
 // Rank 0's store under PMIx, where the job starts without one: a port bound at start-up (not
 // listening, so that nothing serves and no stranger can connect), whose address goes into rank
 // 0's PMIx record; the store serves there from the first time this process needs it: a split, the
-// fusion engine, GPU set-up, or a transport that exchanges through the store (UCX). Each such use
+// fusion engine, GPU set-up, or a transport that exchanges through the store. Each such use
 // is collective on a communicator that has world rank 0's process as a member or parent member,
 // so the other ranks, which connect retrying until KOLO_TIMEOUT, find it served in time.
 class ReservedStore {
