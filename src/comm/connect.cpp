@@ -51,8 +51,9 @@ ReservedStore::ReservedStore(const Config& config)
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_ANY);
   socklen_t length = sizeof address;
-  int one = 1;
-  if (fd_ < 0 || ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+  // No SO_REUSEADDR: while the socket does not listen, a socket of another process with that
+  // option could otherwise bind the same port, and take it.
+  if (fd_ < 0 ||
       ::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
       ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
     const int error = errno;
