@@ -1,15 +1,19 @@
 #!/bin/sh
 # startup_mpirun.sh: how long kolo_comm_init takes under mpirun over ssh on a simulated cluster
-# (scripts/cluster.sh), with rank 0's store address handed out through mpirun's PMIx server
-# against the same job given KOLO_ADDR, at one or more job shapes. Each run starts
+# (scripts/cluster.sh), starting through mpirun's PMIx server (one fence, no store) against the
+# same job given KOLO_ADDR (rank 0's store), at one or more job shapes. Each run starts
 # bench/comm_init_time.py on every rank with KOLO_DEBUG=INFO; each rank times its own
-# kolo_comm_init, and under PMIx its INFO line "PMIx: rank 0's store address exchanged in T ms
+# kolo_comm_init, and under PMIx its INFO line "PMIx: N start-up records exchanged in T ms
 # (PMIx_Init I ms, the fence F ms)" says what PMIx took. A run's figures are the slowest rank's
-# (each figure's own maximum over the ranks). Shapes and the two ways alternate for ROUNDS rounds,
+# (each figure's own maximum over the ranks). Shapes and the ways alternate for ROUNDS rounds,
 # so that a machine whose load changes treats them alike. Prints every run, then per shape and way
 # the medians over the rounds; -o FILE also writes the runs as tab-separated rows.
 #
-#   sh bench/startup_mpirun.sh [-o FILE] [-k ROUNDS] [SHAPE...]     (default: -k 7 4x2)
+#   sh bench/startup_mpirun.sh [-o FILE] [-k ROUNDS] [-b LIBRARY] [SHAPE...]   (default: -k 7 4x2)
+#
+#   -b LIBRARY  a third way, "pmix_base": the PMIx start-up of another build's libkolo.so (an
+#               earlier commit's, to compare against), interleaved with the other two; it may print
+#               its PMIx line as earlier kolo did ("rank 0's store address exchanged in ...")
 #
 #   SHAPE   HxL: L ranks on each of H hosts (H 1..16, L 1..16), ranks host by host (mpirun's
 #           --map-by slot), as bench/startup_perf.sh places them; e.g. 2x1 4x1 4x2 4x4
@@ -24,10 +28,13 @@ fail() {
 }
 tsv=""
 rounds=7
+base=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) [ $# -ge 2 ] || fail "-o needs a file"; tsv=$2; shift 2 ;;
     -k) [ $# -ge 2 ] || fail "-k needs a number of rounds"; rounds=$2; shift 2 ;;
+    -b) [ $# -ge 2 ] || fail "-b needs a library"; base=$(realpath "$2"); shift 2
+        [ -f "$base" ] || fail "-b: no library at '$2'" ;;
     -*) fail "unknown option '$1'" ;;
     *) break ;;
   esac
@@ -62,17 +69,18 @@ echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/l
 largest() { sort -n | tail -1 | grep . || echo -; }
 smallest() { sort -n | head -1 | grep . || echo -; }
 
-run() {  # way shape round [mpirun arguments]
+run() {  # way shape round library [mpirun arguments]
   way=$1
   shape=$2
   round=$3
-  shift 3
+  library=$4
+  shift 4
   h=${shape%x*}
   l=${shape#*x}
   list=$(seq 1 "$h" | sed "s/.*/$name&:$l/" | paste -sd, -)
   output=$(timeout 120 sh scripts/cluster.sh exec "$name" 1 mpirun --host "$list" --bind-to none \
     --map-by slot -x KOLO_DEBUG=INFO -x KOLO_SECRET_FILE="$secret" \
-    -x KOLO_LIBRARY="$PWD/build/capi/libkolo.so" "$@" /usr/bin/python3 bench/comm_init_time.py 2>&1)
+    -x KOLO_LIBRARY="$library" "$@" /usr/bin/python3 bench/comm_init_time.py 2>&1)
   # Every rank's figures, wherever mpirun's forwarding put them in the lines.
   figures=$(echo "$output" | grep -o 'kolo_comm_init [0-9.]* s' | awk '{ print $2 }')
   ranks=$(echo "$figures" | grep -c .)
@@ -81,10 +89,11 @@ run() {  # way shape round [mpirun arguments]
     echo "startup_mpirun.sh: $way $shape round $round: $ranks of $((h * l)) ranks reported" >&2
     exit 1
   }
-  # "store address exchanged in T ms (PMIx_Init I ms, the fence F ms)": T, I, F are fields 5, 8, 12.
-  line='store address exchanged in [0-9.]* ms (PMIx_Init [0-9.]* ms, the fence [0-9.]* ms)'
+  # "start-up records exchanged in T ms (PMIx_Init I ms, the fence F ms)", or earlier kolo's
+  # "store address exchanged in ...": T, I, F are fields 5, 8, 12.
+  line='[a-z-]* [a-z]* exchanged in [0-9.]* ms (PMIx_Init [0-9.]* ms, the fence [0-9.]* ms)'
   pmix=$(echo "$output" | grep -o "$line" | tr -d '(),' || true)
-  if [ "$way" = pmix ] && [ "$(echo "$pmix" | grep -c .)" -ne $((h * l)) ]; then
+  if [ "$way" != kolo_addr ] && [ "$(echo "$pmix" | grep -c .)" -ne $((h * l)) ]; then
     echo "$output" >&2
     echo "startup_mpirun.sh: pmix $shape round $round: not every rank printed its PMIx line" >&2
     exit 1
@@ -99,9 +108,10 @@ port=29500
 runs=$(
   for round in $(seq 1 "$rounds"); do
     for shape in "$@"; do
-      run pmix "$shape" "$round"
+      run pmix "$shape" "$round" "$PWD/build/capi/libkolo.so"
+      [ -z "$base" ] || run pmix_base "$shape" "$round" "$base"
       port=$((port + 1))
-      run kolo_addr "$shape" "$round" -x KOLO_ADDR="${name}1:$port"
+      run kolo_addr "$shape" "$round" "$PWD/build/capi/libkolo.so" -x KOLO_ADDR="${name}1:$port"
     done
   done
 )
@@ -113,7 +123,7 @@ echo "# whole PMIx exchange, PMIx_Init and fence (each its own maximum over the 
 echo "# shortest fence of any rank: the last rank to reach it waits for the collective alone"
 printf '# %-10s %6s %6s %10s %10s %10s %10s %10s\n' way shape ranks "init ms" "PMIx ms" "Init ms" "fence ms" "fence min"
 for shape in "$@"; do
-  for way in pmix kolo_addr; do
+  for way in pmix pmix_base kolo_addr; do
     echo "$runs" | awk -v way="$way" -v shape="$shape" '
       function median(list, n,   i, j, t, v) {
         split(list, v, " ")
@@ -122,7 +132,7 @@ for shape in "$@"; do
       }
       $1 == way && $2 == shape { n++; ranks = $3; init = init " " $5; all = all " " $6; pi = pi " " $7; fe = fe " " $8; fm = fm " " $9 }
       END { if (!n) exit
-            if (way == "pmix") printf "  %-10s %6s %6d %10.1f %10.1f %10.1f %10.1f %10.1f\n", way, shape, ranks,
+            if (way != "kolo_addr") printf "  %-10s %6s %6d %10.1f %10.1f %10.1f %10.1f %10.1f\n", way, shape, ranks,
               1e3 * median(init, n), median(all, n), median(pi, n), median(fe, n), median(fm, n)
             else printf "  %-10s %6s %6d %10.1f %10s %10s %10s %10s\n", way, shape, ranks, 1e3 * median(init, n), "-", "-", "-", "-" }'
   done

@@ -1,7 +1,9 @@
 // Open MPI's mpirun on this machine, with nothing of kolo's set: no KOLO_ADDR, no MASTER_ADDR,
-// no rank. Ranks find rank 0's store through mpirun's PMIx server (src/bootstrap/pmix.hpp), or,
-// in a build without PMIx, every rank is told to set KOLO_ADDR. The workers check their results
-// against their own reference. Skipped (77) where mpirun is not installed.
+// no rank. Ranks exchange their start-up records through mpirun's PMIx server in one fence, and
+// no store serves until a split or the fusion engine needs one (src/bootstrap/pmix.hpp,
+// src/comm/connect.hpp); in a build without PMIx every rank is told to set KOLO_ADDR. The
+// workers (and tests/mpirun_pmix_checks.py) check their results against their own reference.
+// Skipped (77) where mpirun is not installed.
 #define CATCH_CONFIG_RUNNER
 #include <fmt/format.h>
 #include <unistd.h>
@@ -28,6 +30,12 @@ constexpr bool kBuiltWithPmix = false;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+// The source tree (TESTS_SOURCE_DIR, set by Meson), or the parent of the build directory.
+std::string source_dir() {
+  const char* path = std::getenv("TESTS_SOURCE_DIR");
+  return path && *path ? path : build_dir() + "/..";
 }
 
 size_t count(const std::string& text, const std::string& part) {
@@ -79,7 +87,8 @@ TEST_CASE("mpirun with no address: collectives compute right, rendezvous through
   for (int ranks : {2, 4}) {
     for (const char* scenario : {"allreduce", "broadcast", "barrier"}) {
       DYNAMIC_SECTION(scenario << ", mpirun -np " << ranks) {
-        ProcessResult result = mpirun({"-np", std::to_string(ranks), worker, scenario, "quick"});
+        ProcessResult result = mpirun({"-np", std::to_string(ranks), worker, scenario, "quick"},
+                                      {{"KOLO_TRANSPORT", "tcp"}});
         INFO(result.output);
         CHECK_FALSE(result.timed_out);
         if (!kBuiltWithPmix) {
@@ -90,7 +99,12 @@ TEST_CASE("mpirun with no address: collectives compute right, rendezvous through
         CHECK(count(result.output, fmt::format("{} checks passed", scenario)) ==
               static_cast<size_t>(ranks));
         CHECK(contains(result.output, "started by ompi, rendezvous through PMIx"));
-        CHECK(count(result.output, ", from PMIx") == static_cast<size_t>(ranks));
+        CHECK(count(result.output, fmt::format("start-up records of {} ranks from PMIx", ranks)) ==
+              static_cast<size_t>(ranks));
+        // Every start-up exchange went through the one fence: no rank asked the store anything,
+        // and rank 0 never started serving it.
+        CHECK(count(result.output, "and 0 store request(s)") == static_cast<size_t>(ranks));
+        CHECK_FALSE(contains(result.output, "serving the rendezvous store"));
         CHECK_FALSE(contains(result.output, "no rendezvous address"));
       }
     }
@@ -105,6 +119,72 @@ TEST_CASE("mpirun: communicators made one after another each get their own PMIx 
   if (!kBuiltWithPmix) return expect_refused_without_pmix(result);
   CHECK(result.exit_code == 0);
   CHECK(count(result.output, "made 3 communicators one after the other") == 3);
+}
+
+TEST_CASE("mpirun: UCX's worker addresses go over its control connections, no store", "[mpirun]") {
+  if (!kBuiltWithPmix) return;
+  const std::string worker = built_program("tests/kolo_test_worker");
+  // KOLO_TRANSPORT=auto on one host picks UCX where it is built (else TCP); ucx names it.
+  for (const char* transport : {"auto", "ucx"}) {
+    DYNAMIC_SECTION("KOLO_TRANSPORT=" << transport) {
+      ProcessResult result = mpirun({"-np", "3", worker, "allreduce", "quick"},
+                                    {{"KOLO_TRANSPORT", transport}});
+      INFO(result.output);
+      CHECK_FALSE(result.timed_out);
+      if (std::string(transport) == "ucx" && contains(result.output, "is not available")) {
+        continue;  // a build without UCX refuses it, as tested elsewhere
+      }
+      CHECK(result.exit_code == 0);
+      CHECK(count(result.output, "allreduce checks passed") == 3);
+      CHECK(count(result.output, "and 0 store request(s)") == 3);
+      CHECK_FALSE(contains(result.output, "serving the rendezvous store"));
+    }
+  }
+  SECTION("a rank whose UCX cannot start fails the others at once, naming it") {
+    const auto started = std::chrono::steady_clock::now();
+    ProcessResult result = mpirun({"-np", "1", "env", "UCX_TLS=no_such_transport", worker,
+                                   "allreduce", "quick", ":", "-np", "2", worker, "allreduce",
+                                   "quick"},
+                                  {{"KOLO_TRANSPORT", "ucx"}, {"KOLO_TIMEOUT", "30"}});
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    INFO(result.output);
+    if (contains(result.output, "is not available")) return;  // no UCX in this build
+    CHECK_FALSE(result.timed_out);
+    CHECK(result.exit_code != 0);
+    CHECK(contains(result.output, "ucx: UCX could not start"));
+    CHECK_FALSE(contains(result.output, "checks passed"));
+    CHECK(seconds < 25);  // well before KOLO_TIMEOUT
+  }
+}
+
+// tests/mpirun_pmix_checks.py under Debian's Python (numpy): no store listens after start-up, a
+// split and the fusion engine start it on world rank 0's process; shrink and grow work.
+TEST_CASE("mpirun: no store at start-up; split, fusion, shrink and grow", "[mpirun]") {
+  if (!kBuiltWithPmix) return;
+  if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
+    WARN("skipped: Debian's /usr/bin/python3 with numpy is not installed");
+    return;
+  }
+  const std::map<std::string, std::string> python = {
+      {"PYTHONPATH", source_dir() + "/python"},
+      {"KOLO_LIBRARY", built_program("capi/libkolo.so")},
+      {"KOLO_TRANSPORT", "tcp"}};  // UCX opens listeners of its own
+  const std::string script = source_dir() + "/tests/mpirun_pmix_checks.py";
+  for (const char* scenario : {"startup", "shrink", "grow"}) {
+    DYNAMIC_SECTION(scenario) {
+      ProcessResult result = mpirun({"-np", "3", "/usr/bin/python3", script, scenario}, python);
+      INFO(result.output);
+      CHECK_FALSE(result.timed_out);
+      CHECK(result.exit_code == 0);
+      CHECK(count(result.output, fmt::format("{} checks passed", scenario)) == 3);
+      if (std::string(scenario) == "startup") {
+        CHECK(count(result.output, "1 listening socket(s) after start-up") == 3);
+        CHECK(count(result.output, "serving the rendezvous store at port") == 1);
+      }
+      if (std::string(scenario) == "grow") CHECK(contains(result.output, "newcomer passed"));
+    }
+  }
 }
 
 TEST_CASE("mpirun: a process of the job that never starts kolo fails the fence within KOLO_TIMEOUT",

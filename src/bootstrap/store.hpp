@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -83,6 +84,15 @@ class StoreClient {
   // authenticates, within timeout_s.
   StoreClient(const net::Endpoint& endpoint, const std::string& secret, int rank, double timeout_s,
               uint64_t generation = 0);
+  // A client that connects at its first request instead, calling before_first_request (if set)
+  // once just before: for a store whose server starts only when some rank first needs it (under
+  // PMIx the job starts without one, comm/connect.hpp), so that a client nobody uses costs
+  // nothing.
+  struct Deferred {
+    std::function<void()> before_first_request;
+  };
+  StoreClient(const net::Endpoint& endpoint, const std::string& secret, int rank, double timeout_s,
+              uint64_t generation, Deferred deferred);
   ~StoreClient();
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;

@@ -42,6 +42,7 @@ struct StoreClient::Impl {
   uint64_t generation = 0;
   net::Socket socket;
   uint64_t requests = 0;  // requests sent (StoreClient::requests)
+  std::function<void()> before_first_request;  // a deferred client's (StoreClient::Deferred)
   // After the server went away or spoke nonsense, every later call fails at once with this
   // instead of waiting out its timeout against a store that is not coming back.
   std::string broken;
@@ -78,6 +79,7 @@ struct StoreClient::Impl {
     std::string refusal;
     uint8_t code = 0;
     try {
+      if (before_first_request) std::exchange(before_first_request, nullptr)();
       if (!socket.valid()) connect(deadline);
       ++requests;
       net::send_all(socket, request.data(), request.size(), deadline);
@@ -146,6 +148,18 @@ StoreClient::StoreClient(const net::Endpoint& endpoint, const std::string& secre
                             "right and is rank 0 running?): {}",
                             rank, impl_->where, error.what()));
   }
+}
+
+StoreClient::StoreClient(const net::Endpoint& endpoint, const std::string& secret, int rank,
+                         double timeout_s, uint64_t generation, Deferred deferred)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->generation = generation;
+  impl_->endpoint = endpoint;
+  impl_->where = fmt::format("the rendezvous store at {}", endpoint.to_string());
+  impl_->secret = secret;
+  impl_->rank = rank;
+  impl_->timeout_s = timeout_s;
+  impl_->before_first_request = std::move(deferred.before_first_request);
 }
 
 StoreClient::~StoreClient() = default;

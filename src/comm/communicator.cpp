@@ -66,7 +66,35 @@ uint64_t next_store_generation(const std::string& addr, int rank) {
   return ++made[{addr, rank}];
 }
 
+// KOLO_ALLREDUCE must agree because the allreduce schedule follows from it: ranks that ran
+// different schedules would wait for messages that never come.
+Error modes_differ(const std::vector<std::string>& modes, int rank) {
+  return Error(Status::kConfig,
+               fmt::format("kolo: KOLO_ALLREDUCE is {} on rank 0 but {} on rank {}: it must be "
+                           "the same on every rank, as the allreduce schedule follows from it",
+                           modes[0], modes[static_cast<size_t>(rank)], rank));
+}
+
 }  // namespace
+
+HostFacts read_host_facts(const std::vector<std::string>& modes,
+                          const std::vector<std::string>& identities, int rank) {
+  HostFacts facts;
+  std::map<std::string, int> numbers;
+  const std::string& mine = identities[static_cast<size_t>(rank)];
+  for (size_t other = 0; other < identities.size(); ++other) {
+    const std::string& identity = identities[other];
+    facts.host_of.push_back(
+        numbers.emplace(identity, static_cast<int>(numbers.size())).first->second);
+    if (identity == mine) {
+      if (static_cast<int>(other) < rank) ++facts.local_rank;
+      ++facts.local_size;
+    }
+    if (facts.differs < 0 && modes[other] != modes[0]) facts.differs = static_cast<int>(other);
+  }
+  facts.nodes = static_cast<int>(numbers.size());
+  return facts;
+}
 
 Communicator::Communicator(const ConfigOverrides& overrides) {
   const Clock::time_point started = Clock::now();
@@ -100,57 +128,49 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     return;
   }
 
-  // Under PMIx rank 0's store binds a free port on every interface, and the address it publishes
-  // (its host name, or KOLO_SOCKET_IFNAME's address) reaches the other ranks through PMIx.
-  net::Endpoint store_endpoint = config_.pmix_rendezvous
-                                     ? net::Endpoint{"", 0}
-                                     : net::parse_endpoint(config_.addr, "KOLO_ADDR");
-  config_.store_generation =
-      next_store_generation(config_.pmix_rendezvous ? "PMIx" : config_.addr, config_.rank);
-  if (config_.rank == 0) {
-    // A host name may resolve to loopback on rank 0's own host (127.0.1.1 on Debian) and to a
-    // network address elsewhere: the store then listens on every interface at that port.
-    net::Endpoint listen_endpoint = store_endpoint;
-    if (!net::is_numeric_address(listen_endpoint.host)) listen_endpoint.host.clear();
-    if (net::Socket inherited = inherited_store_socket(config_, store_endpoint); inherited.valid()) {
-      server_ = std::make_unique<StoreServer>(std::move(inherited), config_.secret,
-                                              store_limits(config_));
-      log::info("serving the rendezvous store at {} on the socket its launcher bound "
-                "(KOLO_STORE_FD)",
-                server_->endpoint().to_string());
-    } else {
-      server_ =
-          std::make_unique<StoreServer>(listen_endpoint, config_.secret, store_limits(config_));
-      log::info("serving the rendezvous store at {}", server_->endpoint().to_string());
-    }
-    // A world of one asks for any free port: the store's clients connect where it landed.
-    if (store_endpoint.port == 0) config_.addr = server_->endpoint().to_string();
-  }
   if (config_.pmix_rendezvous) {
-    const std::string own_address =
-        config_.rank != 0 ? std::string()
-        : !config_.socket_ifname.empty()
-            ? net::Endpoint{net::interface_address(config_.socket_ifname),
-                            server_->endpoint().port}
-                  .to_string()
-            : net::Endpoint{net::host_name(), server_->endpoint().port}.to_string();
-    config_.addr = pmix::share_store_address(config_, own_address);
-    log::info("rendezvous store at {}, from PMIx", config_.addr);
+    start_through_pmix();
+  } else {
+    config_.store_generation = next_store_generation(config_.addr, config_.rank);
+    const net::Endpoint store_endpoint = net::parse_endpoint(config_.addr, "KOLO_ADDR");
+    if (config_.rank == 0) {
+      // A host name may resolve to loopback on rank 0's own host (127.0.1.1 on Debian) and to a
+      // network address elsewhere: the store then listens on every interface at that port.
+      net::Endpoint listen_endpoint = store_endpoint;
+      if (!net::is_numeric_address(listen_endpoint.host)) listen_endpoint.host.clear();
+      if (net::Socket inherited = inherited_store_socket(config_, store_endpoint);
+          inherited.valid()) {
+        server_ = std::make_unique<StoreServer>(std::move(inherited), config_.secret,
+                                                store_limits(config_));
+        log::info(
+            "serving the rendezvous store at {} on the socket its launcher bound "
+            "(KOLO_STORE_FD)",
+            server_->endpoint().to_string());
+      } else {
+        server_ =
+            std::make_unique<StoreServer>(listen_endpoint, config_.secret, store_limits(config_));
+        log::info("serving the rendezvous store at {}", server_->endpoint().to_string());
+      }
+      // A world of one asks for any free port: the store's clients connect where it landed.
+      if (store_endpoint.port == 0) config_.addr = server_->endpoint().to_string();
+    }
+    store_ = open_store(config_);
+    const std::string host = discover_hosts();
+    if (config_.bind != "none") {
+      log::info("{}", bind_process(config_.bind, config_.local_rank));
+    }
+    Links links = connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host);
+    transport_ = std::move(links.transport);
+    ring_ = std::move(links.ring);
+    lifeline_ = std::make_shared<Lifeline>(config_, *store_, kWorldContext, host);
   }
-  store_ = open_store(config_);
-  const std::string host = discover_hosts();
-  if (config_.bind != "none") {
-    log::info("{}", bind_process(config_.bind, config_.local_rank));
-  }
-  Links links = connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host);
-  transport_ = std::move(links.transport);
-  ring_ = std::move(links.ring);
-  lifeline_ = std::make_shared<Lifeline>(config_, *store_, kWorldContext, host);
   const std::string allreduce_choice = place_allreduce();
 
-  // Rank 0 serves the store: it stays until every rank is done with it.
-  store_->set_string(store_key(kWorldContext, "ready", config_.rank), "1");
-  if (config_.rank == 0) {
+  // Rank 0 serves the store: it stays until every rank is done with it. (Under PMIx no rank used
+  // it at start-up.)
+  if (!config_.pmix_rendezvous)
+    store_->set_string(store_key(kWorldContext, "ready", config_.rank), "1");
+  if (config_.rank == 0 && !config_.pmix_rendezvous) {
     std::vector<std::string> keys;
     for (int rank = 0; rank < config_.size; ++rank)
       keys.push_back(store_key(kWorldContext, "ready", rank));
@@ -261,32 +281,23 @@ std::string Communicator::discover_hosts() {
                             it, config_.size));
   }
   published.insert(published.begin() + config_.rank, mine);
-  int local_rank = 0;
-  int local_size = 0;
-  std::map<std::string, int> numbers;
   std::vector<std::string> modes;
+  std::vector<std::string> identities;
   std::vector<std::pair<int, std::string>> routes;
-  host_of_.clear();
   for (int rank = 0; rank < config_.size; ++rank) {
-    std::string other = published[static_cast<size_t>(rank)];
+    const std::string& other = published[static_cast<size_t>(rank)];
     const size_t newline = other.find('\n');
     const size_t last = other.rfind('\n');
     modes.push_back(other.substr(0, newline));
     if (rank != config_.rank && last != std::string::npos && last > newline) {
       routes.emplace_back(rank, other.substr(last + 1));
     }
-    other = newline == std::string::npos || last <= newline
-                ? std::string()
-                : other.substr(newline + 1, last - newline - 1);
-    host_of_.push_back(numbers.emplace(other, static_cast<int>(numbers.size())).first->second);
-    if (other == host) {
-      if (rank < config_.rank) ++local_rank;
-      ++local_size;
-    }
+    identities.push_back(newline == std::string::npos || last <= newline
+                             ? std::string()
+                             : other.substr(newline + 1, last - newline - 1));
   }
-  const auto differs = std::find_if(modes.begin(), modes.end(),
-                                    [&](const std::string& mode) { return mode != modes[0]; });
-  if (differs != modes.end()) {
+  const HostFacts facts = read_host_facts(modes, identities, config_.rank);
+  if (facts.differs >= 0) {
     store_->set_string(store_key(kWorldContext, "host-checked", config_.rank), "1");
     if (config_.rank == 0) {
       std::vector<std::string> checked;
@@ -294,15 +305,111 @@ std::string Communicator::discover_hosts() {
         checked.push_back(store_key(kWorldContext, "host-checked", rank));
       store_->wait(checked);
     }
-    throw Error(Status::kConfig,
-                fmt::format("kolo: KOLO_ALLREDUCE is {} on rank 0 but {} on rank {}: it must be "
-                            "the same on every rank, as the allreduce schedule follows from it",
-                            modes[0], *differs, differs - modes.begin()));
+    throw modes_differ(modes, facts.differs);
   }
-  node_count_ = static_cast<int>(numbers.size());
-  if (config_.local_rank < 0) config_.local_rank = local_rank;
-  if (config_.local_size < 0) config_.local_size = local_size;
+  take_host_facts(facts);
   return listen_host_from_routes(settings, route, routes);
+}
+
+void Communicator::take_host_facts(const HostFacts& facts) {
+  host_of_ = facts.host_of;
+  node_count_ = facts.nodes;
+  if (config_.local_rank < 0) config_.local_rank = facts.local_rank;
+  if (config_.local_size < 0) config_.local_size = facts.local_size;
+}
+
+// Under PMIx (bootstrap/pmix.hpp): this rank's transport and lifeline listen first, on
+// KOLO_SOCKET_IFNAME's address or the one its host routes to the other hosts from (pmix::
+// route_target: rank 0's host, or from rank 0's host the first other host; on a multi-homed host
+// that is the interface the host names of the job resolve through, as for the store's address
+// under other launchers). Then one record per rank, one line each field, goes through one fence:
+//   KOLO_ALLREDUCE
+//   host identity (core/host.hpp)
+//   the transport's listening address
+//   the lifeline's listening address
+//   what KOLO_TRANSPORT=auto decides from (transport_auto_facts)
+//   the store's address (rank 0: the port it reserved; "" on the other ranks)
+// and every rank connects from what it read (UCX sends its worker addresses over its control
+// connections). No store request is made: world rank 0 serves the store from its first use.
+void Communicator::start_through_pmix() {
+  config_.store_generation = next_store_generation("PMIx", config_.rank);
+  const std::string host =
+      !config_.socket_ifname.empty()
+          ? net::interface_address(config_.socket_ifname)
+          : net::route_source_address({pmix::route_target(config_), 0},
+                                      "the host PMIx names for rank 0 or a peer (PMIX_HOSTNAME)");
+  auto prepared = std::make_shared<PreparedMesh>();
+  prepared->listener = net::listen_on({host, 0});
+  net::Socket lifeline_listener = net::listen_on({host, 0});
+  std::string store_address;
+  if (config_.rank == 0) {
+    reserved_store_ = reserve_store(config_);
+    const std::string store_host = !config_.socket_ifname.empty()
+                                       ? net::interface_address(config_.socket_ifname)
+                                       : net::host_name();
+    store_address = net::Endpoint{store_host, reserved_store_->port()}.to_string();
+  }
+  const TransportSettings settings = transport_settings(config_);
+  constexpr size_t kFields = 6;
+  const std::vector<std::string> mine_fields = {config_.allreduce,
+                                                host_identity(config_),
+                                                net::local_endpoint(prepared->listener).to_string(),
+                                                net::local_endpoint(lifeline_listener).to_string(),
+                                                transport_auto_facts(settings),
+                                                store_address};
+  std::string mine;
+  for (const std::string& field : mine_fields) {
+    if (field.find('\n') != std::string::npos) {
+      throw Error(Status::kConfig,
+                  fmt::format("kolo: rank {}: a start-up record field holds a line break: {:?}",
+                              config_.rank, field));
+    }
+    mine += (mine.empty() ? "" : "\n") + field;
+  }
+  const std::vector<std::string> records = pmix::exchange(config_, mine);
+  std::vector<std::string> modes;
+  std::vector<std::string> identities;
+  std::vector<std::string> lifelines;
+  for (int rank = 0; rank < config_.size; ++rank) {
+    std::vector<std::string> fields;
+    const std::string& record = records[static_cast<size_t>(rank)];
+    for (size_t at = 0;;) {
+      const size_t newline = record.find('\n', at);
+      fields.push_back(record.substr(at, newline == std::string::npos ? newline : newline - at));
+      if (newline == std::string::npos) break;
+      at = newline + 1;
+    }
+    if (fields.size() != kFields) {
+      throw Error(Status::kConfig,
+                  fmt::format("kolo: rank {} of {}: rank {}'s start-up record through PMIx has {} "
+                              "fields, not {}: is every rank the same kolo?",
+                              config_.rank, config_.size, rank, fields.size(), kFields));
+    }
+    modes.push_back(fields[0]);
+    identities.push_back(fields[1]);
+    prepared->addresses.push_back(fields[2]);
+    lifelines.push_back(fields[3]);
+    prepared->auto_facts.push_back(fields[4]);
+    if (rank == 0) config_.addr = fields[5];
+  }
+  const HostFacts facts = read_host_facts(modes, identities, config_.rank);
+  // Every rank read every record, so every rank finds the same disagreement.
+  if (facts.differs >= 0) throw modes_differ(modes, facts.differs);
+  take_host_facts(facts);
+  log::info(
+      "start-up records of {} ranks from PMIx; the rendezvous store will be at {} once a "
+      "split, the fusion engine or GPU set-up needs it",
+      config_.size, config_.addr);
+  store_ = open_store(config_);  // connects at its first request, if any
+  if (config_.bind != "none") {
+    log::info("{}", bind_process(config_.bind, config_.local_rank));
+  }
+  Links links =
+      connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host, prepared);
+  transport_ = std::move(links.transport);
+  ring_ = std::move(links.ring);
+  lifeline_ =
+      std::make_shared<Lifeline>(config_, kWorldContext, std::move(lifeline_listener), lifelines);
 }
 
 std::string Communicator::place_allreduce() {

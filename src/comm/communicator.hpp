@@ -21,6 +21,7 @@
 namespace kolo {
 
 class StoreServer;
+class ReservedStore;
 class StoreClient;
 class Lifeline;
 struct GrowthOffer;
@@ -30,6 +31,19 @@ struct Blocks;
 namespace fusion {
 class FusionEngine;
 }
+
+// What every rank's KOLO_ALLREDUCE and host identity say (in rank order), seen from `rank`: host
+// numbers in rank order (shared by the ranks of one host), this rank's local rank and size, the
+// node count, and the first rank whose KOLO_ALLREDUCE differs from rank 0's (-1: none).
+struct HostFacts {
+  std::vector<int> host_of;
+  int local_rank = 0;
+  int local_size = 0;
+  int nodes = 0;
+  int differs = -1;
+};
+HostFacts read_host_facts(const std::vector<std::string>& modes,
+                          const std::vector<std::string>& identities, int rank);
 
 class Communicator {
  public:
@@ -150,6 +164,11 @@ class Communicator {
   // and host_of_, throws kolo::Error(kConfig) on every rank when the ranks' KOLO_ALLREDUCE
   // differ, and returns where this rank listens (transport/mesh.hpp, listen_host_from_routes).
   std::string discover_hosts();
+  // The world communicator's start-up under PMIx (bootstrap/pmix.hpp): listeners first, one
+  // record per rank through one PMIx fence, then connect; no store serves until one is needed.
+  void start_through_pmix();
+  // Takes the host numbers, node count and (where the launcher gave none) local rank and size.
+  void take_host_facts(const HostFacts& facts);
   // The collective run() started (running) or finished, for report().
   void set_activity(const OpDescriptor& op, bool running, bool failed = false);
   // Hands KOLO_ALLREDUCE and the host map to the allreduce dispatcher (ring/algorithms.hpp);
@@ -175,6 +194,8 @@ class Communicator {
   int node_count_ = 1;
   std::vector<int> host_of_;             // per rank: a number shared by the ranks of one host
   std::shared_ptr<StoreServer> server_;  // shared with the sub-communicators of this process
+  // Under PMIx, world rank 0's store port, bound and served from its first use (comm/connect.hpp).
+  std::shared_ptr<ReservedStore> reserved_store_;
   std::unique_ptr<StoreClient> store_;
   // The store keys this rank wrote while a split or shrink connected it (the private
   // constructor): a finished split erases them (comm/split.cpp).

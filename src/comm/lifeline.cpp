@@ -97,8 +97,7 @@ std::string list_ranks(const std::vector<int>& ranks) { return fmt::format("{}",
 
 }  // namespace
 
-Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context,
-                   const std::string& listen_host)
+Lifeline::Lifeline(const Config& config, uint64_t context, net::Socket listener, std::string host)
     : rank_(config.rank),
       size_(config.size),
       context_(context),
@@ -108,9 +107,9 @@ Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context,
   if (!wake_.valid()) {
     throw Error(Status::kSystem, fmt::format("lifeline: eventfd: {}", std::strerror(errno)));
   }
-  host_ = listen_host;
+  host_ = std::move(host);
   gate_ = std::make_unique<net::Gate>(
-      net::listen_on({host_, 0}), secret_, "lifeline", [this](const net::Hello& hello) {
+      std::move(listener), secret_, "lifeline", [this](const net::Hello& hello) {
         if (hello.purpose != net::kPurposeLifeline || hello.context != context_) {
           return fmt::format("is no lifeline connection of communicator {:x}", context_);
         }
@@ -121,6 +120,11 @@ Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context,
         }
         return std::string();
       });
+}
+
+Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context,
+                   const std::string& listen_host)
+    : Lifeline(config, context, net::listen_on({listen_host, 0}), listen_host) {
   const net::Endpoint me = gate_->endpoint();
   store.set_string(store_key(context_, "lifeline", rank_), me.to_string());
   // Every other rank's lifeline address, in one request.
@@ -138,6 +142,25 @@ Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context,
   thread_ = std::thread([this] { serve(); });
 }
 
+Lifeline::Lifeline(const Config& config, uint64_t context, net::Socket listener,
+                   const std::vector<std::string>& addresses)
+    : Lifeline(config, context, std::move(listener), std::string()) {
+  host_ = gate_->endpoint().host;
+  if (addresses.size() != static_cast<size_t>(size_)) {
+    throw Error(Status::kInternal,
+                fmt::format("lifeline: {} addresses for {} ranks", addresses.size(), size_));
+  }
+  addresses_.resize(static_cast<size_t>(size_));
+  for (int peer = 0; peer < size_; ++peer) {
+    addresses_[peer] =
+        peer == rank_ ? gate_->endpoint()
+                      : net::parse_endpoint(addresses[peer], fmt::format("the lifeline address of "
+                                                                         "rank {}",
+                                                                         peer));
+  }
+  thread_ = std::thread([this] { serve(); });
+}
+
 Lifeline::~Lifeline() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -145,7 +168,7 @@ Lifeline::~Lifeline() {
   }
   const uint64_t one = 1;
   (void)!::write(wake_.fd(), &one, sizeof one);
-  thread_.join();
+  if (thread_.joinable()) thread_.join();  // not when a constructor failed before starting it
 }
 
 void Lifeline::serve() {

@@ -63,6 +63,12 @@ class Lifeline {
   // construction.
   Lifeline(const Config& config, StoreClient& store, uint64_t context,
            const std::string& listen_host);
+  // The same without the store, for a group that exchanged its lifeline addresses with its other
+  // start-up records (the world communicator under PMIx): `listener` already listens, and
+  // `addresses` holds every rank's "host:port" in rank order, this rank's included. Throws
+  // kolo::Error(kConfig) naming the rank whose address does not parse.
+  Lifeline(const Config& config, uint64_t context, net::Socket listener,
+           const std::vector<std::string>& addresses);
   ~Lifeline();
   Lifeline(const Lifeline&) = delete;
   Lifeline& operator=(const Lifeline&) = delete;
@@ -102,6 +108,9 @@ class Lifeline {
   uint64_t context_;
   std::string secret_;
   double timeout_s_;
+  // Everything but learning the peers' addresses and starting the thread.
+  Lifeline(const Config& config, uint64_t context, net::Socket listener, std::string host);
+
   std::string host_;
   std::vector<net::Endpoint> addresses_;  // every rank's listener
   std::unique_ptr<net::Gate> gate_;       // the thread's only, once it runs

@@ -104,6 +104,11 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   descriptor.count = sizeof(MemberInfo);
   descriptor.algorithm = allgather_algorithm(sizeof(MemberInfo) * n, n);
   run_collective(descriptor, [&](const OpDescriptor& exchange) {
+    // Under PMIx the world started without a store: world rank 0's process serves it from the
+    // first split on (comm/connect.hpp, ReservedStore), whether or not it is a member.
+    if (!server_) {
+      if (std::shared_ptr<StoreServer> served = serve_reserved_store(config_)) server_ = served;
+    }
     const Blocks blocks = Blocks::equal(sizeof(MemberInfo), n);
     allgather_blocks(*ring_, exchange, &mine, everyone.data(), blocks);
 

@@ -136,13 +136,21 @@ std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreCl
                                       int rank, int size, uint64_t context, const char* name,
                                       int data_streams) {
   Deadline deadline(settings.timeout_s);
-  std::string host = mesh_listen_host(settings, store, rank, size, context, name);
-  net::Gate gate(net::listen_on({host, 0}), settings.secret, name,
-                 [&](const net::Hello& hello) {
-                   return unexpected_hello(hello, context, rank, data_streams);
-                 });
+  // The listener and the addresses the caller exchanged already, if any (PreparedMesh).
+  net::Socket listener;
+  std::vector<std::string> prepared_addresses;
+  if (settings.prepared && settings.prepared->listener.valid()) {
+    listener = std::move(settings.prepared->listener);
+    prepared_addresses = settings.prepared->addresses;
+  } else {
+    listener = net::listen_on({mesh_listen_host(settings, store, rank, size, context, name), 0});
+  }
+  const bool prepared = !prepared_addresses.empty();
+  net::Gate gate(std::move(listener), settings.secret, name, [&](const net::Hello& hello) {
+    return unexpected_hello(hello, context, rank, data_streams);
+  });
   const net::Endpoint& me = gate.endpoint();
-  store.set_string(store_key(context, name, rank), me.to_string());
+  if (!prepared) store.set_string(store_key(context, name, rank), me.to_string());
   if (data_streams > 0) {
     log::info("{}: rank {} listens on {} with {} data stream(s) per peer", name, rank,
               me.to_string(), data_streams);
@@ -167,9 +175,14 @@ std::vector<PeerSockets> connect_mesh(const TransportSettings& settings, StoreCl
   std::exception_ptr connect_error;
   try {
     // Every higher rank's address, in one request.
-    std::vector<std::string> keys;
-    for (int peer = rank + 1; peer < size; ++peer) keys.push_back(store_key(context, name, peer));
-    const std::vector<std::string> addresses = store.get_all_strings(keys);
+    std::vector<std::string> addresses;
+    if (prepared) {
+      addresses.assign(prepared_addresses.begin() + rank + 1, prepared_addresses.end());
+    } else {
+      std::vector<std::string> keys;
+      for (int peer = rank + 1; peer < size; ++peer) keys.push_back(store_key(context, name, peer));
+      addresses = store.get_all_strings(keys);
+    }
     for (int peer = rank + 1; peer < size; ++peer) {
       net::Endpoint endpoint = net::parse_endpoint(addresses[static_cast<size_t>(peer - rank - 1)],
                                                    "the address published by a peer");

@@ -25,6 +25,18 @@ namespace kolo {
 class StoreClient;
 struct TransportSettings;
 
+// What a group that exchanged its start-up records in one round of its own (the world communicator
+// under PMIx, comm/communicator.cpp) hands the transport instead of the store exchange: a socket
+// already listening, every rank's address of it ("host:port", in rank order, this rank's
+// included), and every rank's transport_auto_facts (transport.hpp) for KOLO_TRANSPORT=auto. The
+// first connect_mesh takes the listener; a later one (another mesh of the same settings) goes
+// through the store.
+struct PreparedMesh {
+  net::Socket listener;
+  std::vector<std::string> addresses;
+  std::vector<std::string> auto_facts;
+};
+
 struct PeerSockets {
   std::vector<net::Socket> data;  // data_streams connected, authenticated, blocking sockets
   net::Socket control;            // the control connection (see control_channel.hpp)

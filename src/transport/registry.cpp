@@ -72,6 +72,15 @@ TransportSettings with_shm_resolved(const TransportSettings& settings) {
 
 }  // namespace
 
+std::string transport_auto_facts(const TransportSettings& settings) {
+#ifdef KOLO_HAVE_UCX
+  return ucx_auto_facts(settings);
+#else
+  (void)settings;
+  return {};
+#endif
+}
+
 std::unique_ptr<Transport> make_transport(const TransportSettings& settings, StoreClient& store,
                                           int rank, int size, uint64_t context) {
   if (settings.transport == "auto") {

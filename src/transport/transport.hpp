@@ -34,6 +34,7 @@
 namespace kolo {
 
 class StoreClient;
+struct PreparedMesh;
 
 // What a transport is told to connect with, and nothing else of the job's configuration (no
 // fusion, GPU or ring settings). Every field is read and validated with the other settings in
@@ -49,6 +50,10 @@ struct TransportSettings {
   // Where to listen, when the caller has already agreed on it with the group
   // (mesh_listen_host); "" = the transport finds it itself, one more exchange through the store.
   std::string listen_host;
+  // Where the group already exchanged what a transport publishes (transport/mesh.hpp): the first
+  // mesh connected with these settings takes its listener and peers' addresses from here instead
+  // of the store, and KOLO_TRANSPORT=auto decides from its facts. Null: through the store.
+  std::shared_ptr<PreparedMesh> prepared;
   std::string host;                   // this rank's host identity (core/host.hpp)
   int local_size = -1;                // ranks on this host, -1 when unknown
   // How a wait spins before it sleeps (transport/shm/waiting.hpp). own_core: kolo bound this rank
@@ -171,6 +176,11 @@ struct TransportEntry {
 // Every transport kolo knows, in the order KOLO_TRANSPORT=auto probes them; the last one built is
 // auto's fallback.
 const std::vector<TransportEntry>& transport_registry();
+
+// What this rank tells the others so that KOLO_TRANSPORT=auto decides without the store, for a
+// group that exchanges it with its other start-up records (PreparedMesh::auto_facts); "" where
+// no transport of this build probes.
+std::string transport_auto_facts(const TransportSettings& settings);
 
 // Connects this rank to every peer with the transport settings.transport names (or, for auto, the
 // first of the registry whose probe says yes, else the fallback). `context` tells the connections

@@ -426,27 +426,42 @@ class UcxTransport final : public Transport {
     // 3. The worker, its address in the store, an endpoint to every rank. A rank that cannot
     // start UCX publishes an empty address, so that the others fail at once instead of waiting
     // for KOLO_TIMEOUT.
+    // Where the group exchanged the control mesh's addresses without the store (PMIx start-up,
+    // TransportSettings::prepared), the worker addresses go over the control sockets as well.
+    const bool over_sockets = settings.prepared != nullptr;
     std::vector<uint8_t> published;
     try {
       published = start_worker(settings);
     } catch (...) {
       try {
-        store.set(store_key(context, "ucx-worker", rank_), {});
+        if (over_sockets) {
+          send_worker_address(sockets, {}, deadline);
+        } else {
+          store.set(store_key(context, "ucx-worker", rank_), {});
+        }
       } catch (const Error&) {
-        // The store is gone too; the peers learn from their own timeouts.
+        // The store or a peer is gone too; the peers learn from their own timeouts.
       }
       throw;
     }
-    store.set(store_key(context, "ucx-worker", rank_), published);
+    std::vector<std::vector<uint8_t>> others;
+    if (over_sockets) {
+      send_worker_address(sockets, published, deadline);
+      others = receive_worker_addresses(sockets, deadline);
+    } else {
+      store.set(store_key(context, "ucx-worker", rank_), published);
+    }
     log::info("ucx: rank {} worker address of {} bytes published", rank_, published.size());
     const auto worker_ready = Clock::now();
 
-    // Every other rank's worker address, in one request.
-    std::vector<std::string> keys;
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer != rank_) keys.push_back(store_key(context, "ucx-worker", peer));
+    if (!over_sockets) {
+      // Every other rank's worker address, in one request.
+      std::vector<std::string> keys;
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != rank_) keys.push_back(store_key(context, "ucx-worker", peer));
+      }
+      others = store.get_all(keys);
     }
-    std::vector<std::vector<uint8_t>> others = store.get_all(keys);
     for (int peer = 0; peer < size_; ++peer) {
       const std::vector<uint8_t>& remote =
           peer == rank_ ? published : others[static_cast<size_t>(peer < rank_ ? peer : peer - 1)];
@@ -642,6 +657,50 @@ class UcxTransport final : public Transport {
     for (int peer = 0; peer < rank_; ++peer) {
       net::recv_all(sockets[peer].control, &peers_[peer].key, sizeof(uint64_t), deadline);
     }
+  }
+
+  // This rank's worker address to every peer over its control socket: its length (4 bytes, host
+  // order: the peers run this same build), then the bytes; empty when UCX did not start here.
+  void send_worker_address(const std::vector<PeerSockets>& sockets,
+                           const std::vector<uint8_t>& address, const Deadline& deadline) {
+    const uint32_t length = static_cast<uint32_t>(address.size());
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      try {
+        net::send_all(sockets[peer].control, &length, sizeof length, deadline);
+        if (length > 0) net::send_all(sockets[peer].control, address.data(), length, deadline);
+      } catch (const Error& error) {
+        throw Error(error.status(),
+                    fmt::format("ucx: rank {} could not send its worker address to rank {} (a "
+                                "rank that cannot start UCX says why in its own log): {}",
+                                rank_, peer, error.what()));
+      }
+    }
+  }
+
+  // Every other rank's worker address from its control socket, in rank order without this rank's
+  // (as the store's get_all returns them); a length over kMaxWorkerAddress drops the peer.
+  std::vector<std::vector<uint8_t>> receive_worker_addresses(const std::vector<PeerSockets>& sockets,
+                                                             const Deadline& deadline) {
+    constexpr uint32_t kMaxWorkerAddress = 1 << 20;
+    std::vector<std::vector<uint8_t>> addresses;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      uint32_t length = 0;
+      try {
+        net::recv_all(sockets[peer].control, &length, sizeof length, deadline);
+        if (length > kMaxWorkerAddress) {
+          throw control_.lost(peer, fmt::format("it sent a worker address of {} bytes", length));
+        }
+        addresses.emplace_back(length);
+        if (length > 0) net::recv_all(sockets[peer].control, addresses.back().data(), length, deadline);
+      } catch (const Error& error) {
+        throw Error(error.status(), fmt::format("ucx: rank {} waited for rank {}'s worker "
+                                                "address: {}",
+                                                rank_, peer, error.what()));
+      }
+    }
+    return addresses;
   }
 
   // A byte to every peer over its control socket, then one from every peer.

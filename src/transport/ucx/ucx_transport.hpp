@@ -18,10 +18,16 @@ std::unique_ptr<Transport> make_ucx_transport(const TransportSettings& settings,
 // reads "4: ACTIVE").
 bool has_active_rdma_port();
 
+// What this rank tells the others for KOLO_TRANSPORT=auto: "<1 if it has an active RDMA port,
+// else 0> <host>".
+std::string ucx_auto_facts(const TransportSettings& settings);
+
 // KOLO_TRANSPORT=auto: whether UCX gives this job a faster path than kolo's TCP transport, namely
 // every rank on one host (shared memory) or an active RDMA port on every host. Every rank
 // publishes its host and RDMA ports in the store and rank 0 decides for all, so that all ranks
-// choose the same transport. `reason` says why, for the log.
+// choose the same transport; where the group exchanged every rank's ucx_auto_facts already
+// (TransportSettings::prepared), every rank decides from them alike, without the store. `reason`
+// says why, for the log.
 bool ucx_is_faster(const TransportSettings& settings, StoreClient& store, int rank, int size,
                    uint64_t context, std::string& reason);
 
