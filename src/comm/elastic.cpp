@@ -10,6 +10,8 @@
 //   2. Rank 0 broadcasts the plan, or the error it met, over comm, so that every rank acts on the
 //      same one. No change, or an error here: comm is untouched and usable.
 //   3. Ranks leave through a split: the leaving ones pass no colour and are done (leaving = 1).
+//      When rank 0 leaves, whose process serves the split's store, those that stay shrink the
+//      split at once, which gives them a store of their own (its coordinator's).
 //   4. Newcomers join through a growth of what is left: its rank 0 makes the invitation and writes
 //      it under the request number, the driver starts the newcomers with KOLO_INVITATION set, and
 //      every member calls grow. The members keep their order; the newcomers follow.
@@ -113,12 +115,12 @@ ElasticOutcome elastic_update(Communicator& comm) {
   outcome.old_size = outcome.new_size = comm.size();
   const char* address = std::getenv("KOLO_ELASTIC_ADDR");
   if (address == nullptr || *address == '\0') return outcome;
+  // A missing or malformed slot travels as "-": rank 0 then fails every rank, naming this one.
   const char* slot_variable = std::getenv("KOLO_ELASTIC_SLOT");
-  std::string slot = slot_variable ? slot_variable : "";
-  if (slot.empty() || slot.size() >= kSlotBytes || slot.find(' ') != std::string::npos) {
-    // Said on this rank; the others learn of it through the plan's error below.
-    slot = "-";
-  }
+  const std::string_view given = slot_variable ? slot_variable : "";
+  const bool valid = !given.empty() && given.size() < kSlotBytes &&
+                     given.find_first_of(" \t\n") == std::string_view::npos;
+  const std::string slot(valid ? given : std::string_view("-"));
 
   // 1. Every member's slot, to rank 0.
   std::vector<char> mine(kSlotBytes, '\0');
@@ -186,6 +188,9 @@ ElasticOutcome elastic_update(Communicator& comm) {
       return outcome;
     }
   }
+  // A split's store is served by the process of its parent's rank 0: when that rank leaves, a
+  // shrink of the split (all alive, all calling) gives those that stay a store of their own.
+  if (staying && header[2] != 0) staying = staying->shrink();
   Communicator& members = staying ? *staying : comm;
 
   // 4. Joining: an invitation for the driver, then the growth.
