@@ -1,7 +1,9 @@
 // kolorun: starts N ranks of one program, on this machine or across hosts, and supervises them.
 //
 //   kolorun -np N [-H host:slots,... | --hostfile FILE] [--tag-output] [--timeout S] [--grace S]
-//           [--elastic] [-x NAME[=VALUE]]... [--ssh-port P] [--ssh-identity-file F] [--verbose]
+//           [--elastic [--host-discovery-script S --min-np A --max-np B --slots-per-host K
+//                       --reset-limit R --start-timeout T]]
+//           [-x NAME[=VALUE]]... [--ssh-port P] [--ssh-identity-file F] [--verbose]
 //           [--] program [args...]
 //
 // Each rank runs with the environment plus KOLO_RANK=i, KOLO_SIZE=N, KOLO_LOCAL_RANK (its place
@@ -61,7 +63,10 @@
 // With --elastic, for jobs that survive a lost rank (kolo_comm_shrink, kolo.torch.elastic), a rank
 // killed by a signal is reported and the others go on; kolorun then exits 0 when every rank that
 // exited on its own exited 0, and with the first killed rank's status when none did. A rank that
-// exits non-zero still stops the job. --timeout stops the job the same way and exits 124. Bad
+// exits non-zero still stops the job. With --elastic and --host-discovery-script, the driver
+// (elastic_driver.hpp) starts the ranks on the slots a script names, grows and shrinks the job
+// with them (kolo_elastic_update), restarts failed ranks' slots and decides the exit status.
+// --timeout stops the job the same way and exits 124. Bad
 // arguments exit 2; a program that cannot be executed makes its ranks exit 127; a host that ssh
 // cannot reach makes kolorun exit with ssh's status (255). What kolorun says about a rank names
 // it, its pid and its host.
@@ -1131,6 +1136,7 @@ Examples:
   kolorun -np 8 -H node1:4,node2:4 python3 train.py
   kolorun -np 8 --hostfile hosts.txt -x NCCL_DEBUG python3 train.py
   KOLO_SECRET_FILE=~/.kolo-secret kolorun -np 2 ./my_program
+  kolorun --elastic -np 4 --min-np 2 --max-np 8 --host-discovery-script ./discover.sh ./train
 
 Across hosts (-H, --hostfile): ranks fill each host's slots in order (ranks 0-3 on node1 above).
 This machine's ranks start here, the others over ssh (BatchMode: keys and users from your ssh
@@ -1149,6 +1155,14 @@ Every rank gets kolorun's environment plus:
   KOLO_STORE_FD                rank 0 only: the listening socket bound at that port for it
   KOLO_SECRET                  a random job secret (kept when KOLO_SECRET or KOLO_SECRET_FILE is
                                set)
+
+Elastic jobs (--elastic --host-discovery-script S, docs/elastic.md): S runs about once a second
+and prints "host" or "host:slots" lines; the ranks call kolo_elastic_update at each commit, and
+then ranks on vanished hosts leave (exit 0), free slots get new ranks (up to --max-np), a failed
+rank's slot is restarted (up to --reset-limit), and below --min-np with no free slot the job stops
+(exit 1). A failing script is reported and its last good output kept; 10 failures in a row stop
+the job. Each rank also gets KOLO_ELASTIC_ADDR (the driver) and KOLO_ELASTIC_SLOT (host:n); a new
+rank gets KOLO_INVITATION instead of KOLO_RANK and KOLO_SIZE. Ranks start on this machine only.
 
 Output: each line of a rank goes whole to kolorun's stdout or stderr, the stream the rank wrote it
 to; --tag-output puts "[rank] " before it ("[rank@host] " across hosts).
