@@ -261,6 +261,52 @@ TEST_CASE("a newcomer that dies while joining fails the growth cleanly; its slot
   CHECK(count(result.output, "FAILED") == 0);
 }
 
+TEST_CASE("a slot is restarted up to --reset-limit times", "[elastic_driver_reset_limit]") {
+  Scratch scratch;
+  hosts(scratch, "localhost:2\n");
+  Process job = start_job(scratch, {"-np", "2", "--min-np", "1", "--reset-limit", "1"});
+  wait_for_count(job, "of 2 started", 2);
+  std::string output = job.output_so_far();
+  ::kill(pid_in_slot(output, "localhost:1"), SIGKILL);
+  output = wait_for_count(job, "slot localhost:1: rank 1 of 2 joined", 1);  // restart 1 of 1
+  ::kill(pid_in_slot(output, "localhost:1"), SIGKILL);
+  output = wait_for_count(job, "shrank to size 1", 2);
+  CHECK_THAT(output, Contains("the slot has failed 2 times, more than --reset-limit 1: it is "
+                              "not restarted"));
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // updates that start nobody
+  ProcessResult result = stop_job(scratch, job);
+  INFO(result.output);
+  CHECK(result.exit_code == 0);
+  CHECK(count(result.output, "joined at step") == 1);
+  CHECK(count(result.output, "slot localhost:0: rank 0 of 1 done") == 1);
+}
+
+TEST_CASE("a host whose ranks keep failing is blacklisted", "[elastic_driver_blacklist]") {
+  Scratch scratch;
+  hosts(scratch, "localhost:1\n127.0.0.1:2\n");
+  Process job = start_job(scratch, {"-np", "3", "--min-np", "1"});
+  wait_for_count(job, "of 3 started", 3);
+  // Three failures on 127.0.0.1: two restarts of 127.0.0.1:0, then the host is blacklisted and
+  // its other rank leaves.
+  for (int failure = 1; failure <= 3; ++failure) {
+    std::string output = job.output_so_far();
+    ::kill(pid_in_slot(output, "127.0.0.1:0"), SIGKILL);
+    if (failure < 3) {
+      wait_for_count(job, "slot 127.0.0.1:0: rank 2 of 3 joined", failure);
+    }
+  }
+  std::string output = wait_for_count(job, "slot 127.0.0.1:1: leaving", 1);
+  CHECK_THAT(output, Contains("3 ranks have failed on 127.0.0.1: it is blacklisted, its ranks "
+                              "leave at the next update and none start there again"));
+  CHECK(count(output, "blacklisted") == 1);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  ProcessResult result = stop_job(scratch, job);
+  INFO(result.output);
+  CHECK(result.exit_code == 0);
+  CHECK(count(result.output, "slot localhost:0: rank 0 of 1 done") == 1);
+  CHECK(count(result.output, "joined at step") == 2);
+}
+
 TEST_CASE("the driver's store admits only the job secret", "[elastic_driver_secret]") {
   Scratch scratch;
   hosts(scratch, "localhost:1\n");
