@@ -17,6 +17,9 @@
  * while it joins (after ELASTIC_DIE_MS milliseconds, 20 by default): the test of a newcomer that
  * dies while joining.
  *
+ * After each change of its communicator (an update, a shrink) it prints the wall-clock time at
+ * which the first allreduce on the new one succeeded (bench/elastic_driver_times.py reads it).
+ *
  * Every line it prints starts with "slot <its KOLO_ELASTIC_SLOT>:".
  */
 #include <errno.h>
@@ -32,6 +35,14 @@
 #include "kolo.h"
 
 static const char *slot = "?";
+/* Set by a change of the communicator: the next allreduce that succeeds says when it ended. */
+static const char *changed_by = NULL;
+
+static double wall_seconds(void) {
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  return (double)now.tv_sec + now.tv_nsec / 1e9;
+}
 
 static void sleep_ms(long ms) {
   struct timespec delay = {ms / 1000, (ms % 1000) * 1000000L};
@@ -74,6 +85,7 @@ static int recover(kolo_comm_t *comm, int64_t *step, kolo_status_t status, const
   int size = 0;
   kolo_comm_size(*comm, &size);
   printf("slot %s: shrank to size %d at step %lld\n", slot, size, (long long)*step);
+  changed_by = "shrink";
   return 1;
 }
 
@@ -139,6 +151,11 @@ int main(int argc, char **argv) {
              (long long)step, size, (long long)sum, (long long)expected);
       return 3;
     }
+    if (changed_by) {
+      printf("slot %s: first allreduce of %d ranks after the %s at %.6f\n", slot, size, changed_by,
+             wall_seconds());
+      changed_by = NULL;
+    }
     ++step;
     sleep_ms(step_ms);
     if (step % every != 0) continue;
@@ -177,6 +194,7 @@ int main(int argc, char **argv) {
     }
     printf("slot %s: update at step %lld: size %d -> %d (%d joined, %d left)\n", slot,
            (long long)step, update.old_size, update.new_size, update.joined, update.left);
+    changed_by = "update";
   }
   kolo_comm_rank(comm, &rank);
   kolo_comm_size(comm, &size);
