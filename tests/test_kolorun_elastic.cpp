@@ -386,3 +386,36 @@ TEST_CASE("without the driver kolo_elastic_update changes nothing", "[elastic_dr
   CHECK(count(result.output, "of 2 done") == 2);
   CHECK(count(result.output, "update at") == 0);
 }
+
+TEST_CASE("a driver that cannot be reached, a rank without a slot: every rank says so",
+          "[elastic_driver_unreachable]") {
+  Scratch scratch;
+  const std::string worker = kolo::test::built_program("tests/kolo_test_elastic_driver");
+  const std::string kolorun = kolo::test::built_program("src/kolorun");
+  const std::string address = fmt::format("127.0.0.1:{}", kolo::test::free_tcp_port());
+  {
+    // Nothing listens at the address: every update fails on both ranks, naming it, bounded by
+    // KOLO_TIMEOUT; the ranks go on.
+    Process job({kolorun, "-np", "2", worker, scratch.path("stop"), "5", "10"},
+                {{"KOLO_ELASTIC_ADDR", address}, {"KOLO_ELASTIC_SLOT", "somewhere:0"},
+                 {"KOLO_TIMEOUT", "2"}});
+    std::string message = "rank 0 got no plan from the driver at KOLO_ELASTIC_ADDR=" + address;
+    std::string output = wait_for_count(job, message, 2, 30);
+    CHECK(count(output, "kolo_elastic_update failed at step") >= 2);
+    ProcessResult result = stop_job(scratch, job);
+    INFO(result.output);
+    CHECK(result.exit_code == 0);
+    CHECK(count(result.output, "of 2 done") == 2);
+  }
+  std::filesystem::remove(scratch.path("stop"));
+  {
+    // No KOLO_ELASTIC_SLOT: KOLO_ERR_CONFIG on every rank, naming the rank without one.
+    Process job({kolorun, "-np", "2", worker, scratch.path("stop"), "5", "10"},
+                {{"KOLO_ELASTIC_ADDR", address}, {"KOLO_TIMEOUT", "2"}});
+    ProcessResult result = job.wait(30);
+    INFO(result.output);
+    CHECK(result.exit_code == 1);
+    CHECK(count(result.output, "FAILED: kolo_elastic_update: KOLO_ERR_CONFIG") >= 1);
+    CHECK_THAT(result.output, Contains("rank 0 has no valid KOLO_ELASTIC_SLOT"));
+  }
+}
