@@ -76,8 +76,8 @@ std::string wait_for(const Process& process, const std::function<bool(const std:
 std::string wait_for_count(const Process& process, const std::string& what, int times,
                            double timeout_s = 60) {
   return wait_for(
-      process, [&](const std::string& output) { return count(output, what) >= times; },
-      timeout_s, fmt::format("{} x '{}'", times, what));
+      process, [&](const std::string& output) { return count(output, what) >= times; }, timeout_s,
+      fmt::format("{} x '{}'", times, what));
 }
 
 // kolorun --elastic with the discovery script `sh <scratch>/discover.sh`, the worker, and the
@@ -104,7 +104,8 @@ void hosts(const Scratch& scratch, const std::string& lines) {
 
 // The pid the worker in `slot` reported when it last started or joined.
 pid_t pid_in_slot(const std::string& output, const std::string& slot) {
-  std::regex pattern("slot " + slot + R"(: rank \d+ of \d+ (?:started|joined) at step \d+, pid (\d+))");
+  std::regex pattern("slot " + slot +
+                     R"(: rank \d+ of \d+ (?:started|joined) at step \d+, pid (\d+))");
   pid_t pid = -1;
   for (std::sregex_iterator it(output.begin(), output.end(), pattern), end; it != end; ++it) {
     pid = static_cast<pid_t>(std::stol((*it)[1]));
@@ -190,7 +191,8 @@ TEST_CASE("below --min-np with no slot to fill, the job stops", "[elastic_driver
   INFO(result.output);
   CHECK(result.exit_code == 1);
   CHECK_THAT(result.output, Contains("kolorun: --elastic: 1 ranks run, fewer than --min-np 2, and "
-                                     "sh " + scratch.path("discover.sh") +
+                                     "sh " +
+                                     scratch.path("discover.sh") +
                                      " names no free slot to start one; stopping the job"));
 }
 
@@ -203,13 +205,19 @@ TEST_CASE("a discovery script that prints garbage, fails or hangs: the last good
   const std::string script = "--host-discovery-script sh " + scratch.path("discover.sh");
 
   scratch.write("discover.sh", "echo localhost:2\necho 'local host!'\n");
-  wait_for_count(job, script + " printed line 2, 'local host!', which is not 'host' or "
-                               "'host:slots'; the last good host set is kept", 1, 20);
+  wait_for_count(job,
+                 script +
+                     " printed line 2, 'local host!', which is not 'host' or "
+                     "'host:slots'; the last good host set is kept",
+                 1, 20);
   scratch.write("discover.sh", "echo localhost:4\nexit 3\n");
   wait_for_count(job, script + " exited with status 3; the last good host set is kept", 1, 20);
   scratch.write("discover.sh", "sleep 100\n");
-  wait_for_count(job, script + " did not finish within 10 s and was killed; the last good host "
-                               "set is kept", 1, 30);
+  wait_for_count(job,
+                 script +
+                     " did not finish within 10 s and was killed; the last good host "
+                     "set is kept",
+                 1, 30);
   hosts(scratch, "localhost:2\n");
   std::string output = wait_for_count(job, script + " works again", 1, 20);
   CHECK(count(output, "joined") == 0);  // no failure changed the job
@@ -348,7 +356,7 @@ TEST_CASE("kolorun --elastic's flags are checked", "[elastic_driver_args]") {
       {{"-np", "2", "--host-discovery-script", script, "true"},
        "--host-discovery-script needs --elastic"},
       {{"--elastic", "-np", "2", "--min-np", "1", "true"},
-       "go with --host-discovery-script"},
+       "--reset-limit and --start-timeout go with"},
       {{"--elastic", "-np", "2", "--min-np", "3", "--host-discovery-script", script, "true"},
        "--elastic needs 1 <= --min-np <= -np <= --max-np, not 3 <= 2 <= "},
       {{"--elastic", "-np", "4", "--max-np", "3", "--host-discovery-script", script, "true"},
@@ -374,9 +382,13 @@ TEST_CASE("kolorun --elastic's flags are checked", "[elastic_driver_args]") {
 
 TEST_CASE("without the driver kolo_elastic_update changes nothing", "[elastic_driver_none]") {
   Scratch scratch;
-  std::vector<std::string> argv = {kolo::test::built_program("src/kolorun"), "-np", "2",
+  std::vector<std::string> argv = {kolo::test::built_program("src/kolorun"),
+                                   "-np",
+                                   "2",
                                    kolo::test::built_program("tests/kolo_test_elastic_driver"),
-                                   scratch.path("stop"), "2", "10"};
+                                   scratch.path("stop"),
+                                   "2",
+                                   "10"};
   Process job(argv, {});
   wait_for_count(job, "of 2 started", 2);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a few dozen updates
@@ -397,7 +409,8 @@ TEST_CASE("a driver that cannot be reached, a rank without a slot: every rank sa
     // Nothing listens at the address: every update fails on both ranks, naming it, bounded by
     // KOLO_TIMEOUT; the ranks go on.
     Process job({kolorun, "-np", "2", worker, scratch.path("stop"), "5", "10"},
-                {{"KOLO_ELASTIC_ADDR", address}, {"KOLO_ELASTIC_SLOT", "somewhere:0"},
+                {{"KOLO_ELASTIC_ADDR", address},
+                 {"KOLO_ELASTIC_SLOT", "somewhere:0"},
                  {"KOLO_TIMEOUT", "2"}});
     std::string message = "rank 0 got no plan from the driver at KOLO_ELASTIC_ADDR=" + address;
     std::string output = wait_for_count(job, message, 2, 30);
