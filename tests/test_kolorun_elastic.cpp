@@ -276,14 +276,22 @@ TEST_CASE("a newcomer that dies while joining fails the growth cleanly; its slot
   Scratch scratch;
   hosts(scratch, "localhost:2\n");
   std::ofstream(scratch.path("die")) << "die\n";
-  Process job = start_job(scratch, {"-np", "2", "--max-np", "3"},
-                          {{"ELASTIC_DIE_FILE", scratch.path("die")}, {"KOLO_TIMEOUT", "5"}});
+  Process job = start_job(
+      scratch, {"-np", "2", "--max-np", "3"},
+      {{"ELASTIC_DIE_FILE", scratch.path("die")}, {"ELASTIC_DIE_MS", "0"}, {"KOLO_TIMEOUT", "5"}});
   wait_for_count(job, "of 2 started", 2);
   hosts(scratch, "localhost:3\n");
-  std::string output = wait_for_count(job, "slot localhost:2: dying while joining", 1);
+  std::string output = wait_for_count(job, "slot localhost:2: dying before joining", 1);
   // The members' growth fails (bounded by KOLO_TIMEOUT), they shrink and go on; the driver
   // restarts the slot at the next update, and that newcomer joins.
   output = wait_for_count(job, "kolo_elastic_update failed at step", 2);
+  {
+    INFO(output);
+    std::regex timeout(
+        R"(kolo_elastic_update failed at step \d+: KOLO_ERR_TIMEOUT: [^\n]*0 of the 1 newcomer\(s\) arrived within 5 s)");
+    CHECK(std::distance(std::sregex_iterator(output.begin(), output.end(), timeout),
+                        std::sregex_iterator()) == 2);
+  }
   wait_for_count(job, "shrank to size 2", 2);
   output = wait_for_count(job, "size 2 -> 3 (1 joined, 0 left)", 2);
   CHECK_THAT(output, Contains("the rank in slot localhost:2"));

@@ -13,9 +13,9 @@
  * shrink (kolo_comm_shrink) and agree on the step to redo (allreduce min). Newcomers (started
  * with KOLO_INVITATION) join in kolo_comm_init and then take the step from rank 0.
  *
- * With ELASTIC_DIE_FILE set to a file that exists, a newcomer removes the file and kills itself
- * while it joins (after ELASTIC_DIE_MS milliseconds, 20 by default): the test of a newcomer that
- * dies while joining.
+ * With ELASTIC_DIE_FILE set to a file that exists, a newcomer removes the file and kills itself:
+ * before kolo_comm_init with ELASTIC_DIE_MS=0, else that many milliseconds into it (20 by
+ * default; the growth may have finished by then): the test of a newcomer that dies while joining.
  *
  * After each change of its communicator (an update, a shrink) it prints the wall-clock time at
  * which the first allreduce on the new one succeeded (bench/elastic_driver_times.py reads it).
@@ -103,6 +103,11 @@ int main(int argc, char** argv) {
   static long die_ms = 20;
   if (newcomer && die_file && unlink(die_file) == 0) {
     if (getenv("ELASTIC_DIE_MS")) die_ms = atol(getenv("ELASTIC_DIE_MS"));
+    if (die_ms == 0) { /* before it reaches the growth: the members wait for it in vain */
+      printf("slot %s: dying before joining\n", slot);
+      fflush(stdout);
+      raise(SIGKILL);
+    }
     pthread_t thread;
     pthread_create(&thread, NULL, die_soon, &die_ms);
   }
