@@ -144,7 +144,7 @@ class _HarnessDriver:
             if comm.rank == 0:
                 path = os.path.join(self.control, f"invitation-{self.calls}.json")
                 with open(path + ".tmp", "w") as file:
-                    json.dump({"invitation": comm.invite(), "join": join,
+                    json.dump({"invitation": comm.invite(), "join": join, "time": time.time(),
                                **self.plans[str(self.calls)]}, file)
                 os.rename(path + ".tmp", path)
             try:
@@ -161,12 +161,14 @@ def rank_train(name, control, out_dir, kill_name="", kill_step=-1):
     import kolo.torch as hvd
     from kolo.torch import elastic
     elastic._update_source = _HarnessDriver(control)
+    started = time.time()
     die = os.environ.get("ELASTIC_NEWCOMER_DIES")
     if die == "before init":  # never arrives: the members' growth times out
         os.kill(os.getpid(), signal.SIGKILL)
     hvd.init()
     if die == "after init":  # joined, but dies before the world's first collective
         os.kill(os.getpid(), signal.SIGKILL)
+    joined = time.time()
     x_all, y_all = _data()
     dataset = torch.utils.data.TensorDataset(x_all, y_all)
     model = _model(0 if name == "m0" else 100 + len(name) + hvd.rank())  # sync() gives rank 0's
@@ -176,7 +178,8 @@ def rank_train(name, control, out_dir, kill_name="", kill_step=-1):
     sampler = elastic.ElasticSampler(dataset, shuffle=True, seed=SHUFFLE_SEED)
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
     state = elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=0, history=[])
-    marks = {"resets": 0, "sizes": []}
+    # first_steps: (size, the time the first step of each call of train ended) for bench/
+    marks = {"resets": 0, "sizes": [], "first_steps": []}
 
     def on_reset():
         for group in optimizer.param_groups:
@@ -187,14 +190,20 @@ def rank_train(name, control, out_dir, kill_name="", kill_step=-1):
     @elastic.run
     def train(state):
         marks["sizes"].append(hvd.size())
+        first = True
         loss_function = torch.nn.MSELoss()
         while state.epoch < EPOCHS:
             for batch_idx, (x, y) in enumerate(loader):
                 if name == kill_name and state.step == kill_step:
+                    with open(os.path.join(out_dir, "kill"), "w") as file:
+                        file.write(repr(time.time()))
                     os.kill(os.getpid(), signal.SIGKILL)
                 optimizer.zero_grad()
                 loss_function(model(x), y).backward()
                 optimizer.step()
+                if first:
+                    marks["first_steps"].append((hvd.size(), time.time()))
+                    first = False
                 sampler.record_batch(batch_idx, BATCH_SIZE)
                 state.history.append([state.epoch, hvd.size(), batch_idx])
                 state.step += 1
@@ -212,7 +221,9 @@ def rank_train(name, control, out_dir, kill_name="", kill_step=-1):
     with open(os.path.join(out_dir, f"{name}.json"), "w") as file:
         json.dump({"name": name, "rank": hvd.rank(), "size": hvd.size(), "sha256": digest,
                    "parameters": parameters.tolist(), "history": state.history,
-                   "resets": marks["resets"], "sizes": marks["sizes"]}, file)
+                   "resets": marks["resets"], "sizes": marks["sizes"],
+                   "first_steps": marks["first_steps"], "started": started, "joined": joined},
+                  file)
     hvd.shutdown()
 
 
@@ -282,7 +293,7 @@ def _run_job(tmp_path, n, plans, kill_name="", kill_step=-1, timeout=150):
     output = "".join(f"---- {log_name}\n" + (tmp_path / log_name).read_text(errors="replace")
                      for log_name, _ in logs)
     results = {entry[:-len(".json")]: json.loads((out_dir / entry).read_text())
-               for entry in os.listdir(out_dir)}
+               for entry in os.listdir(out_dir) if entry.endswith(".json")}
     return job.returncode, {name: p.returncode for name, p in newcomers.items()}, results, \
         output
 
