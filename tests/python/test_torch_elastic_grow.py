@@ -156,11 +156,17 @@ class _HarnessDriver:
         return ElasticUpdate(1, 0, join, left, world.size, comm.size), comm
 
 
-def rank_train(name, control, out_dir, kill_name="", kill_step=-1):
+def rank_train(name, control, out_dir, kill_name="", kill_step=-1, waits=()):
+    """One rank (or newcomer) of the job. Played launcher (control names a folder): the harness
+    driver answers check_host_updates(). Real launcher (control ""): kolorun's driver does, and
+    waits lists [step, size, hosts]: before step `step`, rank 0 writes `hosts` (if any) to the
+    discovery script's file control_hosts and every rank commits every 0.2 s until the world has
+    `size` ranks (at most 60 s)."""
     import torch
     import kolo.torch as hvd
     from kolo.torch import elastic
-    elastic._update_source = _HarnessDriver(control)
+    if control:
+        elastic._update_source = _HarnessDriver(control)
     started = time.time()
     die = os.environ.get("ELASTIC_NEWCOMER_DIES")
     if die == "before init":  # never arrives: the members' growth times out
@@ -171,7 +177,7 @@ def rank_train(name, control, out_dir, kill_name="", kill_step=-1):
     joined = time.time()
     x_all, y_all = _data()
     dataset = torch.utils.data.TensorDataset(x_all, y_all)
-    model = _model(0 if name == "m0" else 100 + len(name) + hvd.rank())  # sync() gives rank 0's
+    model = _model(0 if hvd.rank() == 0 else 100 + hvd.rank())  # sync() gives rank 0's
     optimizer = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=BASE_LR * hvd.size(), momentum=0.9),
         named_parameters=model.named_parameters())
@@ -194,7 +200,11 @@ def rank_train(name, control, out_dir, kill_name="", kill_step=-1):
         loss_function = torch.nn.MSELoss()
         while state.epoch < EPOCHS:
             for batch_idx, (x, y) in enumerate(loader):
-                if name == kill_name and state.step == kill_step:
+                for step, wanted, hosts in waits:
+                    if state.step == step:
+                        _wait_for_size(hvd, state, wanted, hosts, out_dir)
+                if name == kill_name and state.step == kill_step and \
+                        not os.path.exists(os.path.join(out_dir, "kill")):
                     with open(os.path.join(out_dir, "kill"), "w") as file:
                         file.write(repr(time.time()))
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -227,9 +237,26 @@ def rank_train(name, control, out_dir, kill_name="", kill_step=-1):
     hvd.shutdown()
 
 
+def _wait_for_size(hvd, state, wanted, hosts, out_dir):
+    """Under kolorun's driver: rank 0 changes what the discovery script prints, and every rank
+    commits (check_host_updates: HostsUpdatedInterrupt once the world changed) until the world
+    has `wanted` ranks. Every rank sees the same size, so all make the same commits."""
+    if hosts and hvd.rank() == 0:
+        with open(os.path.join(out_dir, "hosts.tmp"), "w") as file:
+            file.write(hosts)
+        os.rename(os.path.join(out_dir, "hosts.tmp"), os.path.join(out_dir, "hosts"))
+    deadline = time.monotonic() + 60
+    while hvd.size() != wanted:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the world has {hvd.size()} ranks, not {wanted}, after 60 s")
+        time.sleep(0.2)
+        state.commit()
+
+
 def _main():
     arguments = json.loads(sys.argv[1])
-    name = os.environ.get("ELASTIC_NAME") or f"m{os.environ['KOLO_RANK']}"
+    name = os.environ.get("ELASTIC_NAME") or os.environ.get("KOLO_ELASTIC_SLOT") or \
+        f"m{os.environ['KOLO_RANK']}"
     rank_train(name, **arguments)
 
 
@@ -301,7 +328,7 @@ def _run_job(tmp_path, n, plans, kill_name="", kill_step=-1, timeout=150):
 # ---- the replay ----------------------------------------------------------------------------
 
 def _replay(history):
-    """Trains the model of rank m0 as the job should have, without kolo: for each recorded step
+    """Trains the model of the job's first rank 0 as the job should have, without kolo: for each recorded step
     (epoch, world size, batch index since the sampler's last reset; a batch index 0 is a reset,
     after which the rest of the epoch is cut into shards by the rule of _shards_by_hand), each
     rank's gradient on its batch, their mean, and an SGD step at BASE_LR * size. Also checks
@@ -359,10 +386,11 @@ def _check_against_replay(results, expected_names):
         f"expected results from {sorted(expected_names)}, got {sorted(results)}"
     digests = {name: r["sha256"] for name, r in results.items()}
     assert len(set(digests.values())) == 1, f"the ranks ended with different parameters: {digests}"
-    history = results["m0"]["history"]
+    reference = results[sorted(results)[0]]
+    history = reference["history"]
     assert all(r["history"] == history for r in results.values())
     replayed = _replay(history)
-    got = torch.tensor(results["m0"]["parameters"])
+    got = torch.tensor(reference["parameters"])
     difference = (got - replayed).abs().max().item()
     print(f"elastic grow: {len(history)} steps at sizes "
           f"{[size for _, size, _ in history]}; max |job - replay| = {difference:.2e}")
@@ -411,6 +439,43 @@ def test_a_rank_leaves_and_newcomers_die_while_joining(tmp_path, capsys):
     sizes = [size for _, size, _ in history]
     assert sizes[:4] == [3] * 4 and set(sizes[4:]) == {2}, sizes
     assert results["m0"]["resets"] == 3, results["m0"]
+
+
+def _kolorun_has_discovery():
+    help_text = subprocess.run([ranks.kolorun_path(), "--help"], capture_output=True, text=True,
+                               timeout=30).stdout
+    return "--host-discovery-script" in help_text
+
+
+def test_2_to_4_to_3_to_4_under_kolorun_elastic_with_a_discovery_script(tmp_path, capsys):
+    """The same run under the real launcher: the discovery script prints the file out/hosts
+    (localhost:2, then localhost:4 from rank 0 before step 4); the driver starts two newcomers
+    for slots 2 and 3; slot 3's first process kills itself at step 9; the driver starts its slot
+    again at a later commit, and the ranks wait for 4 before step 12."""
+    if not _kolorun_has_discovery():
+        pytest.skip("this kolorun has no --host-discovery-script (branch wt-elastic)")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "hosts").write_text("localhost:2\n")
+    arguments = json.dumps({"control": "", "out_dir": str(out_dir), "kill_name": "localhost:3",
+                            "kill_step": 9, "waits": [[4, 4, "localhost:4\n"], [12, 4, ""]]})
+    timeout = 150
+    command = [ranks.kolorun_path(), "--elastic", "-np", "2", "--min-np", "2", "--max-np", "4",
+               "--host-discovery-script", f"cat {out_dir / 'hosts'}", "--timeout",
+               str(timeout), "--grace", "3", ranks.PYTHON, os.path.abspath(__file__), arguments]
+    status, output = ranks.run_command(command, timeout, {"KOLO_TIMEOUT": str(TIMEOUT_S)})
+    with capsys.disabled():
+        print("\n" + "\n".join(line for line in output.splitlines()
+                                if line.startswith("elastic grow:")))
+    results = {entry[:-len(".json")]: json.loads((out_dir / entry).read_text())
+               for entry in os.listdir(out_dir) if entry.endswith(".json")}
+    assert (out_dir / "kill").exists(), f"slot localhost:3 did not kill itself:\n{output[-6000:]}"
+    assert status == 0, f"kolorun exited with {status}:\n{output[-6000:]}"
+    with capsys.disabled():
+        history = _check_against_replay(results, [f"localhost:{i}" for i in range(4)])
+    sizes = [size for _, size, _ in history]
+    collapsed = [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s]
+    assert collapsed == [2, 4, 3, 4], f"the world went through {collapsed}"
 
 
 if __name__ == "__main__":
