@@ -328,18 +328,18 @@ def _run_job(tmp_path, n, plans, kill_name="", kill_step=-1, timeout=150):
 # ---- the replay ----------------------------------------------------------------------------
 
 def _replay(history):
-    """Trains the model of the job's first rank 0 as the job should have, without kolo: for each recorded step
-    (epoch, world size, batch index since the sampler's last reset; a batch index 0 is a reset,
-    after which the rest of the epoch is cut into shards by the rule of _shards_by_hand), each
-    rank's gradient on its batch, their mean, and an SGD step at BASE_LR * size. Also checks
-    that each epoch processed every index, with fewer repeats than ranks. Returns the
-    parameters as one tensor."""
+    """Trains the model of the job's first rank 0 as the job should have, without kolo: for each
+    recorded step (epoch, world size, batch index since the sampler's last reset; a batch index 0
+    is a reset, after which the rest of the epoch is cut into shards by the rule of
+    _shards_by_hand), each rank's gradient on its batch, their mean, and an SGD step at BASE_LR *
+    size. Also checks that each epoch processed every index, with fewer repeats than ranks.
+    Returns the parameters as one tensor."""
     import torch
     x_all, y_all = _data()
     model = _model(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=BASE_LR, momentum=0.9)
     loss_function = torch.nn.MSELoss()
-    epoch, processed, counts, shards = None, set(), collections.Counter(), None
+    epoch, processed, counts, shards, size_at_end = None, set(), collections.Counter(), None, 0
     for step_epoch, size, batch_idx in history + [[EPOCHS, 1, 0]]:
         if step_epoch != epoch:
             if epoch is not None:

@@ -204,8 +204,9 @@ class State:
 
     def register_reset_callbacks(self, callbacks):
         """Adds callables (no arguments) that on_reset() calls, in order, after each loss of
-        ranks and each change of the world at a commit (not on a newcomer's first sync): where the learning rate and whatever else depends on the number of ranks is
-        adjusted (hvd.size() is the new size there)."""
+        ranks and each change of the world at a commit (not on a newcomer's first sync): where
+        the learning rate and whatever else depends on the number of ranks is adjusted
+        (hvd.size() is the new size there)."""
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self):
@@ -340,9 +341,9 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     Each epoch's order is a permutation of range(len(dataset)) seeded by seed + epoch (or the
     natural order when shuffle is False), the same on every rank. reset() (at construction,
-    set_epoch() and after each change of the world, through TorchState.sync) takes the indices of that order
-    not recorded as processed, pads them by repeating from their start to a multiple of the
-    number of ranks, and gives rank r every size-th one from position r: len(sampler) is the
+    set_epoch() and after each change of the world, through TorchState.sync) takes the indices of
+    that order not recorded as processed, pads them by repeating from their start to a multiple of
+    the number of ranks, and gives rank r every size-th one from position r: len(sampler) is the
     same on every rank, and the padding (fewer than size indices) is the only repetition. The
     shards stay fixed until the next reset(), whatever is recorded meanwhile.
 
