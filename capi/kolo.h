@@ -552,6 +552,66 @@ KOLO_API kolo_status_t kolo_comm_invite(kolo_comm_t comm, char *buf, size_t len)
  */
 KOLO_API kolo_status_t kolo_comm_grow(kolo_comm_t comm, int new_size, kolo_comm_t *newcomm);
 
+/* ---- Elastic jobs under a launcher --------------------------------------------------------- */
+
+/* What one kolo_elastic_update did (all zero when it changed nothing). */
+typedef struct kolo_elastic_update {
+  int changed;  /* 1: ranks left or joined in this call; 0: nothing to do (*newcomm is NULL) */
+  int leaving;  /* 1 on a rank whose slot the launcher removed: *newcomm is NULL */
+  int joined;   /* ranks that joined */
+  int left;     /* ranks that left (gracefully, at this call) */
+  int old_size; /* comm's size */
+  int new_size; /* the new communicator's size (comm's when nothing changed, 0 on a leaving rank) */
+} kolo_elastic_update_t;
+
+/*
+ * Applies the plan of the launcher's elastic driver (`kolorun --elastic --host-discovery-script`,
+ * docs/elastic.md): ranks on hosts that went away leave, and ranks the driver started on new or
+ * freed slots join. A collective call on comm: every rank calls it at the same point, such as
+ * each commit of the training state, in the same order as comm's other collectives.
+ *
+ * Without KOLO_ELASTIC_ADDR in the environment it returns KOLO_SUCCESS at once with changed = 0,
+ * *newcomm NULL, and sends nothing. Under the driver, which sets KOLO_ELASTIC_ADDR (its store,
+ * authenticated with the job secret) and KOLO_ELASTIC_SLOT (each process's slot, "host:n"):
+ *   1. Every rank's slot is gathered to rank 0 (a collective on comm), which asks the driver for
+ *      the plan: one request, answered at once, waited for up to KOLO_TIMEOUT.
+ *   2. Rank 0 broadcasts the plan over comm, so that every rank acts on the same one. No change:
+ *      changed = 0, *newcomm NULL, comm as before.
+ *   3. The ranks whose slots the plan removes get leaving = 1 and *newcomm NULL: they should
+ *      destroy comm and exit with status 0 (the driver does not count that as a failure; a rank
+ *      still running a grace time after it left is killed). The others form, as kolo_comm_split
+ *      does, a communicator of the ranks that stay, in their order in comm.
+ *   4. When newcomers join, the rank 0 of those that stay makes an invitation (kolo_comm_invite)
+ *      and hands it to the driver, which starts the newcomers with KOLO_INVITATION (and without
+ *      KOLO_RANK or KOLO_SIZE): their kolo_comm_init joins the growth. The members then grow
+ *      (kolo_comm_grow) to the new size; the newcomers are ranked after them.
+ * On success *newcomm (when changed and not leaving) is a new communicator the caller owns, as
+ * one from kolo_comm_init, with its own connections and fusion engine; comm stays valid until
+ * kolo_comm_destroy and is, after a growth, broken: every later call on it and every named
+ * request still pending on it fails with KOLO_ERR_CANCELLED (after a removal alone, comm keeps
+ * working, as after a split). Destroy comm and go on with *newcomm.
+ *
+ * Errors, with kolo_comm_last_error naming what happened; every wait is bounded by KOLO_TIMEOUT:
+ *   - The driver cannot be reached, or its answer cannot be read (steps 1-2): every rank returns
+ *     the same status (KOLO_ERR_TIMEOUT, KOLO_ERR_PEER_LOST, KOLO_ERR_SYSTEM, ...) and the same
+ *     message; nothing changed and comm is usable. Call again at the next commit.
+ *   - A rank of comm that is lost meanwhile: the errors of kolo_allreduce (KOLO_ERR_PEER_LOST);
+ *     recover with kolo_comm_shrink, as after any lost rank.
+ *   - A growth that fails (a newcomer that died while joining, too few newcomers within
+ *     KOLO_TIMEOUT): every member returns kolo_comm_grow's error, and the communicator it was
+ *     grown from is broken. kolo_comm_shrink(comm) then gives the ranks that stayed a working
+ *     communicator again (the ranks that left are gone), and the next kolo_elastic_update asks
+ *     the driver again: it restarts a newcomer that failed, within its --reset-limit.
+ * A KOLO_ELASTIC_SLOT that is missing or malformed on any rank fails every rank with
+ * KOLO_ERR_CONFIG naming that rank (comm usable).
+ *
+ * Returns KOLO_ERR_INVALID_ARGUMENT for a NULL comm, update or newcomm (nothing is sent, comm
+ * usable); otherwise KOLO_SUCCESS or an error as above, with *newcomm NULL. *update is zeroed
+ * first and filled on success.
+ */
+KOLO_API kolo_status_t kolo_elastic_update(kolo_comm_t comm, kolo_elastic_update_t *update,
+                                           kolo_comm_t *newcomm);
+
 /* ---- Named asynchronous operations: the fusion engine ------------------------------------- */
 
 /*

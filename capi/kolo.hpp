@@ -637,6 +637,14 @@ class Comm {
     return Comm(child);
   }
 
+  // kolo_elastic_update: the launcher's plan, applied. update says what changed; the returned
+  // Comm is the new communicator (empty when nothing changed or this rank leaves).
+  Comm elastic_update(kolo_elastic_update_t& update) {
+    kolo_comm_t child = nullptr;
+    detail::check(kolo_elastic_update(handle_, &update, &child), handle_);
+    return Comm(child);
+  }
+
   // ---- Named asynchronous operations (the fusion engine) ----
   // The buffers must stay valid and untouched until the request has completed (kolo.h).
 

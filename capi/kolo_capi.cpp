@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/elastic.hpp"
 #include "fusion/engine.hpp"
 #include "kolo/dtype.hpp"
 #include "kolo/status.hpp"
@@ -354,6 +355,33 @@ kolo_status_t kolo_comm_grow(kolo_comm_t comm, int new_size, kolo_comm_t* newcom
     auto handle = std::make_unique<kolo_comm>();
     handle->communicator = communicator.grow(new_size);
     *newcomm = handle.release();
+  });
+}
+
+kolo_status_t kolo_elastic_update(kolo_comm_t comm, kolo_elastic_update_t* update,
+                                  kolo_comm_t* newcomm) {
+  if (newcomm) *newcomm = nullptr;
+  if (update) *update = kolo_elastic_update_t{};
+  return guarded(comm, [&] {
+    kolo::Communicator& communicator = communicator_of(comm);
+    if (!update) {
+      throw kolo::Error(kolo::Status::kInvalidArgument, "kolo_elastic_update: update is NULL");
+    }
+    if (!newcomm) {
+      throw kolo::Error(kolo::Status::kInvalidArgument, "kolo_elastic_update: newcomm is NULL");
+    }
+    kolo::ElasticOutcome outcome = kolo::elastic_update(communicator);
+    if (outcome.comm) {
+      auto handle = std::make_unique<kolo_comm>();
+      handle->communicator = std::move(outcome.comm);
+      *newcomm = handle.release();
+    }
+    update->changed = outcome.changed;
+    update->leaving = outcome.leaving;
+    update->joined = outcome.joined;
+    update->left = outcome.left;
+    update->old_size = outcome.old_size;
+    update->new_size = outcome.new_size;
   });
 }
 

@@ -30,7 +30,7 @@ LAYERS = {
     "fusion": ["ring", "gpu", "transport", "core"],
     "comm": ["fusion", "gpu", "ring", "transport", "bootstrap", "net", "core"],
     "capi": ["comm", "fusion", "core"],
-    "tools": [],
+    "tools": ["comm", "bootstrap", "net", "core"],
     "bench": ["capi"],
 }
 

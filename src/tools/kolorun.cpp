@@ -1,7 +1,9 @@
 // kolorun: starts N ranks of one program, on this machine or across hosts, and supervises them.
 //
 //   kolorun -np N [-H host:slots,... | --hostfile FILE] [--tag-output] [--timeout S] [--grace S]
-//           [--elastic] [-x NAME[=VALUE]]... [--ssh-port P] [--ssh-identity-file F] [--verbose]
+//           [--elastic [--host-discovery-script S --min-np A --max-np B --slots-per-host K
+//                       --reset-limit R --start-timeout T]]
+//           [-x NAME[=VALUE]]... [--ssh-port P] [--ssh-identity-file F] [--verbose]
 //           [--] program [args...]
 //
 // Each rank runs with the environment plus KOLO_RANK=i, KOLO_SIZE=N, KOLO_LOCAL_RANK (its place
@@ -61,7 +63,10 @@
 // With --elastic, for jobs that survive a lost rank (kolo_comm_shrink, kolo.torch.elastic), a rank
 // killed by a signal is reported and the others go on; kolorun then exits 0 when every rank that
 // exited on its own exited 0, and with the first killed rank's status when none did. A rank that
-// exits non-zero still stops the job. --timeout stops the job the same way and exits 124. Bad
+// exits non-zero still stops the job. With --elastic and --host-discovery-script, the driver
+// (elastic_driver.hpp) starts the ranks on the slots a script names, grows and shrinks the job
+// with them (kolo_elastic_update), restarts failed ranks' slots and decides the exit status.
+// --timeout stops the job the same way and exits 124. Bad
 // arguments exit 2; a program that cannot be executed makes its ranks exit 127; a host that ssh
 // cannot reach makes kolorun exit with ssh's status (255). What kolorun says about a rank names
 // it, its pid and its host.
@@ -94,7 +99,10 @@
 #include <string_view>
 #include <vector>
 
+#include "core/config.hpp"
+#include "kolo/status.hpp"
 #include "kolo_build_config.h"
+#include "tools/elastic_driver.hpp"
 
 extern char** environ;
 
@@ -201,6 +209,7 @@ struct Child {
   const HostPlan* plan = nullptr;
   int control_fd = -1;  // remote: ssh's stdin, which carries signals to the agent
   Clock::time_point kill_ssh_at = kNever;
+  std::string slot;  // --host-discovery-script: its KOLO_ELASTIC_SLOT
 
   std::string ranks_text() const { return describe_ranks(first_rank, rank_count); }
 };
@@ -419,7 +428,9 @@ std::vector<std::string> normalize_arguments(int argc, char** argv) {
     if (arg == "--" || arg.empty() || arg[0] != '-') break;
     if (arg == "-np" || arg.starts_with("-np=")) arg.insert(0, "-");
     for (const char* with_value : {"--np", "-n", "--timeout", "--grace", "-H", "--host",
-                                   "--hostfile", "-x", "--ssh-port", "--ssh-identity-file"}) {
+                                   "--hostfile", "-x", "--ssh-port", "--ssh-identity-file", "--min-np",
+                                   "--max-np", "--host-discovery-script", "--slots-per-host",
+                                   "--reset-limit", "--start-timeout"}) {
       if (arg == with_value) ++i;  // its value
     }
   }
@@ -510,6 +521,7 @@ struct Job {
   int finished = 0;               // ranks that exited on their own
   std::vector<Child> children;
   int running = 0;
+  kolorun::ElasticDriver* driver = nullptr;  // --host-discovery-script: starts and plans the ranks
   std::optional<int> failure_code;  // exit code of the first rank that failed
   bool stopping = false, timed_out = false;
   Clock::time_point kill_at = kNever, timeout_at = kNever, ready_by = kNever;
@@ -536,6 +548,36 @@ struct Job {
     ::setenv("KOLO_RANK", std::to_string(index).c_str(), 1);
     ::setenv("KOLO_LOCAL_RANK", std::to_string(index - plan.first_rank).c_str(), 1);
     ::setenv("KOLO_LOCAL_SIZE", std::to_string(plan.rank_count).c_str(), 1);
+    return spawn(index, plan, {}) > 0;
+  }
+
+  // The elastic driver's start of one rank in a slot of this machine: an initial rank, or a
+  // newcomer (KOLO_INVITATION, no KOLO_RANK or KOLO_SIZE: the growth decides them). Its pid, or
+  // -1 (errno set).
+  pid_t start_in_slot(const kolorun::RankLaunch& launch) {
+    ::setenv("KOLO_ELASTIC_SLOT", launch.slot.c_str(), 1);
+    if (launch.rank >= 0) {
+      ::unsetenv("KOLO_INVITATION");
+      for (const char* name : {"KOLO_RANK", "KOLO_LOCAL_RANK"}) {
+        ::setenv(name, std::to_string(launch.rank).c_str(), 1);
+      }
+      for (const char* name : {"KOLO_SIZE", "KOLO_LOCAL_SIZE"}) {
+        ::setenv(name, std::to_string(launch.size).c_str(), 1);
+      }
+    } else {
+      for (const char* name : {"KOLO_RANK", "KOLO_LOCAL_RANK", "KOLO_SIZE", "KOLO_LOCAL_SIZE"}) {
+        ::unsetenv(name);
+      }
+      ::setenv("KOLO_INVITATION", launch.invitation.c_str(), 1);
+    }
+    pid_t pid = spawn(launch.rank, hosts[0], launch.slot);
+    ::unsetenv("KOLO_INVITATION");
+    return pid;
+  }
+
+  // Forks one rank (index -1: a newcomer, named by its slot) with kolorun's environment as it is
+  // now. Its pid, or -1 (errno set).
+  pid_t spawn(int index, const HostPlan& plan, const std::string& slot) {
     const bool hand_down = index == 0 && store_fd >= 0;
     if (hand_down) {
       ::setenv("KOLO_STORE_FD", std::to_string(store_fd).c_str(), 1);
@@ -546,10 +588,10 @@ struct Job {
     for (std::string& arg : command) argv.push_back(arg.data());
     argv.push_back(nullptr);
     int out_pipe[2], err_pipe[2];
-    if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) return false;
+    if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) return -1;
     pid_t parent = ::getpid();
     pid_t pid = ::fork();
-    if (pid < 0) return false;
+    if (pid < 0) return -1;
     if (pid == 0) {
       ::setpgid(0, 0);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -564,7 +606,9 @@ struct Job {
       if (hand_down) ::fcntl(store_fd, F_SETFD, 0);  // inherited across exec by rank 0 alone
       ::execvp(argv[0], argv.data());
       std::string error = std::strerror(errno);
-      write_all(STDERR_FILENO, fmt::format("kolorun: rank {} on {}: cannot run {}: {}\n", index,
+      write_all(STDERR_FILENO, fmt::format("kolorun: {} on {}: cannot run {}: {}\n",
+                                           index >= 0 ? fmt::format("rank {}", index)
+                                                      : "the newcomer in slot " + slot,
                                            host, command[0], error));
       _exit(127);
     }
@@ -579,8 +623,11 @@ struct Job {
     child.pid = pid;
     child.first_rank = index;
     child.plan = &plan;
-    adopt(std::move(child), out_pipe[0], err_pipe[0], tag(index, plan));
-    return true;
+    child.slot = slot;
+    std::string prefix = tag(index, plan);
+    if (index < 0 && tag_output) prefix = fmt::format("[+{}] ", slot);
+    adopt(std::move(child), out_pipe[0], err_pipe[0], prefix);
+    return pid;
   }
 
   // What the agent on `plan`'s host needs: the variables forwarded by default are PATH,
@@ -735,6 +782,7 @@ struct Job {
   }
 
   void stop(int signal) {  // the first stop also starts the grace period
+    if (driver) driver->stop();
     signal_ranks(signal);
     if (!stopping) kill_at = seconds_from_now(grace_s);
     stopping = true;
@@ -780,10 +828,16 @@ struct Job {
   void reap() {
     int status;
     for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
+      if (driver && std::none_of(children.begin(), children.end(),
+                                 [&](const Child& child) { return child.pid == pid; })) {
+        driver->reaped(pid, status);  // its discovery script
+        continue;
+      }
       for (Child& child : children) {
         if (child.pid != pid) continue;
         child.running = false;
         --running;
+        if (driver && driver->reaped(pid, status)) continue;  // it decides what a rank's end means
         if (child.remote) {
           remote_ended(child, status);
           continue;
@@ -872,11 +926,11 @@ struct Job {
     const bool remote_store = !hosts[0].local && !std::getenv("KOLO_ADDR");
     if (remote_store) ready_by = seconds_from_now(kAgentStartSeconds);
     if (control_in >= 0) take_control_lines();  // what came with the set-up, before any start
-    if (!stopping) start_host(hosts[0], remote_store);
-    size_t started = 1;
+    if (!stopping && !driver) start_host(hosts[0], remote_store);
+    size_t started = driver ? hosts.size() : 1;
     start_the_rest(&started);
     bool cleaning_up = false;  // every rank has exited; what they left behind is being stopped
-    while (running > 0 || cleaning_up) {
+    while (running > 0 || cleaning_up || (driver && driver->starting())) {
       std::vector<pollfd> polled = {{signal_fd, POLLIN, 0}};
       if (control_in >= 0) polled.push_back({control_in, POLLIN, 0});
       const size_t first_stream = polled.size();
@@ -894,6 +948,7 @@ struct Job {
       long wait_ms = deadline == kNever ? -1 : std::clamp<long>(until_deadline.count(), 0, 1000);
       // Leftovers that are not kolorun's children die without a SIGCHLD: look again soon.
       if (cleaning_up) wait_ms = wait_ms < 0 ? 50 : std::min(wait_ms, 50L);
+      if (driver) wait_ms = wait_ms < 0 ? driver->wait_ms() : std::min<long>(wait_ms, driver->wait_ms());
       ::poll(polled.data(), polled.size(), static_cast<int>(wait_ms));
       for (size_t i = first_stream; i < polled.size(); ++i) {
         if (polled[i].revents) streams[i - first_stream]->read_available();
@@ -906,6 +961,14 @@ struct Job {
         forward(signal);
       }
       reap();
+      if (driver && !stopping) {
+        driver->tick();
+        if (driver->fatal()) {
+          say("{}", *driver->fatal());
+          if (!failure_code) failure_code = 1;
+          stop(SIGTERM);
+        }
+      }
       start_the_rest(&started);
       Clock::time_point now = Clock::now();
       if (now >= ready_by) {
@@ -936,7 +999,7 @@ struct Job {
           ::kill(-child.pid, SIGKILL);
         }
       }
-      if (running == 0) {
+      if (running == 0 && !(driver && driver->starting())) {  // its script is no leftover
         cleaning_up = leftovers();
         if (cleaning_up && kill_at == kNever && !stopping) {
           if (verbose) say("stopping what the ranks left running");
@@ -958,6 +1021,7 @@ struct Job {
       if (child.control_fd >= 0) ::close(child.control_fd);
     }
     if (timed_out) return 124;
+    if (driver) return failure_code.value_or(driver->exit_code());
     if (!failure_code && finished == 0 && first_lost) return *first_lost;
     return failure_code.value_or(0);
   }
@@ -1072,6 +1136,7 @@ Examples:
   kolorun -np 8 -H node1:4,node2:4 python3 train.py
   kolorun -np 8 --hostfile hosts.txt -x NCCL_DEBUG python3 train.py
   KOLO_SECRET_FILE=~/.kolo-secret kolorun -np 2 ./my_program
+  kolorun --elastic -np 4 --min-np 2 --max-np 8 --host-discovery-script ./discover.sh ./train
 
 Across hosts (-H, --hostfile): ranks fill each host's slots in order (ranks 0-3 on node1 above).
 This machine's ranks start here, the others over ssh (BatchMode: keys and users from your ssh
@@ -1090,6 +1155,14 @@ Every rank gets kolorun's environment plus:
   KOLO_STORE_FD                rank 0 only: the listening socket bound at that port for it
   KOLO_SECRET                  a random job secret (kept when KOLO_SECRET or KOLO_SECRET_FILE is
                                set)
+
+Elastic jobs (--elastic --host-discovery-script S, docs/elastic.md): S runs about once a second
+and prints "host" or "host:slots" lines; the ranks call kolo_elastic_update at each commit, and
+then ranks on vanished hosts leave (exit 0), free slots get new ranks (up to --max-np), a failed
+rank's slot is restarted (up to --reset-limit), and below --min-np with no free slot the job stops
+(exit 1). A failing script is reported and its last good output kept; 10 failures in a row stop
+the job. Each rank also gets KOLO_ELASTIC_ADDR (the driver) and KOLO_ELASTIC_SLOT (host:n); a new
+rank gets KOLO_INVITATION instead of KOLO_RANK and KOLO_SIZE. Ranks start on this machine only.
 
 Output: each line of a rank goes whole to kolorun's stdout or stderr, the stream the rank wrote it
 to; --tag-output puts "[rank] " before it ("[rank@host] " across hosts).
@@ -1117,6 +1190,7 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::string_view(argv[1]) == "--agent") return agent_main();
   Job job;
   std::string host_list, hostfile;
+  kolorun::ElasticOptions elastic;
   std::vector<std::string> exports;
   CLI::App app{
       "kolorun: starts N ranks of a program on this machine or across hosts, with the KOLO_* "
@@ -1141,6 +1215,20 @@ int main(int argc, char** argv) {
   app.add_option("--grace", job.grace_s, "seconds between SIGTERM and SIGKILL when stopping (5)");
   app.add_flag("--elastic", job.elastic,
                "a rank killed by a signal does not stop the others (for kolo_comm_shrink)");
+  app.add_option("--host-discovery-script", elastic.script,
+                 "--elastic: a command printing the hosts to run on, one 'host' or 'host:slots' "
+                 "a line, run every second; ranks follow it (docs/elastic.md)");
+  app.add_option("--min-np", elastic.min_np,
+                 "--elastic with a discovery script: the fewest ranks the job runs with (-np)");
+  app.add_option("--max-np", elastic.max_np,
+                 "--elastic with a discovery script: the most ranks the job grows to (no limit)");
+  app.add_option("--slots-per-host", elastic.slots_per_host,
+                 "--elastic with a discovery script: the slots of a host printed without (1)");
+  app.add_option("--reset-limit", elastic.reset_limit,
+                 "--elastic with a discovery script: how often a failed rank's slot is restarted "
+                 "(no limit)");
+  app.add_option("--start-timeout", elastic.start_timeout_s,
+                 "--elastic with a discovery script: seconds to wait for --min-np slots (60)");
   app.add_flag("-v,--verbose", job.verbose, "say what kolorun does");
   app.set_version_flag("--version", "kolorun (kolo) " KOLO_VERSION_STRING);
   app.prefix_command();  // the program and everything after it are left in remaining()
@@ -1189,6 +1277,36 @@ int main(int argc, char** argv) {
     problem = fmt::format("--ssh-port {}: not a port number", job.ssh_port);
   } else if (job.hosts.empty()) {
     job.hosts.push_back({job.host, job.size, true, 0, 0});
+  }
+  const bool discovering = app.count("--host-discovery-script") > 0;
+  const bool elastic_flags = app.count("--min-np") + app.count("--max-np") +
+                                 app.count("--slots-per-host") + app.count("--reset-limit") +
+                                 app.count("--start-timeout") > 0;
+  if (!problem.empty()) {
+    // said below
+  } else if (elastic_flags && !discovering) {
+    problem = "--min-np, --max-np, --slots-per-host, --reset-limit and --start-timeout go with "
+              "--host-discovery-script";
+  } else if (discovering && !job.elastic) {
+    problem = "--host-discovery-script needs --elastic";
+  } else if (discovering && (!host_list.empty() || app.count("--hostfile") > 0)) {
+    problem = "--host-discovery-script names the hosts: give no -H or --hostfile";
+  } else if (discovering && elastic.script.empty()) {
+    problem = "--host-discovery-script is empty";
+  } else if (discovering) {
+    if (app.count("--min-np") == 0) elastic.min_np = job.size;
+    if (app.count("--max-np") == 0) elastic.max_np = 1 << 20;
+    elastic.np = job.size;
+    if (!(elastic.min_np >= 1 && elastic.min_np <= job.size && job.size <= elastic.max_np)) {
+      problem = fmt::format("--elastic needs 1 <= --min-np <= -np <= --max-np, not {} <= {} <= {}",
+                            elastic.min_np, job.size, elastic.max_np);
+    } else if (elastic.slots_per_host < 1 || elastic.slots_per_host > 100000) {
+      problem = fmt::format("--slots-per-host {}: expected 1 to 100000", elastic.slots_per_host);
+    } else if (app.count("--reset-limit") > 0 && elastic.reset_limit < 0) {
+      problem = fmt::format("--reset-limit {}: expected 0 or more", elastic.reset_limit);
+    } else if (!(elastic.start_timeout_s > 0) || std::isinf(elastic.start_timeout_s)) {
+      problem = "--start-timeout must be a finite number of seconds above 0";
+    }
   }
   if (problem.empty()) problem = place_ranks(job.size, job.hosts);
   for (const std::string& exported : exports) {
@@ -1257,8 +1375,35 @@ int main(int argc, char** argv) {
     ::setenv("KOLO_SECRET", make_secret().c_str(), 1);
   }
   ::setenv("KOLO_SIZE", std::to_string(job.size).c_str(), 1);
+  if (discovering) {  // the driver's store proves the job secret the ranks will hold
+    kolo::ConfigOverrides overrides;
+    overrides.rank = 0;
+    overrides.size = 1;
+    overrides.addr = "127.0.0.1:1";
+    try {
+      kolo::Config config = kolo::resolve_config(overrides, kolo::process_environment());
+      elastic.secret = config.secret;
+      elastic.rank_timeout_s = config.timeout_s;
+    } catch (const kolo::Error& error) {
+      say("{}", error.what());
+      return 2;
+    }
+    elastic.is_this_machine = is_this_machine;
+  }
 
   int signal_fd = handle_signals();
+  std::unique_ptr<kolorun::ElasticDriver> driver;
+  if (discovering) {  // after handle_signals: the store's thread must not take kolorun's signals
+    driver = std::make_unique<kolorun::ElasticDriver>(
+        elastic, [&job](const kolorun::RankLaunch& launch) { return job.start_in_slot(launch); },
+        [](const std::string& message) { say("{}", message); }, job.verbose);
+    std::string failed = driver->serve();
+    if (!failed.empty()) {
+      say("{}", failed);
+      return 1;
+    }
+    job.driver = driver.get();
+  }
   if (job.verbose) {
     for (const HostPlan& plan : job.hosts) {
       say("{} on {}{}", describe_ranks(plan.first_rank, plan.rank_count), plan.name,
