@@ -20,6 +20,7 @@ import collections
 import hashlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -447,28 +448,39 @@ def _kolorun_has_discovery():
     return "--host-discovery-script" in help_text
 
 
+def _run_under_driver(tmp_path, np_, max_np, hosts, kill_name="", kill_step=-1, waits=()):
+    """Runs the job under `kolorun --elastic --verbose --host-discovery-script "cat out/hosts"`
+    (hosts: what that file says at the start). Returns (kolorun's exit status, output, results
+    by slot name, out folder)."""
+    if not _kolorun_has_discovery():
+        pytest.skip("this kolorun has no --host-discovery-script")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "hosts").write_text(hosts)
+    arguments = json.dumps({"control": "", "out_dir": str(out_dir), "kill_name": kill_name,
+                            "kill_step": kill_step, "waits": list(waits)})
+    timeout = 150
+    command = [ranks.kolorun_path(), "--elastic", "--verbose", "-np", str(np_), "--min-np", "2",
+               "--max-np", str(max_np), "--host-discovery-script", f"cat {out_dir / 'hosts'}",
+               "--timeout", str(timeout), "--grace", "3", ranks.PYTHON,
+               os.path.abspath(__file__), arguments]
+    status, output = ranks.run_command(command, timeout, {"KOLO_TIMEOUT": str(TIMEOUT_S)})
+    results = {entry[:-len(".json")]: json.loads((out_dir / entry).read_text())
+               for entry in os.listdir(out_dir) if entry.endswith(".json")}
+    return status, output, results, out_dir
+
+
 def test_2_to_4_to_3_to_4_under_kolorun_elastic_with_a_discovery_script(tmp_path, capsys):
-    """The same run under the real launcher: the discovery script prints the file out/hosts
+    """The run under the real launcher: the discovery script prints the file out/hosts
     (localhost:2, then localhost:4 from rank 0 before step 4); the driver starts two newcomers
     for slots 2 and 3; slot 3's first process kills itself at step 9; the driver starts its slot
     again at a later commit, and the ranks wait for 4 before step 12."""
-    if not _kolorun_has_discovery():
-        pytest.skip("this kolorun has no --host-discovery-script (branch wt-elastic)")
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    (out_dir / "hosts").write_text("localhost:2\n")
-    arguments = json.dumps({"control": "", "out_dir": str(out_dir), "kill_name": "localhost:3",
-                            "kill_step": 9, "waits": [[4, 4, "localhost:4\n"], [12, 4, ""]]})
-    timeout = 150
-    command = [ranks.kolorun_path(), "--elastic", "-np", "2", "--min-np", "2", "--max-np", "4",
-               "--host-discovery-script", f"cat {out_dir / 'hosts'}", "--timeout",
-               str(timeout), "--grace", "3", ranks.PYTHON, os.path.abspath(__file__), arguments]
-    status, output = ranks.run_command(command, timeout, {"KOLO_TIMEOUT": str(TIMEOUT_S)})
+    status, output, results, out_dir = _run_under_driver(
+        tmp_path, 2, 4, "localhost:2\n", kill_name="localhost:3", kill_step=9,
+        waits=[[4, 4, "localhost:4\n"], [12, 4, ""]])
     with capsys.disabled():
         print("\n" + "\n".join(line for line in output.splitlines()
                                 if line.startswith("elastic grow:")))
-    results = {entry[:-len(".json")]: json.loads((out_dir / entry).read_text())
-               for entry in os.listdir(out_dir) if entry.endswith(".json")}
     assert (out_dir / "kill").exists(), f"slot localhost:3 did not kill itself:\n{output[-6000:]}"
     assert status == 0, f"kolorun exited with {status}:\n{output[-6000:]}"
     with capsys.disabled():
@@ -476,6 +488,22 @@ def test_2_to_4_to_3_to_4_under_kolorun_elastic_with_a_discovery_script(tmp_path
     sizes = [size for _, size, _ in history]
     collapsed = [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s]
     assert collapsed == [2, 4, 3, 4], f"the world went through {collapsed}"
+
+
+def test_a_rank_whose_host_slot_goes_away_leaves_with_status_0(tmp_path, capsys):
+    """Three ranks; before step 4 the discovery script's file drops to localhost:2: slot
+    localhost:2 leaves at the next commit (SystemExit(0) out of run(), kolorun says it exited 0
+    and left) and the two others finish, against the replay."""
+    status, output, results, _ = _run_under_driver(
+        tmp_path, 3, 3, "localhost:3\n", waits=[[4, 2, "localhost:2\n"]])
+    assert status == 0, f"kolorun exited with {status}:\n{output[-6000:]}"
+    assert re.search(r"the rank in slot localhost:2 \(pid \d+\) exited 0: it left", output), \
+        output[-6000:]
+    with capsys.disabled():
+        print()
+        history = _check_against_replay(results, ["localhost:0", "localhost:1"])
+    sizes = [size for _, size, _ in history]
+    assert sizes[:4] == [3] * 4 and set(sizes[4:]) == {2}, sizes
 
 
 if __name__ == "__main__":
