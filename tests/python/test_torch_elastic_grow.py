@@ -168,6 +168,16 @@ def rank_train(name, control, out_dir, kill_name="", kill_step=-1, waits=()):
     from kolo.torch import elastic
     if control:
         elastic._update_source = _HarnessDriver(control)
+    updates = []  # (when the call began, new size) of each call that changed the world, for bench/
+    source = elastic._update_source
+
+    def timed_source(world):
+        began = time.time()
+        update, new_world = source(world)
+        if update.changed:
+            updates.append((began, update.new_size))
+        return update, new_world
+    elastic._update_source = timed_source
     started = time.time()
     die = os.environ.get("ELASTIC_NEWCOMER_DIES")
     if die == "before init":  # never arrives: the members' growth times out
@@ -233,7 +243,8 @@ def rank_train(name, control, out_dir, kill_name="", kill_step=-1, waits=()):
         json.dump({"name": name, "rank": hvd.rank(), "size": hvd.size(), "sha256": digest,
                    "parameters": parameters.tolist(), "history": state.history,
                    "resets": marks["resets"], "sizes": marks["sizes"],
-                   "first_steps": marks["first_steps"], "started": started, "joined": joined},
+                   "first_steps": marks["first_steps"], "started": started, "joined": joined,
+                   "updates": updates},
                   file)
     hvd.shutdown()
 
@@ -263,7 +274,7 @@ def _main():
 
 # ---- the launcher -----------------------------------------------------------------------------
 
-def _run_job(tmp_path, n, plans, kill_name="", kill_step=-1, timeout=150):
+def _run_job(tmp_path, n, plans, kill_name="", kill_step=-1, timeout=150, kolo_timeout=TIMEOUT_S):
     """Starts n ranks under kolorun --elastic and the newcomers of each invitation rank 0
     writes; waits for all (at most timeout seconds). Returns (kolorun's exit status, every
     newcomer's exit status by name, the results by name, the output)."""
@@ -274,7 +285,7 @@ def _run_job(tmp_path, n, plans, kill_name="", kill_step=-1, timeout=150):
     arguments = json.dumps({"control": str(control), "out_dir": str(out_dir),
                             "kill_name": kill_name, "kill_step": kill_step})
     # The newcomers are no children of kolorun: the job's secret is set here, for all.
-    env = ranks.test_environment({"KOLO_TIMEOUT": str(TIMEOUT_S),
+    env = ranks.test_environment({"KOLO_TIMEOUT": str(kolo_timeout),
                                   "KOLO_SECRET": secrets.token_hex(32)})
     if os.environ.get("ELASTIC_TRANSPORT"):
         env["KOLO_TRANSPORT"] = os.environ["ELASTIC_TRANSPORT"]
@@ -448,7 +459,8 @@ def _kolorun_has_discovery():
     return "--host-discovery-script" in help_text
 
 
-def _run_under_driver(tmp_path, np_, max_np, hosts, kill_name="", kill_step=-1, waits=()):
+def _run_under_driver(tmp_path, np_, max_np, hosts, kill_name="", kill_step=-1, waits=(),
+                      kolo_timeout=TIMEOUT_S):
     """Runs the job under `kolorun --elastic --verbose --host-discovery-script "cat out/hosts"`
     (hosts: what that file says at the start). Returns (kolorun's exit status, output, results
     by slot name, out folder)."""
@@ -464,7 +476,7 @@ def _run_under_driver(tmp_path, np_, max_np, hosts, kill_name="", kill_step=-1, 
                "--max-np", str(max_np), "--host-discovery-script", f"cat {out_dir / 'hosts'}",
                "--timeout", str(timeout), "--grace", "3", ranks.PYTHON,
                os.path.abspath(__file__), arguments]
-    status, output = ranks.run_command(command, timeout, {"KOLO_TIMEOUT": str(TIMEOUT_S)})
+    status, output = ranks.run_command(command, timeout, {"KOLO_TIMEOUT": str(kolo_timeout)})
     results = {entry[:-len(".json")]: json.loads((out_dir / entry).read_text())
                for entry in os.listdir(out_dir) if entry.endswith(".json")}
     return status, output, results, out_dir
