@@ -518,5 +518,45 @@ def test_a_rank_whose_host_slot_goes_away_leaves_with_status_0(tmp_path, capsys)
     assert sizes[:4] == [3] * 4 and set(sizes[4:]) == {2}, sizes
 
 
+def test_horovods_elastic_example_grows_under_the_driver(tmp_path):
+    """examples/horovod/pytorch_mnist_elastic.py (Horovod's elastic example, unchanged but for
+    the import) under `kolorun --elastic --host-discovery-script`: once it has printed its
+    first epoch on 2 ranks, the script's file names a third slot; a later epoch runs on 3 ranks
+    and the job ends with its test accuracy, exit status 0."""
+    if not _kolorun_has_discovery():
+        pytest.skip("this kolorun has no --host-discovery-script")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    example = os.path.join(ranks.CHECKOUT, "examples", "horovod", "pytorch_mnist_elastic.py")
+    command = [ranks.kolorun_path(), "--elastic", "-np", "2", "--min-np", "2", "--max-np", "3",
+               "--host-discovery-script", f"cat {hosts}", "--timeout", "150", ranks.PYTHON,
+               example, "--epochs", "12"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env=ranks.test_environment({"KOLO_TIMEOUT": str(TIMEOUT_S)}),
+                               start_new_session=True, text=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 170
+        for line in process.stdout:  # kolorun's --timeout ends the job, and so this loop
+            lines.append(line)
+            if line.startswith("epoch 0: 2 ranks"):
+                (tmp_path / "hosts.tmp").write_text("localhost:3\n")
+                os.rename(tmp_path / "hosts.tmp", hosts)
+            assert time.monotonic() < deadline, "the job ran past 170 s"
+        status = process.wait(timeout=30)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+    output = "".join(lines)
+    assert status == 0, f"kolorun exited with {status}:\n{output[-6000:]}"
+    sizes = [int(m) for m in re.findall(r"^epoch \d+: (\d+) ranks", output, re.MULTILINE)]
+    assert sizes[0] == 2 and sizes[-1] == 3 and sorted(sizes) == sizes, \
+        f"epochs ran on {sizes} ranks:\n{output[-6000:]}"
+    assert "Test set: Average loss" in output, output[-6000:]
+
+
 if __name__ == "__main__":
     _main()
