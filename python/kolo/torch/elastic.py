@@ -39,8 +39,8 @@ a new world, ranked in their old order), state.restore() (back to the last commi
 callbacks, state.sync() (every rank takes rank 0's state) and calls the function again. The
 sampler then shares the samples that the committed model has not seen over the new number of
 ranks. What was computed after the last commit is computed again, by the survivors: commit as
-often as that is worth, and at the same step on every rank (a commit is local and cheap for a
-small model: a copy of the state dicts).
+often as that is worth, and at the same step on every rank (a commit copies the state dicts,
+cheap for a small model, and under kolorun's driver asks it for updates: one small collective).
 
 sync() sends the state as pickles (broadcast_object, allgather_object,
 broadcast_optimizer_state), and unpickling runs whatever code the sender put in them: the job
@@ -61,7 +61,9 @@ nothing is sent). On a change:
     newcomers included) and the function again. The samplers then share the epoch's samples not
     yet processed over the new number of ranks.
 A newcomer is started by the launcher with KOLO_INVITATION: hvd.init() joins the growth, and
-run()'s first sync() gives it the state. If the growth fails (a newcomer that dies while joining,
+run()'s first sync() gives it the state. Between the two it may make no collective but the
+construction of its DistributedOptimizers, whose parameter check the members repeat when
+newcomers join (in the order the optimizers were made). If the growth fails (a newcomer that dies while joining,
 a driver out of reach), check_host_updates() raises the PeerLostError or KoloTimeoutError of
 kolo_elastic_update, and run() resets as after a loss: shrink() (the members that are alive,
 without the newcomers), restore() (the commit just made), callbacks, sync().
