@@ -863,10 +863,12 @@ TEST_CASE("the table of known variables is complete and well formed", "[config]"
                            "KOLO_AUTOTUNE_WINDOW_MS",
                            "KOLO_TCP_CONGESTION",
                            "KOLO_STORE_FD",
-                           "KOLO_INVITATION"}) {
+                           "KOLO_INVITATION",
+                           "KOLO_ELASTIC_ADDR",
+                           "KOLO_ELASTIC_SLOT"}) {
     CHECK(names.count(name) == 1);
   }
-  CHECK(names.size() == 32);
+  CHECK(names.size() == 34);
 }
 
 TEST_CASE("a newcomer's KOLO_INVITATION replaces the launcher's rank, size and address",

@@ -34,9 +34,9 @@
 
 #include "kolo.h"
 
-static const char *slot = "?";
+static const char* slot = "?";
 /* Set by a change of the communicator: the next allreduce that succeeds says when it ended. */
-static const char *changed_by = NULL;
+static const char* changed_by = NULL;
 
 static double wall_seconds(void) {
   struct timespec now;
@@ -50,8 +50,8 @@ static void sleep_ms(long ms) {
   }
 }
 
-static void *die_soon(void *arg) {
-  sleep_ms(*(long *)arg);
+static void* die_soon(void* arg) {
+  sleep_ms(*(long*)arg);
   printf("slot %s: dying while joining\n", slot);
   fflush(stdout);
   raise(SIGKILL);
@@ -59,12 +59,11 @@ static void *die_soon(void *arg) {
 }
 
 static int recoverable(kolo_status_t status) {
-  return status == KOLO_ERR_PEER_LOST || status == KOLO_ERR_TIMEOUT ||
-         status == KOLO_ERR_CANCELLED;
+  return status == KOLO_ERR_PEER_LOST || status == KOLO_ERR_TIMEOUT || status == KOLO_ERR_CANCELLED;
 }
 
 /* Shrinks *comm after a failure on it; the survivors agree on the step to redo. */
-static int recover(kolo_comm_t *comm, int64_t *step, kolo_status_t status, const char *what) {
+static int recover(kolo_comm_t* comm, int64_t* step, kolo_status_t status, const char* what) {
   printf("slot %s: %s failed at step %lld: %s (%s); shrinking\n", slot, what, (long long)*step,
          kolo_status_string(status), kolo_comm_last_error(*comm));
   kolo_comm_t shrunk = NULL;
@@ -89,18 +88,18 @@ static int recover(kolo_comm_t *comm, int64_t *step, kolo_status_t status, const
   return 1;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s STOP_FILE EVERY [STEP_MS]\n", argv[0]);
     return 2;
   }
-  const char *stop_file = argv[1];
+  const char* stop_file = argv[1];
   const int every = atoi(argv[2]);
   const long step_ms = argc > 3 ? atol(argv[3]) : 10;
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (getenv("KOLO_ELASTIC_SLOT")) slot = getenv("KOLO_ELASTIC_SLOT");
   const int newcomer = getenv("KOLO_INVITATION") != NULL;
-  const char *die_file = getenv("ELASTIC_DIE_FILE");
+  const char* die_file = getenv("ELASTIC_DIE_FILE");
   static long die_ms = 20;
   if (newcomer && die_file && unlink(die_file) == 0) {
     if (getenv("ELASTIC_DIE_MS")) die_ms = atol(getenv("ELASTIC_DIE_MS"));
@@ -181,8 +180,8 @@ int main(int argc, char **argv) {
     }
     if (!update.changed) continue;
     if (update.leaving) {
-      printf("slot %s: leaving at step %lld (size %d, %d left, %d joined)\n", slot,
-             (long long)step, update.old_size, update.left, update.joined);
+      printf("slot %s: leaving at step %lld (size %d, %d left, %d joined)\n", slot, (long long)step,
+             update.old_size, update.left, update.joined);
       kolo_comm_destroy(comm);
       return 0;
     }

@@ -50,9 +50,9 @@ std::string driver_address;
 StoreClient& driver(const Communicator& comm, const std::string& address) {
   if (!driver_client || driver_address != address) {
     driver_client.reset();
-    driver_client = std::make_unique<StoreClient>(
-        net::parse_endpoint(address, "KOLO_ELASTIC_ADDR"), comm.config().secret, comm.rank(),
-        comm.config().timeout_s);
+    driver_client =
+        std::make_unique<StoreClient>(net::parse_endpoint(address, "KOLO_ELASTIC_ADDR"),
+                                      comm.config().secret, comm.rank(), comm.config().timeout_s);
     driver_address = address;
   }
   return *driver_client;
@@ -80,14 +80,15 @@ Plan parse_plan(const std::string& text, int size) {
   for (long long rank; words >> rank;) {
     if (rank < 0 || rank >= size) {
       throw Error(Status::kInternal,
-                  fmt::format("the driver's plan '{}' names rank {} of a communicator of {}",
-                              text, rank, size));
+                  fmt::format("the driver's plan '{}' names rank {} of a communicator of {}", text,
+                              rank, size));
     }
     plan.leave_flags[static_cast<size_t>(rank)] = 1;
   }
   if (!words.eof()) {
     throw Error(Status::kInternal, fmt::format("the driver's plan '{}' has a word that is not a "
-                                               "rank", text));
+                                               "rank",
+                                               text));
   }
   return plan;
 }
@@ -151,9 +152,10 @@ ElasticOutcome elastic_update(Communicator& comm) {
       for (size_t i = 0; i < plan.leave_flags.size(); ++i) header[2 + i] = plan.leave_flags[i];
     } catch (const Error& error) {
       header[0] = static_cast<int32_t>(error.status());
-      std::string text = fmt::format("kolo_elastic_update: rank 0 got no plan from the driver at "
-                                     "KOLO_ELASTIC_ADDR={}: {}",
-                                     address, error.what());
+      std::string text = fmt::format(
+          "kolo_elastic_update: rank 0 got no plan from the driver at "
+          "KOLO_ELASTIC_ADDR={}: {}",
+          address, error.what());
       std::strncpy(message.data(), text.c_str(), kMessageBytes - 1);
     }
   }

@@ -35,8 +35,12 @@ std::string describe_status(int status) {
               : fmt::format("was killed by signal {}", WTERMSIG(status));
 }
 
-std::string host_of(const std::string& slot) { return slot.substr(0, slot.rfind(':')); }
-int index_of(const std::string& slot) { return std::atoi(slot.c_str() + slot.rfind(':') + 1); }
+std::string host_of(const std::string& slot) {
+  return slot.substr(0, slot.rfind(':'));
+}
+int index_of(const std::string& slot) {
+  return std::atoi(slot.c_str() + slot.rfind(':') + 1);
+}
 
 bool valid_host(std::string_view name) {
   return !name.empty() && name[0] != '-' && name.size() <= 255 &&
@@ -62,8 +66,11 @@ bool parse_line(std::string_view line, int default_slots, std::string* host, int
 }  // namespace
 
 ElasticDriver::ElasticDriver(ElasticOptions options, Starter start, Say say, bool verbose)
-    : options_(std::move(options)), start_(std::move(start)), say_(std::move(say)),
-      verbose_(verbose), next_discovery_(Clock::now()),
+    : options_(std::move(options)),
+      start_(std::move(start)),
+      say_(std::move(say)),
+      verbose_(verbose),
+      next_discovery_(Clock::now()),
       start_by_(after(options_.start_timeout_s)) {}
 
 ElasticDriver::~ElasticDriver() {
@@ -74,8 +81,8 @@ ElasticDriver::~ElasticDriver() {
 
 std::string ElasticDriver::serve() {
   try {
-    server_ = std::make_unique<kolo::StoreServer>(kolo::net::Endpoint{"127.0.0.1", 0},
-                                                  options_.secret);
+    server_ =
+        std::make_unique<kolo::StoreServer>(kolo::net::Endpoint{"127.0.0.1", 0}, options_.secret);
     client_ = std::make_unique<kolo::StoreClient>(server_->endpoint(), options_.secret, 0,
                                                   options_.rank_timeout_s);
   } catch (const kolo::Error& error) {
@@ -137,9 +144,10 @@ std::vector<std::string> ElasticDriver::free_slots(const std::set<std::string>& 
     if (blacklist_.count(host)) continue;
     if (!options_.is_this_machine(host)) {
       if (said_remote_.insert(host).second) {
-        say_(fmt::format("--elastic: {} named by {} is not this machine; kolorun --elastic starts "
-                         "ranks on this machine only, so it is left out",
-                         host, options_.script));
+        say_(
+            fmt::format("--elastic: {} named by {} is not this machine; kolorun --elastic starts "
+                        "ranks on this machine only, so it is left out",
+                        host, options_.script));
       }
       continue;
     }
@@ -252,9 +260,10 @@ void ElasticDriver::finish_discovery(int status) {
     std::string kept = hosts_ ? "the last good host set is kept" : "no hosts known yet";
     report(fmt::format("--host-discovery-script {} {}; {}", options_.script, problem, kept));
     if (script_failures_ >= kMaxScriptFailures) {
-      fail_job(fmt::format("--host-discovery-script {} failed {} times in a row (last: {}); "
-                           "stopping the job",
-                           options_.script, script_failures_, problem));
+      fail_job(
+          fmt::format("--host-discovery-script {} failed {} times in a row (last: {}); "
+                      "stopping the job",
+                      options_.script, script_failures_, problem));
     }
     return;
   }
@@ -275,10 +284,10 @@ void ElasticDriver::start_first_ranks() {
   std::vector<std::string> free = free_slots({});
   if (static_cast<int>(free.size()) < options_.min_np) {
     if (Clock::now() >= start_by_) {
-      fail_job(fmt::format("--elastic: {} names {} usable slots, fewer than --min-np {}, after "
-                           "--start-timeout {} s; stopping",
-                           options_.script, free.size(), options_.min_np,
-                           options_.start_timeout_s));
+      fail_job(
+          fmt::format("--elastic: {} names {} usable slots, fewer than --min-np {}, after "
+                      "--start-timeout {} s; stopping",
+                      options_.script, free.size(), options_.min_np, options_.start_timeout_s));
     }
     return;
   }
@@ -320,9 +329,10 @@ std::string ElasticDriver::plan_for(long long request, const std::vector<std::st
   int room = std::max(0, options_.max_np - stay);
   if (static_cast<int>(free.size()) > room) {
     if (!said_max_np_) {
-      say_(fmt::format("--elastic: {} free slots, but --max-np {} allows {} more ranks: the "
-                       "others stay unused",
-                       free.size(), options_.max_np, room));
+      say_(
+          fmt::format("--elastic: {} free slots, but --max-np {} allows {} more ranks: the "
+                      "others stay unused",
+                      free.size(), options_.max_np, room));
       said_max_np_ = true;
     }
     free.resize(static_cast<size_t>(room));
@@ -403,9 +413,10 @@ void ElasticDriver::answer_requests() {
       }
       growths_.erase(growth_ids[i]);
     } else if (Clock::now() >= growth.give_up) {
-      say_(fmt::format("--elastic: no invitation came for the plan of request {} within {} s; "
-                       "its slots are free again",
-                       growth_ids[i], options_.rank_timeout_s));
+      say_(
+          fmt::format("--elastic: no invitation came for the plan of request {} within {} s; "
+                      "its slots are free again",
+                      growth_ids[i], options_.rank_timeout_s));
       for (const std::string& name : growth.slots) slots_[name].reserved = false;
       growths_.erase(growth_ids[i]);
     }
@@ -427,7 +438,8 @@ void ElasticDriver::tick() {
     ::kill(-script_pid_, SIGKILL);  // reaped() then reports it
   }
   if (!started_) {
-    if (hosts_) start_first_ranks();
+    if (hosts_)
+      start_first_ranks();
     else if (now >= start_by_) {
       fail_job(fmt::format("--elastic: {} gave no host set within --start-timeout {} s",
                            options_.script, options_.start_timeout_s));
@@ -437,9 +449,10 @@ void ElasticDriver::tick() {
   answer_requests();
   for (auto& [name, slot] : slots_) {
     if (slot.pid > 0 && slot.leaving && now >= slot.leave_by) {
-      say_(fmt::format("--elastic: the rank in slot {} (pid {}) did not leave within {} s; "
-                       "killing it",
-                       name, slot.pid, kLeaveGraceSeconds));
+      say_(
+          fmt::format("--elastic: the rank in slot {} (pid {}) did not leave within {} s; "
+                      "killing it",
+                      name, slot.pid, kLeaveGraceSeconds));
       ::kill(-slot.pid, SIGKILL);
       slot.leave_by = Clock::time_point::max();
     }
@@ -448,9 +461,10 @@ void ElasticDriver::tick() {
   if (running > 0 && running < options_.min_np && growths_.empty()) {
     std::set<std::string> none;
     if (free_slots(none).empty()) {
-      fail_job(fmt::format("--elastic: {} ranks run, fewer than --min-np {}, and {} names no free "
-                           "slot to start one; stopping the job",
-                           running, options_.min_np, options_.script));
+      fail_job(
+          fmt::format("--elastic: {} ranks run, fewer than --min-np {}, and {} names no free "
+                      "slot to start one; stopping the job",
+                      running, options_.min_np, options_.script));
     }
   }
 }
@@ -470,8 +484,9 @@ bool ElasticDriver::reaped(pid_t pid, int status) {
   slot.leaving = false;
   last_exit_ = status;
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-    if (verbose_) say_(fmt::format("--elastic: the rank in slot {} (pid {}) exited 0{}", name, pid,
-                                   was_leaving ? ": it left" : ""));
+    if (verbose_)
+      say_(fmt::format("--elastic: the rank in slot {} (pid {}) exited 0{}", name, pid,
+                       was_leaving ? ": it left" : ""));
     return true;
   }
   if (stopping_) return true;
@@ -480,13 +495,15 @@ bool ElasticDriver::reaped(pid_t pid, int status) {
   int host_failures = ++host_failures_[host];
   std::string next;
   if (host_failures >= kBlacklistFailures && blacklist_.insert(host).second) {
-    next = fmt::format("; {} ranks have failed on {}: it is blacklisted, its ranks leave at the "
-                       "next update and none start there again",
-                       host_failures, host);
+    next = fmt::format(
+        "; {} ranks have failed on {}: it is blacklisted, its ranks leave at the "
+        "next update and none start there again",
+        host_failures, host);
   } else if (options_.reset_limit >= 0 && slot.failures > options_.reset_limit) {
-    next = fmt::format("; the slot has failed {} times, more than --reset-limit {}: it is not "
-                       "restarted",
-                       slot.failures, options_.reset_limit);
+    next = fmt::format(
+        "; the slot has failed {} times, more than --reset-limit {}: it is not "
+        "restarted",
+        slot.failures, options_.reset_limit);
   } else {
     next = "; the others go on, and the slot is restarted at the next update";
   }

@@ -427,10 +427,10 @@ std::vector<std::string> normalize_arguments(int argc, char** argv) {
     std::string& arg = args[i];
     if (arg == "--" || arg.empty() || arg[0] != '-') break;
     if (arg == "-np" || arg.starts_with("-np=")) arg.insert(0, "-");
-    for (const char* with_value : {"--np", "-n", "--timeout", "--grace", "-H", "--host",
-                                   "--hostfile", "-x", "--ssh-port", "--ssh-identity-file", "--min-np",
-                                   "--max-np", "--host-discovery-script", "--slots-per-host",
-                                   "--reset-limit", "--start-timeout"}) {
+    for (const char* with_value :
+         {"--np", "-n", "--timeout", "--grace", "-H", "--host", "--hostfile", "-x", "--ssh-port",
+          "--ssh-identity-file", "--min-np", "--max-np", "--host-discovery-script",
+          "--slots-per-host", "--reset-limit", "--start-timeout"}) {
       if (arg == with_value) ++i;  // its value
     }
   }
@@ -521,8 +521,9 @@ struct Job {
   int finished = 0;               // ranks that exited on their own
   std::vector<Child> children;
   int running = 0;
-  kolorun::ElasticDriver* driver = nullptr;  // --host-discovery-script: starts and plans the ranks
   std::optional<int> failure_code;  // exit code of the first rank that failed
+  // --host-discovery-script: the driver, which starts the ranks and plans the job's changes
+  kolorun::ElasticDriver* driver = nullptr;
   bool stopping = false, timed_out = false;
   Clock::time_point kill_at = kNever, timeout_at = kNever, ready_by = kNever;
 
@@ -948,7 +949,9 @@ struct Job {
       long wait_ms = deadline == kNever ? -1 : std::clamp<long>(until_deadline.count(), 0, 1000);
       // Leftovers that are not kolorun's children die without a SIGCHLD: look again soon.
       if (cleaning_up) wait_ms = wait_ms < 0 ? 50 : std::min(wait_ms, 50L);
-      if (driver) wait_ms = wait_ms < 0 ? driver->wait_ms() : std::min<long>(wait_ms, driver->wait_ms());
+      if (driver) {
+        wait_ms = wait_ms < 0 ? driver->wait_ms() : std::min<long>(wait_ms, driver->wait_ms());
+      }
       ::poll(polled.data(), polled.size(), static_cast<int>(wait_ms));
       for (size_t i = first_stream; i < polled.size(); ++i) {
         if (polled[i].revents) streams[i - first_stream]->read_available();
@@ -1279,14 +1282,17 @@ int main(int argc, char** argv) {
     job.hosts.push_back({job.host, job.size, true, 0, 0});
   }
   const bool discovering = app.count("--host-discovery-script") > 0;
-  const bool elastic_flags = app.count("--min-np") + app.count("--max-np") +
-                                 app.count("--slots-per-host") + app.count("--reset-limit") +
-                                 app.count("--start-timeout") > 0;
+  size_t elastic_flags = 0;
+  for (const char* flag :
+       {"--min-np", "--max-np", "--slots-per-host", "--reset-limit", "--start-timeout"}) {
+    elastic_flags += app.count(flag);
+  }
   if (!problem.empty()) {
     // said below
-  } else if (elastic_flags && !discovering) {
-    problem = "--min-np, --max-np, --slots-per-host, --reset-limit and --start-timeout go with "
-              "--host-discovery-script";
+  } else if (elastic_flags > 0 && !discovering) {
+    problem =
+        "--host-discovery-script is what --min-np, --max-np, --slots-per-host, "
+        "--reset-limit and --start-timeout go with";
   } else if (discovering && !job.elastic) {
     problem = "--host-discovery-script needs --elastic";
   } else if (discovering && (!host_list.empty() || app.count("--hostfile") > 0)) {
