@@ -145,6 +145,17 @@ def shrink():
     return _world
 
 
+def _adopt_world(new_world):
+    """Makes new_world (a Communicator that Communicator.elastic_update or grow made from the
+    world) the world, and shuts the old world down. Returns new_world."""
+    global _world
+    with _lock:
+        old = world()
+        _world = new_world
+    old.shutdown()
+    return new_world
+
+
 def rank():
     """This process's rank in the world communicator."""
     return world().rank

@@ -76,6 +76,13 @@ class AsyncOptions(ctypes.Structure):
                          callback if callback is not None else CALLBACK(), None)
 
 
+class ElasticUpdate(ctypes.Structure):
+    """kolo_elastic_update_t: what one kolo_elastic_update call did."""
+
+    _fields_ = [(name, ctypes.c_int) for name in
+                ("changed", "leaving", "joined", "left", "old_size", "new_size")]
+
+
 class FusionStats(ctypes.Structure):
     """kolo_fusion_stats_t."""
 
@@ -157,6 +164,13 @@ _SIGNATURES = {
     "kolo_comm_gpu_backend": (status_t, [comm_t, ctypes.POINTER(_str)]),
 }
 
+# Declared when the library has them; a caller checks hasattr(lib, name) first.
+# kolo_elastic_update (kolorun --elastic's driver) is newer than the ABI version above.
+_OPTIONAL_SIGNATURES = {
+    "kolo_elastic_update": (status_t, [comm_t, ctypes.POINTER(ElasticUpdate),
+                                       ctypes.POINTER(comm_t)]),
+}
+
 
 class LibraryNotFound(ImportError):
     """libkolo could not be loaded; the message lists every place that was tried."""
@@ -219,6 +233,11 @@ def _declare(library, path):
         function = getattr(library, name)
         function.restype = restype
         function.argtypes = argtypes
+    for name, (restype, argtypes) in _OPTIONAL_SIGNATURES.items():
+        function = getattr(library, name, None)
+        if function is not None:
+            function.restype = restype
+            function.argtypes = argtypes
     return found
 
 

@@ -10,6 +10,7 @@ GIL while it runs in libkolo. Failures raise the KoloError subclass of the retur
 kolo's message.
 """
 
+import collections
 import ctypes
 import itertools
 import threading
@@ -31,6 +32,12 @@ DTYPE_NAMES = {FLOAT32: "float32", FLOAT64: "float64", FLOAT16: "float16",
                BFLOAT16: "bfloat16", INT8: "int8", UINT8: "uint8", INT32: "int32",
                INT64: "int64", INT16: "int16"}
 OP_NAMES = {SUM: "sum", AVG: "avg", MIN: "min", MAX: "max", PROD: "prod"}
+
+# What one kolo_elastic_update call did (kolo_elastic_update_t): changed (1 when ranks left or
+# joined), leaving (1 on a rank whose slot the launcher removed), joined, left, old_size,
+# new_size (0 on a leaving rank).
+ElasticUpdate = collections.namedtuple(
+    "ElasticUpdate", ["changed", "leaving", "joined", "left", "old_size", "new_size"])
 
 _NUMPY_DTYPES = {np.dtype(np.float32): FLOAT32, np.dtype(np.float64): FLOAT64,
                  np.dtype(np.float16): FLOAT16, np.dtype(np.int8): INT8,
@@ -730,6 +737,27 @@ class Communicator:
         new = ctypes.c_void_p()
         self._check(lib.kolo_comm_grow(self._live(), int(new_size), ctypes.byref(new)))
         return self._derived(new.value)
+
+    def elastic_update(self):
+        """Applies what `kolorun --elastic` decided about this job's slots (kolo_elastic_update),
+        a collective on this communicator: every rank calls it at the same point (kolo.torch
+        .elastic: at each commit). Returns (update, new), update an ElasticUpdate. No change, no
+        driver (KOLO_ELASTIC_ADDR unset) or a libkolo without kolo_elastic_update: changed 0 and
+        new None, at once. On a rank whose slot was removed: leaving 1 and new None (shut this
+        communicator down and exit with status 0). On the others: new is the new Communicator
+        (the members that stay in their old order, then the newcomers); this one stays to be
+        shut down by the caller. Blocks while rank 0 asks the driver and the new communicator
+        connects, bounded by KOLO_TIMEOUT; raises the KoloError of kolo_elastic_update (a
+        newcomer that died while joining, a driver out of reach)."""
+        if not hasattr(lib, "kolo_elastic_update"):
+            self._live()
+            return ElasticUpdate(0, 0, 0, 0, self.size, self.size), None
+        update = _capi.ElasticUpdate()
+        new = ctypes.c_void_p()
+        self._check(lib.kolo_elastic_update(self._live(), ctypes.byref(update),
+                                            ctypes.byref(new)))
+        result = ElasticUpdate(*(getattr(update, name) for name in ElasticUpdate._fields))
+        return result, self._derived(new.value) if new.value else None
 
     def _derived(self, handle):
         """A Communicator for a handle made from this one, whose connections prove the same

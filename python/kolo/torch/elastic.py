@@ -1,5 +1,6 @@
 """Horovod's elastic training on kolo: when a rank is lost, the others go on from the state they
-last committed, on a world of the survivors.
+last committed, on a world of the survivors; when the launcher adds ranks, they join at a commit
+and get the committed state; when it removes a rank's slot, that rank leaves at a commit.
 
     import kolo.torch as hvd
     from kolo.torch import elastic
@@ -38,16 +39,34 @@ a new world, ranked in their old order), state.restore() (back to the last commi
 callbacks, state.sync() (every rank takes rank 0's state) and calls the function again. The
 sampler then shares the samples that the committed model has not seen over the new number of
 ranks. What was computed after the last commit is computed again, by the survivors: commit as
-often as that is worth, and at the same step on every rank (a commit is local and cheap for a
-small model: a copy of the state dicts).
+often as that is worth, and at the same step on every rank (a commit copies the state dicts,
+cheap for a small model, and under kolorun's driver asks it for updates: one small collective).
 
 sync() sends the state as pickles (broadcast_object, allgather_object,
 broadcast_optimizer_state), and unpickling runs whatever code the sender put in them: the job
 needs a secret (KOLO_SECRET, KOLO_SECRET_FILE, or kolorun's), and without one sync(), and so
 run(), raise ConfigError before sending anything.
 
-Not in kolo (yet): adding ranks to a running job (Horovod's host discovery).
-check_host_updates() exists for Horovod's scripts and does nothing.
+Growing and removing ranks (`kolorun --elastic` with a host discovery script): commit() saves and
+then calls check_host_updates(), a collective in which rank 0 asks the launcher's driver whether
+slots were added or removed (kolo_elastic_update; without the driver, KOLO_ELASTIC_ADDR unset,
+nothing is sent). On a change:
+  - a rank whose slot was removed shuts kolo down and raises SystemExit(0): the process leaves
+    run() and exits with status 0 (a `finally:` around train(state) still runs, the code after
+    it does not), and the launcher counts that as a graceful leave;
+  - every other rank takes the new world (the ranks that stay, in their old order, then the
+    newcomers), as shrink() does, and check_host_updates() raises HostsUpdatedInterrupt; run()
+    catches it and, with no restore (the state was just committed), calls the reset callbacks,
+    state.sync() (rank 0's committed model, optimizer, samplers and values to every rank,
+    newcomers included) and the function again. The samplers then share the epoch's samples not
+    yet processed over the new number of ranks.
+A newcomer is started by the launcher with KOLO_INVITATION: hvd.init() joins the growth, and
+run()'s first sync() gives it the state. Between the two it may make no collective but the
+construction of its DistributedOptimizers, whose parameter check the members repeat when
+newcomers join (in the order the optimizers were made). If the growth fails (a newcomer that dies while joining,
+a driver out of reach), check_host_updates() raises the PeerLostError or KoloTimeoutError of
+kolo_elastic_update, and run() resets as after a loss: shrink() (the members that are alive,
+without the newcomers), restore() (the commit just made), callbacks, sync().
 """
 
 import copy
@@ -57,8 +76,11 @@ import math
 
 import torch
 
+import kolo
+
 from .._secret import require_authenticated_peers
 from ..errors import KoloTimeoutError, PeerLostError
+from . import ops
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, \
     broadcast_parameters
 from .ops import _comm, global_process_set, rank, shrink, size
@@ -66,12 +88,79 @@ from .ops import _comm, global_process_set, rank, shrink, size
 _log = logging.getLogger("kolo.torch.elastic")
 
 
+class HostsUpdatedInterrupt(RuntimeError):
+    """Raised by check_host_updates() (and so by commit()) on the ranks that stay when ranks
+    joined or left: the world has already been replaced. run() catches it and synchronises the
+    state to the new world. Attributes: joined, left, old_size, new_size."""
+
+    def __init__(self, joined, left, old_size, new_size):
+        super().__init__(f"the world changed from {old_size} to {new_size} ranks ({joined} "
+                         f"joined, {left} left)")
+        self.joined, self.left, self.old_size, self.new_size = joined, left, old_size, new_size
+        self.skip_sync = False  # Horovod's attribute: newcomers always need the state here
+
+
+def _driver_update(world):
+    """Asks `kolorun --elastic`'s driver (Communicator.elastic_update)."""
+    return world.elastic_update()
+
+
+# Where check_host_updates() learns of a change: a function of the world communicator, called
+# by every rank at the same point, that returns (ElasticUpdate, new world or None) as
+# Communicator.elastic_update does. Tests replace it to play the launcher themselves.
+_update_source = _driver_update
+
+
+def check_host_updates():
+    """The collective of State.check_host_updates(): applies the launcher's decision about this
+    job's slots (see the module's docstring). Returns None when nothing changed; raises
+    SystemExit(0) on a leaving rank (after kolo.torch.shutdown()), HostsUpdatedInterrupt on
+    the others when the world changed, and the KoloError of a growth that failed (the world
+    then stays, broken: run() shrinks it)."""
+    world = kolo.world()
+    update, new_world = _update_source(world)
+    if not update.changed:
+        return
+    if update.leaving:
+        _log.info("rank %d of %d: the launcher removed this rank's slot; leaving", world.rank,
+                  world.size)
+        ops.shutdown()
+        raise SystemExit(0)
+    if new_world is None:
+        raise kolo.InternalError("check_host_updates: the world changed but no new "
+                                 "communicator came back")
+    _adopt_world(new_world, newcomers=update.joined > 0)
+    _log.info("rank %d: the world changed from %d to %d ranks (%d joined, %d left)",
+              new_world.rank, update.old_size, update.new_size, update.joined, update.left)
+    raise HostsUpdatedInterrupt(update.joined, update.left, update.old_size, update.new_size)
+
+
+def _adopt_world(new_world, newcomers):
+    """Makes new_world the world of kolo and kolo.torch, as shrink() does with the survivors:
+    pending gradients forgotten, process sets other than the global one removed, nodes counted
+    again (an allgather on new_world, which newcomers make in init()). With newcomers, every
+    DistributedOptimizer checks its parameters again, as the newcomers' constructors do (so a
+    newcomer makes, between init() and run(), exactly the collectives of its
+    DistributedOptimizers)."""
+    from .optimizer import _check_parameters_again, _forget_pending_gradients
+    _forget_pending_gradients()
+    kolo._adopt_world(new_world)
+    for process_set in list(ops._process_sets.values()):
+        if process_set is not global_process_set:
+            ops.remove_process_set(process_set)
+    ops._bind_world(new_world)
+    if newcomers:
+        _check_parameters_again()
+
+
 def run(func=None, *, reset_limit=None):
     """Decorator: func(state, *args, **kwargs) is called after state.sync(), and called again
-    after each loss of ranks, as described in the module's docstring; returns what func returns.
-    Use it as @run or @run(reset_limit=n). A PeerLostError or KoloTimeoutError (from func, or
-    from the shrink, restore and sync of a reset) starts a reset; after reset_limit resets
-    (default: the world's size when the function is called) the next one is raised. Every other
+    after each change of the world, as described in the module's docstring; returns what func
+    returns. Use it as @run or @run(reset_limit=n). A PeerLostError or KoloTimeoutError (from
+    func, or from the shrink, restore and sync of a reset) starts a reset after a loss; after
+    reset_limit of those (default: the world's size when the function is called) the next one
+    is raised. A HostsUpdatedInterrupt (ranks joined or left at a commit) starts a reset without
+    restore, and is not counted. A leaving rank's SystemExit(0) goes through. Every other
     exception propagates at once, with no reset. Blocks as func does; a reset blocks while the
     survivors agree (at most about three times KOLO_TIMEOUT) and for the broadcasts of sync()."""
     if func is None:
@@ -81,15 +170,22 @@ def run(func=None, *, reset_limit=None):
     def wrapper(state, *args, **kwargs):
         limit = size() if reset_limit is None else reset_limit
         resets = 0
-        lost_ranks = False
+        lost_ranks = hosts_updated = False
         while True:
             try:
                 if lost_ranks:
                     shrink()
                     state.restore()
                     state.on_reset()
+                elif hosts_updated:
+                    state.on_reset()
+                lost_ranks = hosts_updated = False
                 state.sync()
                 return func(state, *args, **kwargs)
+            except HostsUpdatedInterrupt as interrupt:
+                hosts_updated = True
+                _log.info("rank %d of %d: %s; synchronising the committed state", rank(),
+                          size(), interrupt)
             except (PeerLostError, KoloTimeoutError) as error:
                 if resets >= limit:
                     raise
@@ -110,24 +206,33 @@ class State:
 
     def register_reset_callbacks(self, callbacks):
         """Adds callables (no arguments) that on_reset() calls, in order, after each loss of
-        ranks: where the learning rate and whatever else depends on the number of ranks is
-        adjusted (hvd.size() is the new size there)."""
+        ranks and each change of the world at a commit (not on a newcomer's first sync): where
+        the learning rate and whatever else depends on the number of ranks is adjusted
+        (hvd.size() is the new size there)."""
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self):
-        """Calls the reset callbacks; run() does it after shrinking the world and restoring."""
+        """Calls the reset callbacks; run() does it after shrinking the world and restoring, or
+        after ranks joined or left, before sync()."""
         for callback in self._reset_callbacks:
             callback()
 
     def commit(self):
-        """Keeps a copy of the state (save()) for restore() to return to. Local and
-        non-blocking, but every rank must commit at the same step: after a loss of ranks the
-        survivors restart from their commits, which must describe the same training."""
+        """Keeps a copy of the state (save()) for restore() to return to, then calls
+        check_host_updates(). Every rank must commit at the same step: after a loss of ranks the
+        survivors restart from their commits, which must describe the same training, and
+        check_host_updates() is a collective under `kolorun --elastic`. The copy is local;
+        check_host_updates() sends nothing without the launcher's driver."""
         self.save()
+        self.check_host_updates()
 
     def check_host_updates(self):
-        """Horovod raises here when hosts were added or removed; kolo adds no ranks to a running
-        job, and a lost one shows up as an exception of a collective. Does nothing."""
+        """Applies the launcher's decision about this job's slots (the module-level
+        check_host_updates()): returns when nothing changed, raises HostsUpdatedInterrupt when
+        ranks joined or left (run() synchronises the state to the new world), SystemExit(0) on
+        a rank whose slot was removed. A collective on the world under `kolorun --elastic`;
+        without its driver (KOLO_ELASTIC_ADDR unset) it returns at once."""
+        check_host_updates()
 
     def save(self):
         raise NotImplementedError
@@ -233,14 +338,14 @@ def _rank_and_size():
 
 class ElasticSampler(torch.utils.data.Sampler):
     """A torch Sampler that shares out the samples of an epoch not yet processed over the ranks
-    of the current world, so that a job that loses ranks in the middle of an epoch finishes it on
-    the survivors with every sample processed once.
+    of the current world, so that a job whose world shrinks or grows in the middle of an epoch
+    finishes it on the new world with every sample processed once.
 
     Each epoch's order is a permutation of range(len(dataset)) seeded by seed + epoch (or the
     natural order when shuffle is False), the same on every rank. reset() (at construction,
-    set_epoch() and after a loss of ranks, through TorchState) takes the indices of that order
-    not recorded as processed, pads them by repeating from their start to a multiple of the
-    number of ranks, and gives rank r every size-th one from position r: len(sampler) is the
+    set_epoch() and after each change of the world, through TorchState.sync) takes the indices of
+    that order not recorded as processed, pads them by repeating from their start to a multiple of
+    the number of ranks, and gives rank r every size-th one from position r: len(sampler) is the
     same on every rank, and the padding (fewer than size indices) is the only repetition. The
     shards stay fixed until the next reset(), whatever is recorded meanwhile.
 

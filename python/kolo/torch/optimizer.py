@@ -14,6 +14,7 @@ difference and the ranks, instead of waiting forever in the first step.
 
 import contextlib
 import hashlib
+import itertools
 import warnings
 import weakref
 
@@ -67,6 +68,19 @@ def _check_same_parameters(named, process_set):
 # Every DistributedOptimizer alive, so that kolo.torch.shrink() can make them forget the requests
 # they submitted on the world it replaces.
 _optimizers = weakref.WeakSet()
+
+
+_creation_order = itertools.count()
+
+
+def _check_parameters_again():
+    """After newcomers joined the world (kolo.torch.elastic), on the members: every
+    DistributedOptimizer of the global process set checks its parameters again, in the order
+    they were made, matching the check that each newcomer's DistributedOptimizer makes when the
+    newcomer constructs it. A collective on the world."""
+    for optimizer in sorted(_optimizers, key=lambda o: o._created):
+        if optimizer._process_set is global_process_set:
+            _check_same_parameters(optimizer._checked_parameters, global_process_set)
 
 
 def _forget_pending_gradients():
@@ -132,6 +146,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._parameter_names = {p: name for name, p in named_parameters}
         if process_set.included():
             _check_same_parameters(named_parameters, process_set)
+        self._checked_parameters = named_parameters
+        self._created = next(_creation_order)
 
         self._requires_update = set()
         self._handles = {}
