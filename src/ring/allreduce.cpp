@@ -29,12 +29,11 @@
 // combined into the slot its segment arrived in, and sent from there; the slot is free again once
 // that send completes. The segment thus stays in a buffer of a few segments, warm in the cache,
 // from its arrival through the reduction to the send, instead of being written to the caller's
-// output and read back from it, which are cold for a large buffer: over TCP at N = 4 on 2 cores,
-// where the ranks' CPU time sets the rate, this took kolo's CPU time per byte sent from 1.3 times
-// the loopback's to about its own (docs/performance.md, "Large buffers over TCP"). A receive
-// keeps its slot only while another slot stays free; when one is left, the partial goes to its
-// usual place and the slot is free once reduced, as before. That last slot never waits for a
-// send, so the argument above still holds.
+// output and read back from it, which are cold for a large buffer. Where the ranks share the
+// cores, their CPU time per byte sets the rate (docs/performance.md, "Large buffers over TCP",
+// has the measurement). A receive keeps its slot only while another slot stays free; when one
+// is left, the partial goes to its usual place and the slot is free once reduced, as before.
+// That last slot never waits for a send, so the argument above still holds.
 //
 // Where partial results live. A partial is kept in the accumulator type (float32 for the half
 // types, so they round once, at the end). When that is the element type, the partial of chunk c is
