@@ -86,6 +86,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
 done
 
 median() {
+  # shellcheck disable=SC2086  # $1 is a list of numbers
   printf '%s\n' $1 | grep -v fail | sort -g | awk '{ v[NR] = $1 }
     END { if (NR == 0) print "fail"; else printf "%.2f\n", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
