@@ -16,6 +16,9 @@
  * second by one process), which is an upper bound of an allreduce's busbw over the same sockets:
  * a ring allreduce sends 2(N-1)/N of the buffer per rank, and busbw is exactly that divided by
  * the time, so busbw cannot exceed the rate at which a process can send while it also receives.
+ * A second line per rank gives the CPU time the process spent in the timed iterations (user and
+ * system seconds, getrusage) and the bytes it sent in them, so that the CPU cost of a byte can be
+ * set beside kolo's (bench/tcp_ceiling.sh).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -27,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -108,6 +112,10 @@ static void exchange(int out, int in, const char* send_buffer, char* recv_buffer
   }
 }
 
+static double cpu_seconds(const struct timeval* t) {
+  return (double)t->tv_sec + (double)t->tv_usec * 1e-6;
+}
+
 static int compare_doubles(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
   return (x > y) - (x < y);
@@ -187,14 +195,17 @@ int main(int argc, char** argv) {
 
     double* seconds = malloc(sizeof(double) * (size_t)iterations);
     if (!seconds) die("malloc");
+    struct rusage before, after;
     for (int i = -1; i < iterations; ++i) { /* i = -1: one untimed warm-up */
       char token = 0;
       if (write(up[me][1], &token, 1) != 1) die("write");
       read_exactly(down[me][0], &token, 1);
+      if (i == 0 && getrusage(RUSAGE_SELF, &before) != 0) die("getrusage");
       double start = now();
       exchange(out, in, send_buffer, recv_buffer, bytes, piece);
       if (i >= 0) seconds[i] = now() - start;
     }
+    if (getrusage(RUSAGE_SELF, &after) != 0) die("getrusage");
     const char expected = (char)((me + ranks - 1) % ranks + 1);
     for (size_t k = 0; k < bytes; k += 4096) {
       if (recv_buffer[k] != expected) {
@@ -206,6 +217,10 @@ int main(int argc, char** argv) {
     printf("rank %d: %zu bytes each way, %d iterations: median %.3f GB/s, best %.3f GB/s\n", me,
            bytes, iterations, (double)bytes / seconds[iterations / 2] * 1e-9,
            (double)bytes / seconds[0] * 1e-9);
+    printf("rank %d: cpu %.3f %.3f s sent %.4f GB\n", me,
+           cpu_seconds(&after.ru_utime) - cpu_seconds(&before.ru_utime),
+           cpu_seconds(&after.ru_stime) - cpu_seconds(&before.ru_stime),
+           (double)bytes * iterations * 1e-9);
     fflush(stdout);
     exit(0);
   }

@@ -25,6 +25,16 @@
 // posts receive j before it can wait for send j, and send j depends only on receives before j,
 // the pipeline cannot deadlock.
 //
+// Partials in slots. A partial that is only sent on (every reduce-scatter step but the last) is
+// combined into the slot its segment arrived in, and sent from there; the slot is free again once
+// that send completes. The segment thus stays in a buffer of a few segments, warm in the cache,
+// from its arrival through the reduction to the send, instead of being written to the caller's
+// output and read back from it, which are cold for a large buffer. Where the ranks share the
+// cores, their CPU time per byte sets the rate (docs/performance.md, "Large buffers over TCP",
+// has the measurement). A receive keeps its slot only while another slot stays free; when one
+// is left, the partial goes to its usual place and the slot is free once reduced, as before.
+// That last slot never waits for a send, so the argument above still holds.
+//
 // Where partial results live. A partial is kept in the accumulator type (float32 for the half
 // types, so they round once, at the end). When that is the element type, the partial of chunk c is
 // kept in the caller's output at chunk c (overwritten by the allgather later); otherwise in a
@@ -180,6 +190,8 @@ void ring_allreduce_pieces(Ring& ring, const OpDescriptor& op,
   Transfer* receive_transfers = transfers + sends.size();
   std::vector<IncomingReduction> reductions(receives.size());
   std::vector<size_t> slot_of(receives.size(), kNone);
+  std::vector<bool> kept(receives.size(), false);  // the partial stays in the slot (see above)
+  std::vector<size_t> slot_of_send(sends.size(), kNone);  // a slot freed when the send completes
   std::vector<size_t> free_slots;
   for (size_t slot = 0; slot < kReceiveSlots; ++slot)
     free_slots.push_back(kReceiveSlots - 1 - slot);
@@ -205,8 +217,12 @@ void ring_allreduce_pieces(Ring& ring, const OpDescriptor& op,
         transfer.reset(ring.left(), op, slots + slot * segment_elements * accumulator,
                        step.segment.length * accumulator);
         const bool finish = step.action == Action::kFinish;
+        const bool keep = !finish && !free_slots.empty();
+        kept[posted_receives] = keep;
         reductions[posted_receives] = {&spec, finish,
-                                       finish ? output(step.segment) : partial(step.segment),
+                                       finish ? output(step.segment)
+                                       : keep ? static_cast<std::byte*>(transfer.data)
+                                              : partial(step.segment),
                                        input(step.segment)};
         reductions[posted_receives].attach(transfer);
       }
@@ -218,7 +234,7 @@ void ring_allreduce_pieces(Ring& ring, const OpDescriptor& op,
     while (processed_receives < posted_receives && receive_transfers[processed_receives].complete) {
       if (slot_of[processed_receives] != kNone) {
         reductions[processed_receives].complete(receive_transfers[processed_receives]);
-        free_slots.push_back(slot_of[processed_receives]);
+        if (!kept[processed_receives]) free_slots.push_back(slot_of[processed_receives]);
       }
       ++processed_receives;
       moved = true;
@@ -235,10 +251,14 @@ void ring_allreduce_pieces(Ring& ring, const OpDescriptor& op,
         transfer.reset(ring.right(), op, const_cast<std::byte*>(input(step.segment)),
                        length * element);
       } else {
+        std::byte* from = partial(step.segment);
         if (step.action == Action::kSendInput) {
-          reduce_load(partial(step.segment), input(step.segment), length, spec);
+          reduce_load(from, input(step.segment), length, spec);
+        } else if (kept[step.depends_on]) {
+          from = reductions[step.depends_on].result;
+          slot_of_send[posted_sends] = slot_of[step.depends_on];
         }
-        transfer.reset(ring.right(), op, partial(step.segment), length * accumulator);
+        transfer.reset(ring.right(), op, from, length * accumulator);
       }
       ring.transport().post_send(transfer);
       ++posted_sends;
@@ -246,6 +266,8 @@ void ring_allreduce_pieces(Ring& ring, const OpDescriptor& op,
     }
 
     while (completed_sends < posted_sends && send_transfers[completed_sends].complete) {
+      if (slot_of_send[completed_sends] != kNone)
+        free_slots.push_back(slot_of_send[completed_sends]);
       ++completed_sends;
       moved = true;
     }
