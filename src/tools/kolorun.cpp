@@ -826,7 +826,10 @@ struct Job {
       child.first_rank = launch->rank;
       child.slot = launch->slot;
     }
-    if (verbose) say("started ssh {} for {} (pid {})", plan.name, child.ranks_text(), pid);
+    if (verbose) {
+      say("started ssh {} for {} (pid {})", plan.name,
+          launch ? "slot " + launch->slot : child.ranks_text(), pid);
+    }
     adopt(std::move(child), out_pipe[0], err_pipe[0], "");
     return true;
   }
