@@ -3,7 +3,9 @@
 // every rank - rank 0 too - starts through kolorun's agent over ssh. The discovery script reads a
 // file the test rewrites: h1:2 (2 ranks) -> h1:2,h2:2 (4) -> a rank on h2 killed (3, then its
 // slot restarted: 4) -> h2 gone, h3:2 there (h2's ranks leave, two newcomers on h3: 4). The C
-// worker (tests/worker_elastic_driver.c) checks every allreduce against the sum it expects.
+// worker (tests/worker_elastic_driver.c) checks every allreduce against the sum it expects. Then
+// the kolo.torch.elastic job of tests/python/test_torch_elastic_grow.py, 2 -> 4 -> 3 -> 4 across
+// h1 and h2, ends with equal parameter digests on its 4 ranks.
 // Needs root and network namespaces; without them the program says why and exits 77 (skipped).
 #define CATCH_CONFIG_RUNNER
 #include <fmt/format.h>
@@ -18,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -170,6 +173,55 @@ TEST_CASE("kolorun --elastic follows a discovery script across hosts", "[cluster
   CHECK(count(result.output, "FAILED") == 0);
   // The secret travelled on ssh's stdin only; no line of kolorun's names it.
   CHECK(count(result.output, kSecret) == 0);
+}
+
+// The kolo.torch.elastic job of tests/python/test_torch_elastic_grow.py (run as a script: one
+// rank), under the driver across hosts: the discovery file says h1:2; before step 4 rank 0 makes
+// it h1:2,h2:2 and the ranks commit until there are 4; slot h2:1 kills itself at step 9, and the
+// ranks wait for 4 again (its slot restarted over ssh) before step 12. Every rank that finishes
+// prints its parameters' sha256: the 4 of the final world must be equal.
+TEST_CASE("kolo.torch.elastic trains across hosts under the driver", "[cluster][elastic_torch]") {
+  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
+    WARN("Debian's python3 cannot import torch (python3-torch): the training job is not run");
+    return;
+  }
+  Cluster cluster;
+  Scratch scratch;
+  scratch.hosts(fmt::format("{}:2\n", host_name(1)));
+  std::string arguments = fmt::format(
+      R"({{"control": "", "out_dir": "{}", "kill_name": "{}:1", "kill_step": 9, "waits": )"
+      R"([[4, 4, "{}:2\n{}:2\n"], [12, 4, ""]]}})",
+      scratch.dir.string(), host_name(2), host_name(1), host_name(2));
+  std::string command = fmt::format(
+      "cd '{}' && exec '{}' --elastic -np 2 --min-np 2 --max-np 4 --timeout 240 --grace 3 "
+      "--host-discovery-script 'cat {}' /usr/bin/python3 tests/python/test_torch_elastic_grow.py "
+      "'{}'",
+      source_dir(), built_program("src/kolorun"), scratch.path("hosts"), arguments);
+  Process job({"/bin/sh", cluster_script(), "exec", kClusterName, std::to_string(kHosts),
+               "/bin/sh", "-c", command},
+              {{"KOLO_SECRET", kSecret},
+               {"KOLO_TIMEOUT", "20"},
+               {"KOLO_LIBRARY", built_program("capi/libkolo.so")},
+               {"PYTHONPATH", source_dir() + "/python"},
+               {"OMP_NUM_THREADS", "1"}});
+  ProcessResult result = job.wait(270);
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  CHECK(std::filesystem::exists(scratch.path("kill")));
+  std::regex digest(R"(elastic grow: (\S+) rank (\d+) of (\d+): parameters sha256 ([0-9a-f]{64}))");
+  std::map<int, std::string> by_rank;
+  std::set<std::string> slots;
+  for (std::sregex_iterator it(result.output.begin(), result.output.end(), digest), end; it != end;
+       ++it) {
+    CHECK((*it)[3] == "4");
+    by_rank[std::stoi((*it)[2])] = (*it)[4];
+    slots.insert((*it)[1]);
+  }
+  CHECK(by_rank.size() == 4);
+  CHECK(slots == std::set<std::string>{host_name(1) + ":0", host_name(1) + ":1",
+                                       host_name(2) + ":0", host_name(2) + ":1"});
+  for (const auto& [rank, hex] : by_rank) CHECK(hex == by_rank.begin()->second);
+  CHECK(count(result.output, "Traceback") == 0);
 }
 
 int main(int argc, char** argv) {
