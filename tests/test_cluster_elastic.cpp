@@ -5,7 +5,8 @@
 // slot restarted: 4) -> h2 gone, h3:2 there (h2's ranks leave, two newcomers on h3: 4). The C
 // worker (tests/worker_elastic_driver.c) checks every allreduce against the sum it expects. Then
 // the kolo.torch.elastic job of tests/python/test_torch_elastic_grow.py, 2 -> 4 -> 3 -> 4 across
-// h1 and h2, ends with equal parameter digests on its 4 ranks.
+// h1 and h2, ends with equal parameter digests on its 4 ranks; and examples/several-hosts/
+// kolorun-elastic.sh runs as docs/elastic.md prints it, growing from 2 to 4 ranks.
 // Needs root and network namespaces; without them the program says why and exits 77 (skipped).
 #define CATCH_CONFIG_RUNNER
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -222,6 +224,40 @@ TEST_CASE("kolo.torch.elastic trains across hosts under the driver", "[cluster][
                                        host_name(2) + ":0", host_name(2) + ":1"});
   for (const auto& [rank, hex] : by_rank) CHECK(hex == by_rank.begin()->second);
   CHECK(count(result.output, "Traceback") == 0);
+}
+
+// examples/several-hosts/kolorun-elastic.sh exactly as docs/elastic.md prints it, run on host 4
+// with a hosts file naming h1:2; once the first epoch has run on 2 ranks the test adds h2:2, and a
+// later epoch runs on 4 ranks; the job ends with its test accuracy, exit status 0.
+TEST_CASE("the example job script grows across hosts", "[cluster][elastic_example]") {
+  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
+    WARN("Debian's python3 cannot import torch (python3-torch): the example is not run");
+    return;
+  }
+  Cluster cluster;
+  Scratch scratch;
+  scratch.hosts(fmt::format("{}:2\n", host_name(1)));
+  Process job({"/bin/sh", cluster_script(), "exec", kClusterName, std::to_string(kHosts),
+               "/bin/sh", "-c",
+               fmt::format("cd '{}' && exec sh examples/several-hosts/kolorun-elastic.sh '{}'",
+                           source_dir(), scratch.path("hosts"))},
+              {{"OMP_NUM_THREADS", "1"}});
+  wait_for_count(job, "epoch 0: 2 ranks", 1, 120);
+  scratch.hosts(fmt::format("{}:2\n{}:2\n", host_name(1), host_name(2)));
+  ProcessResult result = job.wait(240);
+  INFO(result.output);
+  CHECK(result.exit_code == 0);
+  std::regex epoch(R"(epoch \d+: (\d+) ranks)");
+  std::vector<int> sizes;
+  for (std::sregex_iterator it(result.output.begin(), result.output.end(), epoch), end; it != end;
+       ++it) {
+    sizes.push_back(std::stoi((*it)[1]));
+  }
+  REQUIRE(!sizes.empty());
+  CHECK(sizes.front() == 2);
+  CHECK(sizes.back() == 4);
+  CHECK(std::is_sorted(sizes.begin(), sizes.end()));
+  CHECK_THAT(result.output, Contains("Test set: Average loss"));
 }
 
 int main(int argc, char** argv) {
