@@ -123,8 +123,8 @@ TEST_CASE("kolorun --elastic follows a discovery script across hosts", "[cluster
       "'cat {}' '{}' '{}' 5 10",
       source_dir(), built_program("src/kolorun"), scratch.path("hosts"),
       built_program("tests/kolo_test_elastic_driver"), scratch.path("stop"));
-  Process job({"/bin/sh", cluster_script(), "exec", kClusterName, std::to_string(kHosts),
-               "/bin/sh", "-c", command},
+  Process job({"/bin/sh", cluster_script(), "exec", kClusterName, std::to_string(kHosts), "/bin/sh",
+               "-c", command},
               {{"KOLO_SECRET", kSecret}, {"KOLO_TIMEOUT", "30"}});
 
   wait_for_count(job, "of 2 started", 2);
@@ -137,8 +137,8 @@ TEST_CASE("kolorun --elastic follows a discovery script across hosts", "[cluster
   std::string output = wait_for_count(job, "of 4 joined", 2);
   for (int slot = 0; slot < 2; ++slot) {
     INFO(output);
-    CHECK(std::regex_search(
-        output, std::regex(fmt::format(R"(slot {}:{}: rank [23] of 4 joined)", host_name(2), slot))));
+    CHECK(std::regex_search(output, std::regex(fmt::format(R"(slot {}:{}: rank [23] of 4 joined)",
+                                                           host_name(2), slot))));
   }
 
   // A rank on the new host is killed: the others shrink to 3, its slot is restarted over ssh.
@@ -151,8 +151,9 @@ TEST_CASE("kolorun --elastic follows a discovery script across hosts", "[cluster
   CHECK_THAT(output, Contains("the others go on, and the slot is restarted at the next update"));
   wait_for_count(job, fmt::format("slot {}:1: rank 3 of 4 joined", host_name(2)), 1);
   // The agent on h2 names the killed rank; the driver sees its agent's status.
-  CHECK(count(output, fmt::format("the newcomer in slot {}:1 killed by signal SIGKILL (pid {} on {})",
-                                  host_name(2), victim, host_name(2))) == 1);
+  CHECK(
+      count(output, fmt::format("the newcomer in slot {}:1 killed by signal SIGKILL (pid {} on {})",
+                                host_name(2), victim, host_name(2))) == 1);
   CHECK_THAT(output, Contains("exited with status 137; the others go on"));
 
   // The new host goes, another comes: h2's ranks leave (exit 0), h3 gets two newcomers.
@@ -199,8 +200,8 @@ TEST_CASE("kolo.torch.elastic trains across hosts under the driver", "[cluster][
       "--host-discovery-script 'cat {}' /usr/bin/python3 tests/python/test_torch_elastic_grow.py "
       "'{}'",
       source_dir(), built_program("src/kolorun"), scratch.path("hosts"), arguments);
-  Process job({"/bin/sh", cluster_script(), "exec", kClusterName, std::to_string(kHosts),
-               "/bin/sh", "-c", command},
+  Process job({"/bin/sh", cluster_script(), "exec", kClusterName, std::to_string(kHosts), "/bin/sh",
+               "-c", command},
               {{"KOLO_SECRET", kSecret},
                {"KOLO_TIMEOUT", "20"},
                {"KOLO_LIBRARY", built_program("capi/libkolo.so")},
@@ -237,11 +238,11 @@ TEST_CASE("the example job script grows across hosts", "[cluster][elastic_exampl
   Cluster cluster;
   Scratch scratch;
   scratch.hosts(fmt::format("{}:2\n", host_name(1)));
-  Process job({"/bin/sh", cluster_script(), "exec", kClusterName, std::to_string(kHosts),
-               "/bin/sh", "-c",
-               fmt::format("cd '{}' && exec sh examples/several-hosts/kolorun-elastic.sh '{}'",
-                           source_dir(), scratch.path("hosts"))},
-              {{"OMP_NUM_THREADS", "1"}});
+  Process job(
+      {"/bin/sh", cluster_script(), "exec", kClusterName, std::to_string(kHosts), "/bin/sh", "-c",
+       fmt::format("cd '{}' && exec sh examples/several-hosts/kolorun-elastic.sh '{}'",
+                   source_dir(), scratch.path("hosts"))},
+      {{"OMP_NUM_THREADS", "1"}});
   wait_for_count(job, "epoch 0: 2 ranks", 1, 120);
   scratch.hosts(fmt::format("{}:2\n{}:2\n", host_name(1), host_name(2)));
   ProcessResult result = job.wait(240);

@@ -84,8 +84,9 @@ std::string ElasticDriver::serve() {
     // Every interface: a host named later by the script reaches it at this machine's name.
     server_ =
         std::make_unique<kolo::StoreServer>(kolo::net::Endpoint{"0.0.0.0", 0}, options_.secret);
-    client_ = std::make_unique<kolo::StoreClient>(kolo::net::Endpoint{"127.0.0.1", static_cast<uint16_t>(port())},
-                                                  options_.secret, 0, options_.rank_timeout_s);
+    client_ = std::make_unique<kolo::StoreClient>(
+        kolo::net::Endpoint{"127.0.0.1", static_cast<uint16_t>(port())}, options_.secret, 0,
+        options_.rank_timeout_s);
   } catch (const kolo::Error& error) {
     return fmt::format("cannot serve the elastic driver's store: {}", error.what());
   }

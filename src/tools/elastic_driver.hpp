@@ -83,8 +83,8 @@ class ElasticDriver {
   ElasticDriver(ElasticOptions options, Starter start, Say say, bool verbose);
   ~ElasticDriver();
 
-  // Serves the driver's store on every interface (call after the signals are blocked: its thread must
-  // not take them). An error message, or "" when it serves; KOLO_ELASTIC_ADDR is then set.
+  // Serves the driver's store on every interface (call after the signals are blocked: its thread
+  // must not take them). An error message, or "" when it serves; KOLO_ELASTIC_ADDR is then set.
   std::string serve();
   // The port of the driver's store (after serve()).
   int port() const;

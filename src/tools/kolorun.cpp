@@ -908,7 +908,7 @@ struct Job {
   // to look for it.
   std::string ended(const Child& child, int status) const {
     std::string who = child.first_rank >= 0 ? fmt::format("rank {}", child.first_rank)
-                                             : "the newcomer in slot " + child.slot;
+                                            : "the newcomer in slot " + child.slot;
     return fmt::format("{} {} (pid {} on {})", who, describe(status), child.pid, host);
   }
 
@@ -1240,8 +1240,8 @@ int agent_main() {
   job.elastic = setup.elastic;
   job.tag_output = setup.tag_output;
   job.tag_hosts = setup.tag_hosts;
-  job.hosts.push_back({setup.host, setup.rank_count, true, std::max(setup.first_rank, 0),
-                       setup.rank_count});
+  job.hosts.push_back(
+      {setup.host, setup.rank_count, true, std::max(setup.first_rank, 0), setup.rank_count});
   if (!setup.slot.empty()) {
     const char* invitation = std::getenv("KOLO_INVITATION");
     job.agent_slot = kolorun::RankLaunch{setup.slot, setup.first_rank, setup.size,
