@@ -30,16 +30,16 @@ here=$(pwd)
 which=${1:-all}
 status=0
 
-# The real launchers' cluster tests (Slurm, mpirun, torchrun, kolorun -H) start their ranks through
-# daemons, ssh and Debian's python, which cannot load an instrumented library without preloading
-# its runtime; what they reach of kolo runs under the sanitizers in the one-machine tests (kolorun,
+# The real launchers' cluster tests (Slurm, mpirun, torchrun, kolorun -H and --elastic) start their
+# ranks through daemons, ssh and Debian's python, which cannot load an instrumented library without
+# preloading its runtime; what they reach of kolo runs under the sanitizers in the one-machine tests (kolorun,
 # mpirun_pmix, test_config, the store's and the start-up's tests).
 list_asan() {
   meson test -C "$1" --no-rebuild --list --no-suite python --no-suite soak --no-suite fuzz \
     2>/dev/null | grep " / " |
     sed 's|.* / ||' |
     grep -v -E '^(install_consumers|install_deps|layers|scaling_model|docs|docs_self_test)$' |
-    grep -v -E '^cluster_(slurm|mpirun|torchrun|kolorun)$'
+    grep -v -E '^cluster_(slurm|mpirun|torchrun|kolorun|elastic)$'
 }
 if [ "$which" = --list-asan ]; then
   list_asan "$2"

@@ -81,15 +81,21 @@ ElasticDriver::~ElasticDriver() {
 
 std::string ElasticDriver::serve() {
   try {
+    // Every interface: a host named later by the script reaches it at this machine's name.
     server_ =
-        std::make_unique<kolo::StoreServer>(kolo::net::Endpoint{"127.0.0.1", 0}, options_.secret);
-    client_ = std::make_unique<kolo::StoreClient>(server_->endpoint(), options_.secret, 0,
-                                                  options_.rank_timeout_s);
+        std::make_unique<kolo::StoreServer>(kolo::net::Endpoint{"0.0.0.0", 0}, options_.secret);
+    client_ = std::make_unique<kolo::StoreClient>(
+        kolo::net::Endpoint{"127.0.0.1", static_cast<uint16_t>(port())}, options_.secret, 0,
+        options_.rank_timeout_s);
   } catch (const kolo::Error& error) {
     return fmt::format("cannot serve the elastic driver's store: {}", error.what());
   }
-  ::setenv("KOLO_ELASTIC_ADDR", server_->endpoint().to_string().c_str(), 1);
+  ::setenv("KOLO_ELASTIC_ADDR", fmt::format("127.0.0.1:{}", port()).c_str(), 1);
   return {};
+}
+
+int ElasticDriver::port() const {
+  return server_ ? static_cast<int>(server_->endpoint().port) : 0;
 }
 
 void ElasticDriver::report(const std::string& message) {
@@ -129,7 +135,7 @@ int ElasticDriver::running_ranks() const {
 bool ElasticDriver::usable(const std::string& slot) const {
   if (!hosts_) return false;
   const std::string host = host_of(slot);
-  if (blacklist_.count(host) || !options_.is_this_machine(host)) return false;
+  if (blacklist_.count(host)) return false;
   for (const auto& [name, count] : *hosts_) {
     if (name == host) return index_of(slot) < count;
   }
@@ -142,15 +148,6 @@ std::vector<std::string> ElasticDriver::free_slots(const std::set<std::string>& 
   if (!hosts_) return free;
   for (const auto& [host, count] : *hosts_) {
     if (blacklist_.count(host)) continue;
-    if (!options_.is_this_machine(host)) {
-      if (said_remote_.insert(host).second) {
-        say_(
-            fmt::format("--elastic: {} named by {} is not this machine; kolorun --elastic starts "
-                        "ranks on this machine only, so it is left out",
-                        host, options_.script));
-      }
-      continue;
-    }
     for (int i = 0; i < count; ++i) {
       std::string name = fmt::format("{}:{}", host, i);
       auto found = slots_.find(name);
@@ -294,8 +291,10 @@ void ElasticDriver::start_first_ranks() {
   int size = std::min({options_.np, options_.max_np, static_cast<int>(free.size())});
   started_ = true;
   if (verbose_) say_(fmt::format("--elastic: starting {} ranks", size));
+  bool spans_hosts = false;
+  for (const auto& [host, count] : *hosts_) spans_hosts |= !options_.is_this_machine(host);
   for (int rank = 0; rank < size; ++rank) {
-    RankLaunch launch{free[static_cast<size_t>(rank)], rank, size, {}};
+    RankLaunch launch{free[static_cast<size_t>(rank)], rank, size, {}, spans_hosts};
     pid_t pid = start_(launch);
     if (pid <= 0) {
       fail_job(fmt::format("--elastic: cannot start rank {} in slot {}", rank, launch.slot));
@@ -453,7 +452,11 @@ void ElasticDriver::tick() {
           fmt::format("--elastic: the rank in slot {} (pid {}) did not leave within {} s; "
                       "killing it",
                       name, slot.pid, kLeaveGraceSeconds));
-      ::kill(-slot.pid, SIGKILL);
+      if (kill_) {
+        kill_(slot.pid);
+      } else {
+        ::kill(-slot.pid, SIGKILL);
+      }
       slot.leave_by = Clock::time_point::max();
     }
   }

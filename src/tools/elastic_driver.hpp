@@ -24,8 +24,9 @@
 //     leave, and none start there again. A rank that exits 0 is no failure (a leaving rank does).
 //   - Below --min-np. When fewer ranks than --min-np run and no slot is free to start one, the
 //     job stops with an error (exit 1).
-// Ranks start on this machine only: a host that is not this machine is reported once and left
-// out.
+// Across hosts. A slot whose host is not this machine gets its rank through kolorun's agent over
+// ssh (kolorun.cpp); the driver's store then serves every interface, so that remote ranks reach
+// it at this machine's name (secret-authenticated, as the world's store is).
 #pragma once
 
 #include <sys/types.h>
@@ -70,19 +71,25 @@ struct RankLaunch {
   std::string slot;
   int rank = -1, size = 0;
   std::string invitation;
+  bool spans_hosts = false;  // an initial rank of a job whose first host set names other hosts
 };
 
 class ElasticDriver {
  public:
   using Starter = std::function<pid_t(const RankLaunch&)>;  // -1 when it could not
   using Say = std::function<void(const std::string&)>;
+  using Kill = std::function<void(pid_t)>;  // SIGKILLs the rank started as pid, wherever it runs
 
   ElasticDriver(ElasticOptions options, Starter start, Say say, bool verbose);
   ~ElasticDriver();
 
-  // Serves the driver's store on 127.0.0.1 (call after the signals are blocked: its thread must
-  // not take them). An error message, or "" when it serves; KOLO_ELASTIC_ADDR is then set.
+  // Serves the driver's store on every interface (call after the signals are blocked: its thread
+  // must not take them). An error message, or "" when it serves; KOLO_ELASTIC_ADDR is then set.
   std::string serve();
+  // The port of the driver's store (after serve()).
+  int port() const;
+  // How a rank that did not leave in time is killed (by default: its process group, here).
+  void set_kill(Kill kill) { kill_ = std::move(kill); }
 
   // Runs discovery, starts ranks, answers plans, kills ranks that do not leave. Call often.
   void tick();
@@ -127,6 +134,7 @@ class ElasticDriver {
   ElasticOptions options_;
   Starter start_;
   Say say_;
+  Kill kill_;
   bool verbose_;
   std::unique_ptr<kolo::StoreServer> server_;
   std::unique_ptr<kolo::StoreClient> client_;
@@ -141,7 +149,6 @@ class ElasticDriver {
   int script_failures_ = 0;
   std::string last_report_;
   std::optional<std::vector<std::pair<std::string, int>>> hosts_;  // the last good set, in order
-  std::set<std::string> said_remote_;
 
   // ranks
   std::map<std::string, Slot> slots_;

@@ -65,7 +65,10 @@
 // exited on its own exited 0, and with the first killed rank's status when none did. A rank that
 // exits non-zero still stops the job. With --elastic and --host-discovery-script, the driver
 // (elastic_driver.hpp) starts the ranks on the slots a script names, grows and shrinks the job
-// with them (kolo_elastic_update), restarts failed ranks' slots and decides the exit status.
+// with them (kolo_elastic_update), restarts failed ranks' slots and decides the exit status. A
+// slot on another host gets its one rank through an agent of its own over ssh, as -H starts a
+// host's ranks (start_remote_slot): its set-up names the slot, and a newcomer's carries
+// KOLO_INVITATION and no KOLO_RANK or KOLO_SIZE; the ssh's exit is the rank's for the driver.
 // --timeout stops the job the same way and exits 124. Bad
 // arguments exit 2; a program that cannot be executed makes its ranks exit 127; a host that ssh
 // cannot reach makes kolorun exit with ssh's status (255). What kolorun says about a rank names
@@ -91,6 +94,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -451,6 +455,7 @@ struct AgentSetup {
   std::vector<std::string> command;
   std::vector<std::string> environment;  // NAME=VALUE
   std::string host;                      // the host's name as the user gave it
+  std::string slot;  // --host-discovery-script: the one rank's slot (first_rank -1: a newcomer)
   int first_rank = 0, rank_count = 0, size = 0;
   bool serve_store = false, tag_output = false, tag_hosts = false, verbose = false, elastic = false;
   double grace_s = 5;
@@ -461,6 +466,7 @@ struct AgentSetup {
     for (const std::string& arg : command) text += "arg " + to_hex(arg) + "\n";
     for (const std::string& variable : environment) text += "env " + to_hex(variable) + "\n";
     text += "host " + to_hex(host) + "\n";
+    if (!slot.empty()) text += "slot " + to_hex(slot) + "\n";
     text += fmt::format("ranks {} {} {}\n", first_rank, rank_count, size);
     text += fmt::format("options {} {} {} {} {} {}\n", int{serve_store}, int{tag_output},
                         int{tag_hosts}, int{verbose}, int{elastic}, grace_s);
@@ -494,6 +500,8 @@ struct AgentSetup {
       environment.push_back(*text);
     } else if (key == "host") {
       host = *text;
+    } else if (key == "slot") {
+      slot = *text;
     } else {
       return false;
     }
@@ -524,6 +532,9 @@ struct Job {
   std::optional<int> failure_code;  // exit code of the first rank that failed
   // --host-discovery-script: the driver, which starts the ranks and plans the job's changes
   kolorun::ElasticDriver* driver = nullptr;
+  std::string remote_elastic_addr;  // KOLO_ELASTIC_ADDR as other hosts reach the driver's store
+  std::deque<HostPlan> slot_plans;  // the hosts of ranks started in remote slots (stable)
+  std::optional<kolorun::RankLaunch> agent_slot;  // an agent: the one slot rank it starts
   bool stopping = false, timed_out = false;
   Clock::time_point kill_at = kNever, timeout_at = kNever, ready_by = kNever;
 
@@ -556,6 +567,9 @@ struct Job {
   // newcomer (KOLO_INVITATION, no KOLO_RANK or KOLO_SIZE: the growth decides them). Its pid, or
   // -1 (errno set).
   pid_t start_in_slot(const kolorun::RankLaunch& launch) {
+    const std::string slot_host = launch.slot.substr(0, launch.slot.rfind(':'));
+    if (!agent_slot && !is_this_machine(slot_host)) return start_remote_slot(launch, slot_host);
+    if (!agent_slot && launch.rank == 0 && launch.spans_hosts && !span_store()) return -1;
     ::setenv("KOLO_ELASTIC_SLOT", launch.slot.c_str(), 1);
     if (launch.rank >= 0) {
       ::unsetenv("KOLO_INVITATION");
@@ -574,6 +588,89 @@ struct Job {
     pid_t pid = spawn(launch.rank, hosts[0], launch.slot);
     ::unsetenv("KOLO_INVITATION");
     return pid;
+  }
+
+  // Rank 0 here, in a job whose first hosts include others: its store listens on every interface,
+  // at this machine's name, instead of main's loopback socket. False (said) when it cannot.
+  bool span_store() {
+    if (store_fd >= 0) ::close(store_fd);
+    int port = 0;
+    store_fd = listen_for_store(/*every_interface=*/true, &port);
+    if (store_fd < 0) {
+      say("cannot listen on a port of this machine for the rendezvous store: {}",
+          std::strerror(errno));
+      return false;
+    }
+    ::setenv("KOLO_ADDR", fmt::format("{}:{}", host, port).c_str(), 1);
+    return true;
+  }
+
+  // The driver's start of a rank in a slot of another host: ssh runs kolorun's agent there, which
+  // starts that one rank (a newcomer's KOLO_INVITATION travels in its set-up, on ssh's stdin). A
+  // rank 0 there serves the world's store: its agent binds the port and says it before this
+  // returns (bounded by kAgentStartSeconds), so that the other ranks get KOLO_ADDR. The ssh's pid,
+  // which the driver tracks as the rank's: it exits with the agent, as the rank did; or -1.
+  pid_t start_remote_slot(const kolorun::RankLaunch& launch, const std::string& slot_host) {
+    ::setenv("KOLO_ELASTIC_SLOT", launch.slot.c_str(), 1);
+    if (launch.rank >= 0) {
+      ::unsetenv("KOLO_INVITATION");
+    } else {
+      ::setenv("KOLO_INVITATION", launch.invitation.c_str(), 1);
+    }
+    const bool serve_store = launch.rank == 0;
+    if (serve_store) {
+      if (store_fd >= 0) ::close(store_fd);
+      store_fd = -1;
+      ::unsetenv("KOLO_ADDR");
+    }
+    slot_plans.push_back({slot_host, 1, false, std::max(launch.rank, 0), 1});
+    bool started = start_remote(slot_plans.back(), serve_store, &launch);
+    ::unsetenv("KOLO_INVITATION");
+    if (!started) return -1;
+    Child& child = children.back();
+    if (serve_store) {
+      std::optional<long> port = await_ready(child);
+      if (!port || *port <= 0) {
+        say("rank 0 in slot {}: kolorun's agent on {} did not say where its store is within {} s",
+            launch.slot, slot_host, kAgentStartSeconds);
+        tell_agent(child, SIGKILL);
+        child.kill_ssh_at = seconds_from_now(kAgentKillSeconds);
+        return -1;
+      }
+      ::setenv("KOLO_ADDR", fmt::format("{}:{}", slot_host, *port).c_str(), 1);
+    }
+    return child.pid;
+  }
+
+  // Waits (at most kAgentStartSeconds) for the ready line of a remote child's agent, passing on
+  // what else it writes meanwhile: the port it names, or nothing when its ssh ended first.
+  std::optional<long> await_ready(Child& child) {
+    Clock::time_point give_up = seconds_from_now(kAgentStartSeconds);
+    while (!child.streams[0].ready_port && child.streams[0].fd >= 0) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(give_up - Clock::now()).count();
+      if (left <= 0) break;
+      std::vector<pollfd> polled;
+      for (Stream& stream : child.streams) {
+        if (stream.fd >= 0) polled.push_back({stream.fd, POLLIN, 0});
+      }
+      ::poll(polled.data(), polled.size(), static_cast<int>(std::min<long>(left, 1000)));
+      for (Stream& stream : child.streams) stream.read_available();
+    }
+    return child.streams[0].ready_port;
+  }
+
+  // The driver's kill of a rank that did not leave: here its process group; on another host,
+  // through its agent (SIGKILL to its ranks), and its ssh kAgentKillSeconds later.
+  void kill_rank(pid_t pid) {
+    for (Child& child : children) {
+      if (child.pid != pid || !child.running) continue;
+      if (!child.remote) {
+        ::kill(-pid, SIGKILL);
+      } else if (child.kill_ssh_at == kNever) {
+        tell_agent(child, SIGKILL);
+        child.kill_ssh_at = seconds_from_now(kAgentKillSeconds);
+      }
+    }
   }
 
   // Forks one rank (index -1: a newcomer, named by its slot) with kolorun's environment as it is
@@ -633,7 +730,8 @@ struct Job {
 
   // What the agent on `plan`'s host needs: the variables forwarded by default are PATH,
   // PYTHONPATH, LD_LIBRARY_PATH and every KOLO_* but those the agent sets per rank, plus -x's.
-  AgentSetup setup_for(const HostPlan& plan, bool serve_store) const {
+  AgentSetup setup_for(const HostPlan& plan, bool serve_store,
+                       const kolorun::RankLaunch* launch = nullptr) const {
     AgentSetup setup;
     char directory[4096];
     setup.directory = ::getcwd(directory, sizeof directory) ? directory : "/";
@@ -645,7 +743,10 @@ struct Job {
                         (name.starts_with("KOLO_") && name != "KOLO_RANK" &&
                          name != "KOLO_LOCAL_RANK" && name != "KOLO_LOCAL_SIZE" &&
                          name != "KOLO_STORE_FD" && !(serve_store && name == "KOLO_ADDR"));
-      if (by_default || std::find(forwarded.begin(), forwarded.end(), name) != forwarded.end()) {
+      if (name == "KOLO_ELASTIC_ADDR" && !remote_elastic_addr.empty()) {
+        setup.environment.push_back("KOLO_ELASTIC_ADDR=" + remote_elastic_addr);
+      } else if (by_default ||
+                 std::find(forwarded.begin(), forwarded.end(), name) != forwarded.end()) {
         setup.environment.emplace_back(variable);
       }
     }
@@ -659,12 +760,19 @@ struct Job {
     setup.verbose = verbose;
     setup.elastic = elastic;
     setup.grace_s = grace_s;
+    if (launch) {
+      setup.slot = launch->slot;
+      setup.first_rank = launch->rank;
+      setup.rank_count = 1;
+      setup.size = launch->size;
+    }
     return setup;
   }
 
   // Starts ssh to `plan`'s host running "kolorun --agent", and writes the agent's set-up to its
   // stdin, which stays open for signals. False (errno set) when ssh cannot be forked.
-  bool start_remote(const HostPlan& plan, bool serve_store) {
+  bool start_remote(const HostPlan& plan, bool serve_store,
+                    const kolorun::RankLaunch* launch = nullptr) {
     std::vector<std::string> ssh = {
         "ssh", "-T", "-x", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"};
     if (!ssh_port.empty()) ssh.insert(ssh.end(), {"-p", ssh_port});
@@ -705,7 +813,7 @@ struct Job {
     ::close(err_pipe[1]);
     // The set-up is usually a few KiB, less than a pipe holds, so this write does not wait for ssh;
     // a larger one (a very long command line) waits until ssh has connected and reads it.
-    write_all(in_pipe[1], setup_for(plan, serve_store).encode());
+    write_all(in_pipe[1], setup_for(plan, serve_store, launch).encode());
     ::fcntl(in_pipe[1], F_SETFL, O_NONBLOCK);
     Child child;
     child.pid = pid;
@@ -714,7 +822,14 @@ struct Job {
     child.remote = true;
     child.plan = &plan;
     child.control_fd = in_pipe[1];
-    if (verbose) say("started ssh {} for {} (pid {})", plan.name, child.ranks_text(), pid);
+    if (launch) {
+      child.first_rank = launch->rank;
+      child.slot = launch->slot;
+    }
+    if (verbose) {
+      say("started ssh {} for {} (pid {})", plan.name,
+          launch ? "slot " + launch->slot : child.ranks_text(), pid);
+    }
     adopt(std::move(child), out_pipe[0], err_pipe[0], "");
     return true;
   }
@@ -792,8 +907,9 @@ struct Job {
   // "rank 2 exited with status 3 (pid 4242 on node7)": which rank, what became of it, and where
   // to look for it.
   std::string ended(const Child& child, int status) const {
-    return fmt::format("rank {} {} (pid {} on {})", child.first_rank, describe(status), child.pid,
-                       host);
+    std::string who = child.first_rank >= 0 ? fmt::format("rank {}", child.first_rank)
+                                            : "the newcomer in slot " + child.slot;
+    return fmt::format("{} {} (pid {} on {})", who, describe(status), child.pid, host);
   }
 
   void note_failure(int status) {
@@ -838,6 +954,12 @@ struct Job {
         if (child.pid != pid) continue;
         child.running = false;
         --running;
+        if (driver && child.remote) {  // a slot's agent: what it passed on is all there is
+          for (Stream& stream : child.streams) stream.read_available();
+          if (child.control_fd >= 0) ::close(child.control_fd);
+          child.control_fd = -1;
+          child.kill_ssh_at = kNever;
+        }
         if (driver && driver->reaped(pid, status)) continue;  // it decides what a rank's end means
         if (child.remote) {
           remote_ended(child, status);
@@ -927,8 +1049,16 @@ struct Job {
     const bool remote_store = !hosts[0].local && !std::getenv("KOLO_ADDR");
     if (remote_store) ready_by = seconds_from_now(kAgentStartSeconds);
     if (control_in >= 0) take_control_lines();  // what came with the set-up, before any start
-    if (!stopping && !driver) start_host(hosts[0], remote_store);
-    size_t started = driver ? hosts.size() : 1;
+    if (!stopping && agent_slot) {
+      if (start_in_slot(*agent_slot) <= 0) {
+        say("cannot start the rank of slot {} on {}: {}", agent_slot->slot, host,
+            std::strerror(errno));
+        failure_code = 1;
+      }
+    } else if (!stopping && !driver) {
+      start_host(hosts[0], remote_store);
+    }
+    size_t started = driver || agent_slot ? hosts.size() : 1;
     start_the_rest(&started);
     bool cleaning_up = false;  // every rank has exited; what they left behind is being stopped
     while (running > 0 || cleaning_up || (driver && driver->starting())) {
@@ -1084,7 +1214,8 @@ int agent_main() {
       }
     }
   }
-  if (setup.command.empty() || setup.rank_count < 1 || setup.size < 1) {
+  const bool newcomer = !setup.slot.empty() && setup.first_rank < 0;
+  if (setup.command.empty() || setup.rank_count < 1 || (setup.size < 1 && !newcomer)) {
     say("agent on {}: kolorun's set-up names no program or no ranks", host);
     return 1;
   }
@@ -1109,7 +1240,13 @@ int agent_main() {
   job.elastic = setup.elastic;
   job.tag_output = setup.tag_output;
   job.tag_hosts = setup.tag_hosts;
-  job.hosts.push_back({setup.host, setup.rank_count, true, setup.first_rank, setup.rank_count});
+  job.hosts.push_back(
+      {setup.host, setup.rank_count, true, std::max(setup.first_rank, 0), setup.rank_count});
+  if (!setup.slot.empty()) {
+    const char* invitation = std::getenv("KOLO_INVITATION");
+    job.agent_slot = kolorun::RankLaunch{setup.slot, setup.first_rank, setup.size,
+                                         invitation ? invitation : "", false};
+  }
   int port = 0;
   if (setup.serve_store) {
     job.store_fd = listen_for_store(/*every_interface=*/true, &port);
@@ -1118,7 +1255,19 @@ int agent_main() {
           std::strerror(errno));
       return 1;
     }
-    ::setenv("KOLO_ADDR", fmt::format("{}:{}", setup.host, port).c_str(), 1);
+    // An elastic rank 0 names this host by the address kolorun's ssh reached (SSH_CONNECTION's
+    // third word), not by its name: its own name often maps to 127.0.1.1 here (Debian's hosts
+    // file), and ranks that all reach their store over loopback listen there, where a newcomer on
+    // another host, invited later, cannot reach them.
+    std::string store_host = setup.host;
+    if (!setup.slot.empty()) {
+      std::istringstream words(std::getenv("SSH_CONNECTION") ? std::getenv("SSH_CONNECTION") : "");
+      std::string client, client_port, server;
+      if (words >> client >> client_port >> server && server.find(':') == std::string::npos) {
+        store_host = server;
+      }
+    }
+    ::setenv("KOLO_ADDR", fmt::format("{}:{}", store_host, port).c_str(), 1);
   }
   int signal_fd = handle_signals();
   write_all(STDOUT_FILENO, fmt::format("{}{}\n", kReadyLine, port));
@@ -1165,7 +1314,8 @@ then ranks on vanished hosts leave (exit 0), free slots get new ranks (up to --m
 rank's slot is restarted (up to --reset-limit), and below --min-np with no free slot the job stops
 (exit 1). A failing script is reported and its last good output kept; 10 failures in a row stop
 the job. Each rank also gets KOLO_ELASTIC_ADDR (the driver) and KOLO_ELASTIC_SLOT (host:n); a new
-rank gets KOLO_INVITATION instead of KOLO_RANK and KOLO_SIZE. Ranks start on this machine only.
+rank gets KOLO_INVITATION instead of KOLO_RANK and KOLO_SIZE. A host that is not this machine
+gets its ranks over ssh, as with -H; the driver then listens on every interface.
 
 Output: each line of a rank goes whole to kolorun's stdout or stderr, the stream the rank wrote it
 to; --tag-output puts "[rank] " before it ("[rank@host] " across hosts).
@@ -1336,7 +1486,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   job.tag_hosts = job.hosts.size() > 1 || !job.hosts[0].local;
-  if (job.verbose || job.tag_hosts) {
+  if (job.verbose || job.tag_hosts || discovering) {
     char path[4096] = {};
     ssize_t length = ::readlink("/proc/self/exe", path, sizeof path - 1);
     job.self_path = length > 0 ? std::string(path, static_cast<size_t>(length)) : argv[0];
@@ -1409,6 +1559,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     job.driver = driver.get();
+    job.remote_elastic_addr = fmt::format("{}:{}", job.host, driver->port());
+    driver->set_kill([&job](pid_t pid) { job.kill_rank(pid); });
   }
   if (job.verbose) {
     for (const HostPlan& plan : job.hosts) {
