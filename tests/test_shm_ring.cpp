@@ -83,8 +83,8 @@ OpDescriptor descriptor_for(uint64_t i, size_t bytes, int kind) {
   descriptor.sequence = i + 1;
   descriptor.count = bytes;
   descriptor.dtype = kolo::DataType::kUInt8;
-  if (kind == 1) descriptor.postscale = 0.5;             // no compact form: a large message
-  if (kind == 2) descriptor.detail = i;                  // the same
+  if (kind == 1) descriptor.postscale = 0.5;                     // no compact form: a large message
+  if (kind == 2) descriptor.detail = i;                          // the same
   if (kind == 3) descriptor.sequence = (uint64_t{1} << 32) + i;  // the same
   return descriptor;
 }
@@ -188,7 +188,8 @@ void receive_all(End& end, const std::vector<Message>& messages, Outcome& outcom
           return outcome.fail("the receiver timed out at message " + std::to_string(i));
         }
       }
-      if (received.bad_sink || (received.transfer.sink && received.sunk_bytes != messages[i].bytes)) {
+      if (received.bad_sink ||
+          (received.transfer.sink && received.sunk_bytes != messages[i].bytes)) {
         return outcome.fail("message " + std::to_string(i) + " was handed to the sink wrongly");
       }
       for (size_t j = 0; j < messages[i].bytes; ++j) {

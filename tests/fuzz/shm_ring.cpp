@@ -171,10 +171,10 @@ void run(FuzzInput& input, char* segment) {
         }
         case 11: {  // the peer stores a word at any line of its ring
           const uint64_t at = input.take<uint16_t>() * uint64_t{64};
-          const uint64_t word = input.take<uint8_t>() % 2
-                                    ? shm::line_word(at, shm::LineKind::kSmall,
-                                                     input.take<uint8_t>() % 64)
-                                    : input.take<uint64_t>();
+          const uint64_t word =
+              input.take<uint8_t>() % 2
+                  ? shm::line_word(at, shm::LineKind::kSmall, input.take<uint8_t>() % 64)
+                  : input.take<uint64_t>();
           shm::line_word_at(in_data, at).store(word, std::memory_order_release);
           break;
         }

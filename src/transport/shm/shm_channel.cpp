@@ -34,7 +34,7 @@ namespace {
 
 constexpr uint64_t kSegmentMagic = 0x6b6f6c6f73686d31;  // "kolosh m1"
 constexpr uint32_t kHelloMagic = 0x4f4c4548;            // "HELO"
-constexpr size_t kAlign = shm::kCacheLine;  // messages are padded to whole cache lines
+constexpr size_t kAlign = shm::kCacheLine;              // messages are padded to whole cache lines
 using shm::kCapacity;
 using shm::kSegmentBytes;
 using shm::RingCounters;
@@ -177,8 +177,10 @@ struct ShmChannel::Link {
   void mark_payload(uint64_t from, uint64_t to) {
     for (uint64_t line = (from + kAlign - 1) / kAlign; line * kAlign < to;) {
       const uint64_t index = line % shm::kLines, bit = index % 64;
-      const uint64_t count = std::min<uint64_t>(64 - bit, (to - line * kAlign + kAlign - 1) / kAlign);
-      payload_lines[index / 64] |= (count == 64 ? ~uint64_t{0} : ((uint64_t{1} << count) - 1) << bit);
+      const uint64_t count =
+          std::min<uint64_t>(64 - bit, (to - line * kAlign + kAlign - 1) / kAlign);
+      payload_lines[index / 64] |=
+          (count == 64 ? ~uint64_t{0} : ((uint64_t{1} << count) - 1) << bit);
       line += count;
     }
   }
@@ -562,8 +564,7 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
 // What the line at the consumer's position says; a frame header in `header` for a message that
 // is there.
 shm::Arrival ShmChannel::arrival(const Link& link, FrameHeader& header, const char*& payload) {
-  const uint64_t word =
-      shm::line_word_at(link.in_data, link.tail).load(std::memory_order_seq_cst);
+  const uint64_t word = shm::line_word_at(link.in_data, link.tail).load(std::memory_order_seq_cst);
   uint64_t small_bytes = 0;
   const shm::Arrival kind = shm::classify(word, link.tail, small_bytes);
   const char* line = link.in_data + link.tail % kCapacity;

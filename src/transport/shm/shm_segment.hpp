@@ -51,7 +51,8 @@ inline char* ring_data(void* segment, int ring) {
 inline constexpr size_t kLines = kCapacity / kCacheLine;
 inline constexpr size_t kSmallBytes = 40;  // the most payload a small message carries
 inline constexpr uint64_t kStampMask = (uint64_t{1} << 56) - 1;
-static_assert((kStampMask + 1) % kLines == 0, "a line's stamps repeat a whole number of laps apart");
+static_assert((kStampMask + 1) % kLines == 0,
+              "a line's stamps repeat a whole number of laps apart");
 
 enum class LineKind : uint64_t { kSmall = 1, kLarge = 2 };
 
