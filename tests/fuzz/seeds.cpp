@@ -136,13 +136,15 @@ void control_seeds() {
 }
 
 void shm_seeds() {
-  // Rank 0; post a 100-byte receive (sequence 1) and a 50-byte send; the peer writes a header and
-  // 100 bytes and publishes them; pump; the peer reads what was sent; sleep, pump, wake.
+  // Rank 0; post a 100-byte receive (sequence 1) and a 50-byte send; the peer writes a header (its
+  // word right, no payload with it) and 100 bytes and publishes them with `head`; pump; the peer
+  // reads what was sent; sleep, pump, wake.
   Bytes script{0};
   auto step = [&](uint8_t op) { script.push_back(op); };
   step(0), put(script, uint16_t{100}), script.push_back(1), script.push_back(0);
   step(1), put(script, uint16_t{50}), script.push_back(1), script.push_back(0);
-  step(2), put(script, uint16_t{100}), script.push_back(1);
+  step(2), put(script, uint16_t{100}), script.push_back(1), put(script, uint16_t{0});
+  script.push_back(0);
   step(3), put(script, uint16_t{100}), script.insert(script.end(), 100, 0x42);
   step(4), step(7), step(6), script.push_back(1), step(8), step(7), step(9);
   seed("shm_ring", "receive_and_send", script);

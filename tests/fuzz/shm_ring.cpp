@@ -80,11 +80,11 @@ void run(FuzzInput& input, char* segment) {
   auto line_start = [&] { return written = (written + 63) / 64 * 64; };
   // The first word of the line at `at`: right (0), another lap's (1), another line's (2), none
   // (3), or any value.
-  auto store_word = [&](uint64_t at, shm::LineKind kind, uint64_t small_bytes) {
+  auto store_word = [&](uint64_t at, shm::LineKind kind, uint64_t length) {
     const uint8_t choice = input.take<uint8_t>() % 5;
-    uint64_t word = shm::line_word(at, kind, small_bytes);
-    if (choice == 1) word = shm::line_word(at + shm::kCapacity, kind, small_bytes);
-    if (choice == 2) word = shm::line_word(at + 64, kind, small_bytes);
+    uint64_t word = shm::line_word(at, kind, length);
+    if (choice == 1) word = shm::line_word(at + shm::kCapacity, kind, length);
+    if (choice == 2) word = shm::line_word(at + 64, kind, length);
     if (choice == 4) word = input.take<uint64_t>();
     if (choice != 3) shm::line_word_at(in_data, at).store(word, std::memory_order_release);
   };
@@ -120,7 +120,9 @@ void run(FuzzInput& input, char* segment) {
           body.descriptor.sequence = input.take<uint8_t>();
           const uint64_t at = line_start();
           write_ring(in_data, at + 8, reinterpret_cast<const uint8_t*>(&body), sizeof body);
-          store_word(at, shm::LineKind::kLarge, 0);
+          // How much payload came with it: none, any amount (the peer writes it later or not at
+          // all), or more than the message.
+          store_word(at, shm::LineKind::kLarge, input.take<uint16_t>());
           written += 64;
           break;
         }

@@ -164,6 +164,7 @@ struct ShmChannel::Link {
   uint64_t header_at = 0;    // where its header line lies
   IntrusiveFifo<Transfer> recvs;
   bool header_checked = false;  // for the first of recvs
+  uint64_t announced = 0;       // in: where its payload is known to be published up to
   size_t pending = 0;
 
   bool consumer_flag = false;  // this rank set in->consumer_waiting
@@ -497,12 +498,12 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
   if (space < kAlign) return false;
 
   if (small) {
-    // The body, then the line after it cleared, then the word that publishes both: the consumer
+    // The line after it cleared, then the body, then the word that publishes both: the consumer
     // that sees the word sees the rest (release), and reads nothing else of this message.
+    link.clear_line(head + kAlign);
     shm::SmallBody body = shm::small_body(transfer->descriptor);
     if (transfer->bytes > 0) std::memcpy(body.payload, transfer->data, transfer->bytes);
     std::memcpy(link.out_data + head % kCapacity + sizeof(uint64_t), &body, sizeof(body));
-    link.clear_line(head + kAlign);
     shm::line_word_at(link.out_data, head)
         .store(shm::line_word(head, shm::LineKind::kSmall, transfer->bytes),
                std::memory_order_seq_cst);
@@ -525,6 +526,9 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
     const uint64_t remaining = transfer->bytes - transfer->done;
     const uint64_t to_end = kCapacity - head % kCapacity;
     const uint64_t piece = std::min({remaining, space, to_end, uint64_t{kSlotBytes}});
+    const bool whole = piece == remaining;
+    // The line after the message cleared first, so that fetching it overlaps the copy.
+    if (whole) link.clear_line(round_up(head + piece));
     if (piece > 0) {
       copy_into_ring(link.out_data + head % kCapacity,
                      static_cast<const char*>(transfer->data) + transfer->done, piece,
@@ -534,9 +538,8 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
       transfer->done += piece;
     }
     if (head == link.head) return false;
-    if (transfer->done == transfer->bytes) {
+    if (whole) {
       head = round_up(head);
-      link.clear_line(head);
       link.sends.pop();
       link.header_sent = false;
       --link.pending;
@@ -544,12 +547,14 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
       completed = true;
     }
     link.head = head;
-    // `head` before the header's word: a consumer that has seen the word finds the header's
-    // line, and whatever moved with it, within `head`.
-    link.out->head.store(head, std::memory_order_seq_cst);
+    // The header's word says how much payload came with it, so a message sent in one piece needs
+    // no store of `head` (nor the consumer a load of it). A piece that leaves more to come stores
+    // `head` (before the word, for the first piece), where the consumer looks for the rest.
+    if (!opens || !whole) link.out->head.store(head, std::memory_order_seq_cst);
     if (opens) {
       shm::line_word_at(link.out_data, link.header_at)
-          .store(shm::line_word(link.header_at, shm::LineKind::kLarge), std::memory_order_seq_cst);
+          .store(shm::line_word(link.header_at, shm::LineKind::kLarge, piece),
+                 std::memory_order_seq_cst);
     }
   }
   // The store above is sequentially consistent and so is this load; prepare_sleep() stores the
@@ -561,17 +566,19 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
   return true;
 }
 
-// What the line at the consumer's position says; a frame header in `header` for a message that
-// is there.
-shm::Arrival ShmChannel::arrival(const Link& link, FrameHeader& header, const char*& payload) {
+// What the line at the consumer's position says. For a message that is there: its frame header
+// in `header`, and for a small one where its payload lies, for a large one how much of its payload
+// came with the header (`announced`).
+shm::Arrival ShmChannel::arrival(const Link& link, FrameHeader& header, const char*& payload,
+                                 uint64_t& announced) {
   const uint64_t word = shm::line_word_at(link.in_data, link.tail).load(std::memory_order_seq_cst);
-  uint64_t small_bytes = 0;
-  const shm::Arrival kind = shm::classify(word, link.tail, small_bytes);
+  uint64_t length = 0;
+  shm::Arrival kind = shm::classify(word, link.tail, length);
   const char* line = link.in_data + link.tail % kCapacity;
   if (kind == shm::Arrival::kSmall) {
     shm::SmallBody body;  // copied out first: the peer cannot change it after the check
     std::memcpy(&body, line + sizeof(uint64_t), sizeof(body));
-    header.bytes = small_bytes;
+    header.bytes = length;
     header.descriptor = shm::descriptor_of(body);
     payload = line + sizeof(uint64_t) + offsetof(shm::SmallBody, payload);
   } else if (kind == shm::Arrival::kLarge) {
@@ -579,8 +586,10 @@ shm::Arrival ShmChannel::arrival(const Link& link, FrameHeader& header, const ch
     std::memcpy(&body, line + sizeof(uint64_t), sizeof(body));
     header.bytes = body.bytes;
     header.descriptor = body.descriptor;
-    payload = nullptr;
-  } else if (kind == shm::Arrival::kCorrupt) {
+    announced = length;
+    if (length > body.bytes) kind = shm::Arrival::kCorrupt;
+  }
+  if (kind == shm::Arrival::kCorrupt) {
     log::warn("{}: rank {} wrote a malformed message line (first word {:#x}) into its ring",
               transport_, link.peer, word);
   }
@@ -622,7 +631,8 @@ bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
   if (!link.header_checked) {
     FrameHeader header;
     const char* payload = nullptr;
-    const shm::Arrival kind = arrival(link, header, payload);
+    uint64_t announced = 0;
+    const shm::Arrival kind = arrival(link, header, payload, announced);
     if (kind == shm::Arrival::kNone) return false;
     if (kind == shm::Arrival::kCorrupt) {
       throw Error(Status::kPeerLost,
@@ -655,13 +665,19 @@ bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
       return true;
     }
     link.header_checked = true;
+    link.announced = tail + announced;
   }
-  const uint64_t head = link.in->head.load(std::memory_order_seq_cst);
-  if (head < tail || head - tail > kCapacity) {
-    throw control_.lost(peer, "its shared-memory ring is corrupt (a write counter out of range)");
-  }
-  uint64_t available = head - tail;
+  // What came with the header needs no counter; the rest is published by `head`.
   const uint64_t remaining = transfer->bytes - transfer->done;
+  uint64_t head = link.announced;
+  if (head <= tail && remaining > 0) {
+    head = link.in->head.load(std::memory_order_seq_cst);
+    if (head < tail || head - tail > kCapacity) {
+      throw control_.lost(peer, "its shared-memory ring is corrupt (a write counter out of range)");
+    }
+    link.announced = head;
+  }
+  uint64_t available = head > tail ? head - tail : 0;
   const uint64_t to_end = kCapacity - tail % kCapacity;
   uint64_t piece = std::min({remaining, available, to_end, uint64_t{kSlotBytes}});
   if (transfer->sink && piece < remaining) {

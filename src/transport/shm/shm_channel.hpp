@@ -34,10 +34,13 @@
 //    line: the word, a compact descriptor and the payload. One line moves between the cores.
 //  - Any other message is a frame (transport/framing.hpp: the header, then the payload): its first
 //    line is the word and the header's length and descriptor (the word stands for the magic), and
-//    the payload follows on the next lines, padded to 64 bytes, published by stores of `head`
-//    (the header's word is stored after `head`, so a consumer that saw it finds `head` past it).
-//    A copy is at most a slot long and never crosses the end of the ring, and each is published
-//    at once, so the consumer copies one slot's worth out while the producer fills the next.
+//    the payload follows on the next lines, padded to 64 bytes. The first piece of payload is
+//    written before the header's word, which says how long it is, so a message sent in one piece
+//    is published by its word alone; each later piece is published by a store of `head` (stored
+//    with the first piece too when more are to come, before the word, so that a consumer that
+//    saw the word finds `head` past what the word announced). A copy is at most a slot long and
+//    never crosses the end of the ring, and each is published at once, so the consumer copies
+//    one slot's worth out while the producer fills the next.
 //    (Cutting at the slots' own boundaries instead would split every slot-sized message into a
 //    big piece and a 64-byte one.)
 // Payload bytes may look like any word, so the producer clears the word of a line that held
@@ -169,7 +172,8 @@ class ShmChannel {
 
   bool send_piece(int peer, Link& link, bool& completed);
   bool receive_piece(int peer, Link& link, bool& completed);
-  shm::Arrival arrival(const Link& link, FrameHeader& header, const char*& payload);
+  shm::Arrival arrival(const Link& link, FrameHeader& header, const char*& payload,
+                       uint64_t& announced);
 
   int rank_;
   int size_;

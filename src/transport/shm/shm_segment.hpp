@@ -44,15 +44,22 @@ inline char* ring_data(void* segment, int ring) {
 // ---- the lines that open messages (shm_channel.hpp, "Messages") ---------------------------------
 //
 // Every message begins on a cache line of the ring whose first word, stored last and atomically,
-// says that the message is there: its kind, for a small message its length, and a stamp, the
-// line's number in the ring's stream plus one (56 bits: a stream of 2^62 bytes before it repeats).
+// says that the message is there: its kind; a length (a small message's payload, or how much of a
+// large message's payload was written before the word, so that the consumer needs no counter for
+// it); and a stamp, the line's number in the ring's stream plus one (42 bits). Every lap writes
+// every line's first word (a message's word, or payload that is cleared before a message ends
+// there), so a line holds this lap's word, zero, or last lap's; the stamp tells which.
 // The rest of the line is a SmallBody (a small message, whole) or a LargeBody (a frame header;
-// the payload follows on the next lines and is published by `head`).
+// the payload follows on the next lines, then published by `head`).
 inline constexpr size_t kLines = kCapacity / kCacheLine;
 inline constexpr size_t kSmallBytes = 40;  // the most payload a small message carries
-inline constexpr uint64_t kStampMask = (uint64_t{1} << 56) - 1;
+inline constexpr int kLengthBits = 20;     // a length in a word: up to a slot (2^18 bytes)
+inline constexpr uint64_t kLengthMask = (uint64_t{1} << kLengthBits) - 1;
+inline constexpr int kStampShift = 2 + kLengthBits;
+inline constexpr uint64_t kStampMask = (uint64_t{1} << (64 - kStampShift)) - 1;
 static_assert((kStampMask + 1) % kLines == 0,
               "a line's stamps repeat a whole number of laps apart");
+static_assert(ShmChannel::kSlotBytes <= kLengthMask, "a piece's length fits a word");
 
 enum class LineKind : uint64_t { kSmall = 1, kLarge = 2 };
 
@@ -60,21 +67,21 @@ inline uint64_t line_stamp(uint64_t at) {
   return (at / kCacheLine + 1) & kStampMask;
 }
 // The first word of a message that begins at byte `at` of the stream (a multiple of kCacheLine).
-inline uint64_t line_word(uint64_t at, LineKind kind, uint64_t small_bytes = 0) {
-  return line_stamp(at) << 8 | small_bytes << 2 | static_cast<uint64_t>(kind);
+inline uint64_t line_word(uint64_t at, LineKind kind, uint64_t length = 0) {
+  return line_stamp(at) << kStampShift | (length & kLengthMask) << 2 | static_cast<uint64_t>(kind);
 }
 
 // What the first word of the line at `at` says to the consumer that waits there for a message.
 enum class Arrival {
   kNone,     // nothing yet: zero (cleared) or the stamp of this line in an earlier lap
-  kSmall,    // a small message of `small_bytes`
-  kLarge,    // a frame header; the payload follows
+  kSmall,    // a small message of `length` bytes
+  kLarge,    // a frame header, and `length` bytes of its payload after it
   kCorrupt,  // no word the producer writes there
 };
-inline Arrival classify(uint64_t word, uint64_t at, uint64_t& small_bytes) {
+inline Arrival classify(uint64_t word, uint64_t at, uint64_t& length) {
   if (word == 0) return Arrival::kNone;
-  const uint64_t kind = word & 3, stamp = word >> 8, expected = line_stamp(at);
-  small_bytes = word >> 2 & 63;
+  const uint64_t kind = word & 3, stamp = word >> kStampShift, expected = line_stamp(at);
+  length = word >> 2 & kLengthMask;
   if (kind != static_cast<uint64_t>(LineKind::kSmall) &&
       kind != static_cast<uint64_t>(LineKind::kLarge)) {
     return Arrival::kCorrupt;
@@ -83,9 +90,9 @@ inline Arrival classify(uint64_t word, uint64_t at, uint64_t& small_bytes) {
     return stamp % kLines == expected % kLines ? Arrival::kNone : Arrival::kCorrupt;
   }
   if (kind == static_cast<uint64_t>(LineKind::kLarge)) {
-    return small_bytes == 0 ? Arrival::kLarge : Arrival::kCorrupt;
+    return length <= ShmChannel::kSlotBytes ? Arrival::kLarge : Arrival::kCorrupt;
   }
-  return small_bytes <= kSmallBytes ? Arrival::kSmall : Arrival::kCorrupt;
+  return length <= kSmallBytes ? Arrival::kSmall : Arrival::kCorrupt;
 }
 
 // The first word of the line at `at` of a ring's data, read and written only atomically while
