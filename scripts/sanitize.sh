@@ -83,7 +83,7 @@ fi
 if [ "$which" != asan ]; then
   tsan_tests="test_store test_gate test_config test_fusion_units test_split split"
   tsan_tests="$tsan_tests fault_sigkill_split shrink_fused shrink_during tcp_shm_fusion_threads"
-  tsan_tests="$tsan_tests tcp_shm_fusion_peerlost"
+  tsan_tests="$tsan_tests tcp_shm_fusion_peerlost test_shm_ring"
   for tag in orders many bitwise large mixed cache group broadcast duplicate mismatch badargs \
     peerlost destroy leave stall threads idle late allgather allgather_errors join autotune \
     measured one_ring; do
@@ -92,7 +92,7 @@ if [ "$which" != asan ]; then
   if build build-tsan -Dbuildtype=debugoptimized -Db_sanitize=thread -- \
     src/kolorun tests/test_fusion tests/kolo_fusion_worker tests/test_fusion_units \
     tests/test_more_collectives tests/kolo_test_collectives tests/test_store tests/test_gate \
-    tests/test_config tests/test_split \
+    tests/test_config tests/test_split tests/test_shm_ring \
     tests/test_elastic tests/kolo_test_elastic; then
     # shellcheck disable=SC2086
     TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tests/sanitizers/tsan.supp" \

@@ -136,16 +136,32 @@ void control_seeds() {
 }
 
 void shm_seeds() {
-  // Rank 0; post a 100-byte receive (sequence 1) and a 50-byte send; the peer writes a header and
-  // 100 bytes and publishes them; pump; the peer reads what was sent; sleep, pump, wake.
+  // Rank 0; post a 100-byte receive (sequence 1) and a 50-byte send; the peer writes a header (its
+  // word right, no payload with it) and 100 bytes and publishes them with `head`; pump; the peer
+  // reads what was sent; sleep, pump, wake.
   Bytes script{0};
   auto step = [&](uint8_t op) { script.push_back(op); };
   step(0), put(script, uint16_t{100}), script.push_back(1), script.push_back(0);
   step(1), put(script, uint16_t{50}), script.push_back(1), script.push_back(0);
-  step(2), put(script, uint16_t{100}), script.push_back(1);
+  step(2), put(script, uint16_t{100}), script.push_back(1), put(script, uint16_t{0});
+  script.push_back(0);
   step(3), put(script, uint16_t{100}), script.insert(script.end(), 100, 0x42);
   step(4), step(7), step(6), script.push_back(1), step(8), step(7), step(9);
   seed("shm_ring", "receive_and_send", script);
+
+  // Rank 1; post an 8-byte receive and a 16-byte one (sequences 1 and 2); the peer writes a small
+  // message of 8 bytes (its word right) and one of 16 whose word comes from another lap; pump;
+  // post a 24-byte send (one line); pump; the peer reads a line.
+  Bytes small{1};
+  auto op = [&](uint8_t value) { small.push_back(value); };
+  op(0), put(small, uint16_t{8}), op(1), op(0);
+  op(0), put(small, uint16_t{16}), op(2), op(0);
+  op(10), op(8), op(1), op(1), small.insert(small.end(), 8, 0x11), op(0);
+  op(10), op(16), op(2), op(1), small.insert(small.end(), 16, 0x22), op(1);
+  op(7);
+  op(1), put(small, uint16_t{24}), op(3), op(0);
+  op(7), op(6), op(1), op(1);
+  seed("shm_ring", "small_lines", small);
 }
 
 void endpoint_seeds() {

@@ -1,6 +1,8 @@
 // kolo's shared-memory rings (src/transport/shm/shm_channel.hpp) with a hostile peer on the
-// other side of the segment: it writes any header and bytes into the ring this rank reads,
-// publishes any write counter, and moves the read counter of the ring this rank writes at will.
+// other side of the segment: it writes message lines (a small message whole, a large one's
+// header) with their first word right, stamped for another lap or another line, or missing, any
+// word anywhere, and any bytes into the ring this rank reads, publishes any write counter, and
+// moves the read counter of the ring this rank writes at will.
 // The input is a script of such moves and of this rank's posts, pumps and sleeps. Whatever the
 // peer does, this rank copies only within its posted buffers (AddressSanitizer) and within the
 // segment (inaccessible pages around it), hands a sink only whole grains within the message, and
@@ -75,6 +77,17 @@ void run(FuzzInput& input, char* segment) {
   shm::RingCounters& out = header->rings[1 - theirs];
   char* in_data = shm::ring_data(segment, theirs);
   uint64_t written = 0;  // how far the peer has written into its ring
+  auto line_start = [&] { return written = (written + 63) / 64 * 64; };
+  // The first word of the line at `at`: right (0), another lap's (1), another line's (2), none
+  // (3), or any value.
+  auto store_word = [&](uint64_t at, shm::LineKind kind, uint64_t length) {
+    const uint8_t choice = input.take<uint8_t>() % 5;
+    uint64_t word = shm::line_word(at, kind, length);
+    if (choice == 1) word = shm::line_word(at + shm::kCapacity, kind, length);
+    if (choice == 2) word = shm::line_word(at + 64, kind, length);
+    if (choice == 4) word = input.take<uint64_t>();
+    if (choice != 3) shm::line_word_at(in_data, at).store(word, std::memory_order_release);
+  };
 
   auto post = [&](bool send) {
     Posted& entry = posted.emplace_back();
@@ -94,19 +107,23 @@ void run(FuzzInput& input, char* segment) {
   };
   try {
     for (int step = 0; step < kMaxSteps && input.left() > 0; ++step) {
-      switch (input.take<uint8_t>() % 10) {
+      switch (input.take<uint8_t>() % 12) {
         case 0:
           post(false);
           break;
         case 1:
           post(true);
           break;
-        case 2: {  // the peer writes a well-formed header, of a message of any length
-          FrameHeader frame;
-          frame.bytes = input.take<uint16_t>() % kMaxMessage;
-          frame.descriptor.sequence = input.take<uint8_t>();
-          write_ring(in_data, written, reinterpret_cast<const uint8_t*>(&frame), sizeof frame);
-          written += sizeof frame;
+        case 2: {  // the peer writes a large message's first line, of a message of any length
+          shm::LargeBody body{};
+          body.bytes = input.take<uint16_t>() % kMaxMessage;
+          body.descriptor.sequence = input.take<uint8_t>();
+          const uint64_t at = line_start();
+          write_ring(in_data, at + 8, reinterpret_cast<const uint8_t*>(&body), sizeof body);
+          // How much payload came with it: none, any amount (the peer writes it later or not at
+          // all), or more than the message.
+          store_word(at, shm::LineKind::kLarge, input.take<uint16_t>());
+          written += 64;
           break;
         }
         case 3: {  // the peer writes any bytes
@@ -122,9 +139,13 @@ void run(FuzzInput& input, char* segment) {
         case 5:
           in.head.store(input.take<uint64_t>());
           break;
-        case 6:
-          out.tail.store(input.take<uint8_t>() % 2 ? out.head.load() : input.take<uint64_t>());
+        case 6: {  // the peer reads: up to what `head` says, some lines on, or anywhere
+          const uint8_t choice = input.take<uint8_t>() % 3;
+          out.tail.store(choice == 0   ? out.head.load()
+                         : choice == 1 ? out.tail.load() + 64 * (input.take<uint8_t>() % 8)
+                                       : input.take<uint64_t>());
           break;
+        }
         case 7: {
           bool moved = false;
           channel.pump(moved);
@@ -136,6 +157,29 @@ void run(FuzzInput& input, char* segment) {
         case 9:
           channel.end_sleep();
           break;
+        case 10: {  // the peer writes a small message, its length up to a line's
+          const uint64_t bytes = input.take<uint8_t>() % 64;
+          OpDescriptor descriptor;
+          descriptor.sequence = input.take<uint8_t>();
+          descriptor.count = input.take<uint8_t>() % 2 ? bytes : input.take<uint16_t>();
+          shm::SmallBody body = shm::small_body(descriptor);
+          const std::vector<uint8_t> payload = input.take_bytes(std::min(bytes, shm::kSmallBytes));
+          if (!payload.empty()) std::memcpy(body.payload, payload.data(), payload.size());
+          const uint64_t at = line_start();
+          write_ring(in_data, at + 8, reinterpret_cast<const uint8_t*>(&body), sizeof body);
+          store_word(at, shm::LineKind::kSmall, bytes);
+          written += 64;
+          break;
+        }
+        case 11: {  // the peer stores a word at any line of its ring
+          const uint64_t at = input.take<uint16_t>() * uint64_t{64};
+          const uint64_t word =
+              input.take<uint8_t>() % 2
+                  ? shm::line_word(at, shm::LineKind::kSmall, input.take<uint8_t>() % 64)
+                  : input.take<uint64_t>();
+          shm::line_word_at(in_data, at).store(word, std::memory_order_release);
+          break;
+        }
       }
       for (const Posted& entry : posted) {
         FUZZ_REQUIRE(entry.transfer.done <= entry.transfer.bytes);

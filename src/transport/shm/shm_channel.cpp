@@ -34,7 +34,7 @@ namespace {
 
 constexpr uint64_t kSegmentMagic = 0x6b6f6c6f73686d31;  // "kolosh m1"
 constexpr uint32_t kHelloMagic = 0x4f4c4548;            // "HELO"
-constexpr size_t kAlign = shm::kCacheLine;  // messages are padded to whole cache lines
+constexpr size_t kAlign = shm::kCacheLine;              // messages are padded to whole cache lines
 using shm::kCapacity;
 using shm::kSegmentBytes;
 using shm::RingCounters;
@@ -137,6 +137,7 @@ uint64_t round_up(uint64_t value) {
 // transfers queued on each.
 struct ShmChannel::Link {
   void* mapping = nullptr;
+  int peer = -1;
   RingCounters* out = nullptr;  // this rank produces
   RingCounters* in = nullptr;   // this rank consumes
   char* out_data = nullptr;
@@ -153,10 +154,17 @@ struct ShmChannel::Link {
   bool far() const { return far_votes > 0; }
   void vote_far(bool slow) { far_votes = std::clamp(far_votes + (slow ? 1 : -1), -32, 32); }
 
+  // Which lines of the out ring hold payload in their first word (one bit a line): before a
+  // message that ends at such a line is published, the line's word is cleared, so that the
+  // consumer, which reads the next message's word there, never takes stale payload for it.
+  std::vector<uint64_t> payload_lines = std::vector<uint64_t>(shm::kLines / 64, 0);
+
   IntrusiveFifo<Transfer> sends;
   bool header_sent = false;  // for the first of sends
+  uint64_t header_at = 0;    // where its header line lies
   IntrusiveFifo<Transfer> recvs;
   bool header_checked = false;  // for the first of recvs
+  uint64_t announced = 0;       // in: where its payload is known to be published up to
   size_t pending = 0;
 
   bool consumer_flag = false;  // this rank set in->consumer_waiting
@@ -164,6 +172,29 @@ struct ShmChannel::Link {
 
   ~Link() {
     if (mapping) ::munmap(mapping, kSegmentBytes);
+  }
+
+  // Marks the lines that begin within [from, to) of the out ring's stream as holding payload.
+  void mark_payload(uint64_t from, uint64_t to) {
+    for (uint64_t line = (from + kAlign - 1) / kAlign; line * kAlign < to;) {
+      const uint64_t index = line % shm::kLines, bit = index % 64;
+      const uint64_t count =
+          std::min<uint64_t>(64 - bit, (to - line * kAlign + kAlign - 1) / kAlign);
+      payload_lines[index / 64] |=
+          (count == 64 ? ~uint64_t{0} : ((uint64_t{1} << count) - 1) << bit);
+      line += count;
+    }
+  }
+  // Before the line at `at` is published as the next message's place: no stale payload in its
+  // word. Lines that held a message's first line keep their stamp, which the consumer knows for
+  // an earlier lap's.
+  void clear_line(uint64_t at) {
+    const uint64_t index = at / kAlign % shm::kLines;
+    uint64_t& bits = payload_lines[index / 64];
+    const uint64_t bit = uint64_t{1} << (index % 64);
+    if ((bits & bit) == 0) return;
+    bits &= ~bit;
+    shm::line_word_at(out_data, at).store(0, std::memory_order_relaxed);
   }
 
   void attach(void* memory, bool lower) {
@@ -369,6 +400,7 @@ void ShmChannel::connect(const std::vector<PeerSockets>& sockets, const std::str
 void ShmChannel::adopt_segment(int peer, void* mapping) {
   auto link = std::make_unique<Link>();
   link->attach(mapping, rank_ < peer);
+  link->peer = peer;
   links_[peer] = std::move(link);
 }
 
@@ -422,18 +454,31 @@ bool ShmChannel::pump(bool& moved) {
   }
 }
 
-// Writes the header of the first queued send (if not yet written) and one piece of its payload,
-// at most a slot long, and publishes them. True when anything moved.
+// How many bytes the producer may still write after `head` while the consumer has read up to
+// `tail`. Two lines stay free: a message's padding and the line after it, where the next message
+// begins and which is cleared before the message is published (Link::clear_line).
+uint64_t room(uint64_t head, uint64_t tail) {
+  const uint64_t in_flight = head - tail;
+  return in_flight + 2 * kAlign >= kCapacity ? 0 : kCapacity - 2 * kAlign - in_flight;
+}
+
+// Sends the first queued transfer, or one piece of it. A small one (shm::fits_small) goes whole
+// in one line; a large one opens with its header line and then moves at most a slot at a time.
+// True when anything moved.
 bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
   Transfer* transfer = link.sends.front();
   if (!transfer) return false;
+  const bool small = !link.header_sent && transfer->bytes <= shm::kSmallBytes &&
+                     shm::fits_small(transfer->descriptor);
   // A small piece (never streamed, so it needs no vote) loads the consumer's counter, a cache
   // line fetched from the consumer's core, only when the value loaded last leaves too little room
   // for it: a message fewer lines to move between the cores.
-  const uint64_t wanted = (link.header_sent ? 0 : sizeof(FrameHeader)) +
-                          std::min<uint64_t>(transfer->bytes - transfer->done, kSlotBytes);
+  const uint64_t wanted =
+      small ? kAlign
+            : (link.header_sent ? 0 : kAlign) +
+                  std::min<uint64_t>(transfer->bytes - transfer->done, kSlotBytes);
   uint64_t tail = link.seen_tail;
-  if (wanted >= kStreamBytes || link.head - tail > kCapacity - wanted) {
+  if (wanted >= kStreamBytes || room(link.head, tail) < wanted) {
     const bool sample = copy_ == Copy::kAuto;
     const auto before =
         sample ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
@@ -448,37 +493,72 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
   if (tail > link.head || link.head - tail > kCapacity) {
     throw control_.lost(peer, "its shared-memory ring is corrupt (a read counter out of range)");
   }
-  uint64_t space = kCapacity - (link.head - tail);
+  uint64_t space = room(link.head, tail);
   uint64_t head = link.head;
-  if (!link.header_sent) {
-    if (space < sizeof(FrameHeader)) return false;
-    const FrameHeader header = FrameHeader::for_transfer(*transfer);
-    std::memcpy(link.out_data + head % kCapacity, &header, sizeof(header));
-    head += sizeof(header);
-    space -= sizeof(header);
-    link.header_sent = true;
-  }
-  const uint64_t remaining = transfer->bytes - transfer->done;
-  const uint64_t to_end = kCapacity - head % kCapacity;
-  const uint64_t piece = std::min({remaining, space, to_end, uint64_t{kSlotBytes}});
-  if (piece > 0) {
-    copy_into_ring(link.out_data + head % kCapacity,
-                   static_cast<const char*>(transfer->data) + transfer->done, piece,
-                   copy_ == Copy::kStream || (copy_ == Copy::kAuto && link.far()));
-    head += piece;
-    transfer->done += piece;
-  }
-  if (head == link.head) return false;
-  if (transfer->done == transfer->bytes) {
-    head = round_up(head);
+  if (space < kAlign) return false;
+
+  if (small) {
+    // The line after it cleared, then the body, then the word that publishes both: the consumer
+    // that sees the word sees the rest (release), and reads nothing else of this message.
+    link.clear_line(head + kAlign);
+    shm::SmallBody body = shm::small_body(transfer->descriptor);
+    if (transfer->bytes > 0) std::memcpy(body.payload, transfer->data, transfer->bytes);
+    std::memcpy(link.out_data + head % kCapacity + sizeof(uint64_t), &body, sizeof(body));
+    shm::line_word_at(link.out_data, head)
+        .store(shm::line_word(head, shm::LineKind::kSmall, transfer->bytes),
+               std::memory_order_seq_cst);
+    link.head = head + kAlign;
+    transfer->done = transfer->bytes;
     link.sends.pop();
-    link.header_sent = false;
     --link.pending;
     transfer->complete = true;
     completed = true;
+  } else {
+    const bool opens = !link.header_sent;
+    if (opens) {
+      const shm::LargeBody body{transfer->bytes, transfer->descriptor};
+      std::memcpy(link.out_data + head % kCapacity + sizeof(uint64_t), &body, sizeof(body));
+      link.header_at = head;
+      head += kAlign;
+      space -= kAlign;
+      link.header_sent = true;
+    }
+    const uint64_t remaining = transfer->bytes - transfer->done;
+    const uint64_t to_end = kCapacity - head % kCapacity;
+    const uint64_t piece = std::min({remaining, space, to_end, uint64_t{kSlotBytes}});
+    const bool whole = piece == remaining;
+    // The line after the message cleared first, so that fetching it overlaps the copy.
+    if (whole) link.clear_line(round_up(head + piece));
+    if (piece > 0) {
+      copy_into_ring(link.out_data + head % kCapacity,
+                     static_cast<const char*>(transfer->data) + transfer->done, piece,
+                     copy_ == Copy::kStream || (copy_ == Copy::kAuto && link.far()));
+      link.mark_payload(head, head + piece);
+      head += piece;
+      transfer->done += piece;
+    }
+    if (head == link.head) return false;
+    if (whole) {
+      head = round_up(head);
+      link.sends.pop();
+      link.header_sent = false;
+      --link.pending;
+      transfer->complete = true;
+      completed = true;
+    }
+    link.head = head;
+    // The header's word says how much payload came with it, so a message sent in one piece needs
+    // no store of `head` (nor the consumer a load of it). A piece that leaves more to come stores
+    // `head` (before the word, for the first piece), where the consumer looks for the rest.
+    if (!opens || !whole) link.out->head.store(head, std::memory_order_seq_cst);
+    if (opens) {
+      shm::line_word_at(link.out_data, link.header_at)
+          .store(shm::line_word(link.header_at, shm::LineKind::kLarge, piece),
+                 std::memory_order_seq_cst);
+    }
   }
-  link.head = head;
-  link.out->head.store(head, std::memory_order_seq_cst);
+  // The store above is sequentially consistent and so is this load; prepare_sleep() stores the
+  // flag and then reads the word or the counter the same way (Dekker).
   if (link.out->consumer_waiting.load(std::memory_order_seq_cst) != 0 &&
       link.out->consumer_waiting.exchange(0, std::memory_order_seq_cst) != 0) {
     control_.ring_doorbell(peer);
@@ -486,47 +566,118 @@ bool ShmChannel::send_piece(int peer, Link& link, bool& completed) {
   return true;
 }
 
+// What the line at the consumer's position says. For a message that is there: its frame header
+// in `header`, and for a small one where its payload lies, for a large one how much of its payload
+// came with the header (`announced`).
+shm::Arrival ShmChannel::arrival(const Link& link, FrameHeader& header, const char*& payload,
+                                 uint64_t& announced) {
+  const uint64_t word = shm::line_word_at(link.in_data, link.tail).load(std::memory_order_seq_cst);
+  uint64_t length = 0;
+  shm::Arrival kind = shm::classify(word, link.tail, length);
+  const char* line = link.in_data + link.tail % kCapacity;
+  if (kind == shm::Arrival::kSmall) {
+    shm::SmallBody body;  // copied out first: the peer cannot change it after the check
+    std::memcpy(&body, line + sizeof(uint64_t), sizeof(body));
+    header.bytes = length;
+    header.descriptor = shm::descriptor_of(body);
+    payload = line + sizeof(uint64_t) + offsetof(shm::SmallBody, payload);
+  } else if (kind == shm::Arrival::kLarge) {
+    shm::LargeBody body;
+    std::memcpy(&body, line + sizeof(uint64_t), sizeof(body));
+    header.bytes = body.bytes;
+    header.descriptor = body.descriptor;
+    announced = length;
+    if (length > body.bytes) kind = shm::Arrival::kCorrupt;
+  }
+  if (kind == shm::Arrival::kCorrupt) {
+    log::warn("{}: rank {} wrote a malformed message line (first word {:#x}) into its ring",
+              transport_, link.peer, word);
+  }
+  return kind;
+}
+
 void ShmChannel::check_unexpected(const OpDescriptor& current) const {
   for (int peer = 0; peer < size_; ++peer) {
     const Link* link = links_[peer].get();
-    if (!link || !link->recvs.empty()) continue;
-    const uint64_t head = link->in->head.load(std::memory_order_seq_cst);
-    if (head < link->tail || head - link->tail < sizeof(FrameHeader)) continue;  // judged later
+    if (!link || !link->recvs.empty() || link->header_checked) continue;
+    const uint64_t word =
+        shm::line_word_at(link->in_data, link->tail).load(std::memory_order_seq_cst);
+    uint64_t small_bytes = 0;
+    const shm::Arrival kind = shm::classify(word, link->tail, small_bytes);
+    const char* line = link->in_data + link->tail % kCapacity + sizeof(uint64_t);
     FrameHeader header;
-    std::memcpy(&header, link->in_data + link->tail % kCapacity, sizeof(header));
-    if (header.well_formed()) check_unexpected_frame(rank_, peer, current, header);
+    if (kind == shm::Arrival::kSmall) {
+      shm::SmallBody body;
+      std::memcpy(&body, line, sizeof(body));
+      header.descriptor = shm::descriptor_of(body);
+    } else if (kind == shm::Arrival::kLarge) {
+      shm::LargeBody body;
+      std::memcpy(&body, line, sizeof(body));
+      header.descriptor = body.descriptor;
+    } else {
+      continue;  // nothing there, or judged when a receive is posted
+    }
+    check_unexpected_frame(rank_, peer, current, header);
   }
 }
 
-// Reads and checks the header of the next message for the first posted receive (if not yet
-// read) and copies one piece of its payload, at most a slot long. True when anything
-// moved.
+// Takes the next message for the first posted receive: a small one whole, a large one's header
+// (checked before a byte of payload moves) and then one piece of its payload at a time, at most
+// a slot long. True when anything moved.
 bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
   Transfer* transfer = link.recvs.front();
   if (!transfer) return false;
-  const uint64_t head = link.in->head.load(std::memory_order_seq_cst);
-  if (head < link.tail || head - link.tail > kCapacity) {
-    throw control_.lost(peer, "its shared-memory ring is corrupt (a write counter out of range)");
-  }
-  uint64_t available = head - link.tail;
   uint64_t tail = link.tail;
   if (!link.header_checked) {
-    if (available < sizeof(FrameHeader)) return false;
-    FrameHeader header;  // copied out first: the peer cannot change it after the check
-    std::memcpy(&header, link.in_data + tail % kCapacity, sizeof(header));
-    if (!header.well_formed()) {
-      log::warn("{}: rank {} wrote a malformed message header (magic {:#x}) into its ring",
-                transport_, peer, header.magic);
+    FrameHeader header;
+    const char* payload = nullptr;
+    uint64_t announced = 0;
+    const shm::Arrival kind = arrival(link, header, payload, announced);
+    if (kind == shm::Arrival::kNone) return false;
+    if (kind == shm::Arrival::kCorrupt) {
       throw Error(Status::kPeerLost,
-                  fmt::format("rank {} sent a malformed message (magic {:#x}) to rank {}", peer,
-                              header.magic, rank_));
+                  fmt::format("rank {} sent a malformed message (its line's first word is wrong) "
+                              "to rank {}",
+                              peer, rank_));
     }
     check_frame(rank_, *transfer, header);
-    tail += sizeof(header);
-    available -= sizeof(header);
+    tail += kAlign;
+    if (kind == shm::Arrival::kSmall) {
+      if (transfer->bytes > 0) {
+        if (transfer->sink) {
+          transfer->sink(transfer->sink_context, 0, payload, transfer->bytes);
+          transfer->sunk = true;
+        } else {
+          std::memcpy(transfer->data, payload, transfer->bytes);
+        }
+      }
+      transfer->done = transfer->bytes;
+      link.recvs.pop();
+      --link.pending;
+      transfer->complete = true;
+      completed = true;
+      link.tail = tail;
+      link.in->tail.store(tail, std::memory_order_seq_cst);
+      if (link.in->producer_waiting.load(std::memory_order_seq_cst) != 0 &&
+          link.in->producer_waiting.exchange(0, std::memory_order_seq_cst) != 0) {
+        control_.ring_doorbell(peer);
+      }
+      return true;
+    }
     link.header_checked = true;
+    link.announced = tail + announced;
   }
+  // What came with the header needs no counter; the rest is published by `head`.
   const uint64_t remaining = transfer->bytes - transfer->done;
+  uint64_t head = link.announced;
+  if (head <= tail && remaining > 0) {
+    head = link.in->head.load(std::memory_order_seq_cst);
+    if (head < tail || head - tail > kCapacity) {
+      throw control_.lost(peer, "its shared-memory ring is corrupt (a write counter out of range)");
+    }
+    link.announced = head;
+  }
+  uint64_t available = head > tail ? head - tail : 0;
   const uint64_t to_end = kCapacity - tail % kCapacity;
   uint64_t piece = std::min({remaining, available, to_end, uint64_t{kSlotBytes}});
   if (transfer->sink && piece < remaining) {

@@ -24,34 +24,54 @@
 // transport", has the figures). A segment is 4 MiB of /dev/shm per pair.
 //
 // Messages. A ring is a byte stream: the producer owns `head`, the consumer owns `tail`, both
-// counting bytes since the start, so `head - tail` bytes are readable and the rest is free. A
-// message is a frame (transport/framing.hpp: a 64-byte header, then the payload), padded
-// to 64 bytes so that every header lies whole within the ring. A copy is at most a slot
-// long and never crosses the end of the ring, and each is published at once (a store of head or
-// tail), so the consumer copies one slot's worth out while the producer fills the next. (Cutting
-// at the slots' own boundaries instead would split every slot-sized message, header included,
-// into a big piece and a 64-byte one.) For a small piece the producer reuses the value of `tail`
-// it loaded last while that leaves room, since each load fetches the counter's cache line from the
-// consumer's core. The producer copies with plain stores, or with
-// non-temporal ones while the consumer's core shares no cache with its own (copy_into_ring in
-// shm_channel.cpp, KOLO_SHM_COPY); a receive that carries a sink (Transfer::sink) gets the
-// payload handed to it where it lies instead of copied out. The k-th receive posted for a
-// peer takes the k-th message in its ring: ALL messages to a peer that has a ring go through it
-// (the network carries none of them), so the order of messages cannot be broken between two paths.
-// The receiver copies the header out of the ring and checks it before a byte of payload moves:
-// another descriptor or another length is KOLO_ERR_MISMATCH with the same words as the network
-// path, and nothing is ever written past the posted buffer. Counters that make no sense (a reader
-// ahead of the writer, more than the ring holds in flight) are a lost peer, never a wild copy.
+// counting bytes since the start. Every message begins on a cache line whose first word, stored
+// last and atomically (release), says that it is there: its kind, its length where it is small,
+// and a stamp, the line's number in the stream, so that the word a line kept from an earlier lap
+// never passes for a new one (shm_segment.hpp has the layout). The consumer waits on that word at
+// its own position, never on a counter in another line.
+//  - A small message (at most shm::kSmallBytes = 40 bytes of payload, and a descriptor without
+//    scale factors or detail, with count and sequence within 32 bits: shm::fits_small) is that one
+//    line: the word, a compact descriptor and the payload. One line moves between the cores.
+//  - Any other message is a frame (transport/framing.hpp: the header, then the payload): its first
+//    line is the word and the header's length and descriptor (the word stands for the magic), and
+//    the payload follows on the next lines, padded to 64 bytes. The first piece of payload is
+//    written before the header's word, which says how long it is, so a message sent in one piece
+//    is published by its word alone; each later piece is published by a store of `head` (stored
+//    with the first piece too when more are to come, before the word, so that a consumer that
+//    saw the word finds `head` past what the word announced). A copy is at most a slot long and
+//    never crosses the end of the ring, and each is published at once, so the consumer copies
+//    one slot's worth out while the producer fills the next.
+//    (Cutting at the slots' own boundaries instead would split every slot-sized message into a
+//    big piece and a 64-byte one.)
+// Payload bytes may look like any word, so the producer clears the word of a line that held
+// payload a lap ago before it publishes the message that ends where that line begins (a bitmap
+// of such lines, Link::clear_line): the consumer, who reads that word next, sees zero or the next
+// message's, nothing else. It keeps two lines free for this (padding and the cleared line). The
+// consumer publishes `tail` after every message, a line only the producer reads, and the producer
+// reads it only when the value it loaded last leaves too little room, since each load fetches the
+// counter's line from the consumer's core. Small or large, messages interleave freely: each is
+// read at the position where the one before it ended. The producer copies with plain stores, or
+// with non-temporal ones while the consumer's core shares no cache with its own (copy_into_ring
+// in shm_channel.cpp, KOLO_SHM_COPY); a receive that carries a sink (Transfer::sink) gets the
+// payload handed to it where it lies instead of copied out, in pieces of whole elements (grains
+// that divide 64 bytes, so that the end of the ring falls between two).
+// The k-th receive posted for a peer takes the k-th message in its ring: ALL messages to a peer
+// that has a ring go through it (the network carries none of them), so the order of messages
+// cannot be broken between two paths. The receiver copies the header (or the small line) out of
+// the ring and checks it before a byte of payload moves: another descriptor or another length is
+// KOLO_ERR_MISMATCH with the same words as the network path, and nothing is ever written past the
+// posted buffer. Counters or words that make no sense (a reader ahead of the writer, more than the
+// ring holds in flight, a line stamped for another place) are a lost peer, never a wild copy.
 //
 // Waking. No thread of its own: pump() copies what the rings allow, in both directions, for every
 // peer, and the transport calls it from progress() (waiting.hpp: the spin, the readiness flag).
 // Before a rank sleeps in poll() it sets a flag in the ring it waits on ("consumer waiting" when it
 // has receives posted, "producer waiting" when it has sends queued) and then looks at the rings
-// once more; a peer that moves the counter and finds the flag set clears it and rings a doorbell: a
-// WAKE frame on the pair's control socket, which is in the sleeper's poll set already. The flag and
-// the counter are sequentially consistent on both sides (Dekker), so either the sleeper sees the
-// new counter or the peer sees the flag: no wake-up is lost, and one flag yields one doorbell at
-// most.
+// once more; a peer that publishes (a line's word, `head` or `tail`) and finds the flag set clears
+// it and rings a doorbell: a WAKE frame on the pair's control socket, which is in the sleeper's
+// poll set already. The flag, the words and the counters are stored and loaded sequentially
+// consistent on both sides (Dekker), so either the sleeper sees what was published or the peer
+// sees the flag: no wake-up is lost, and one flag yields one doorbell at most.
 //
 // Faults. A dead peer's counters simply stop; nothing here waits on them (pump() returns when
 // nothing can move), the sleeper wakes on the control channel, which reports the lost rank. The
@@ -72,6 +92,10 @@
 namespace kolo {
 
 class ControlChannel;
+struct FrameHeader;
+namespace shm {
+enum class Arrival;
+}
 
 class ShmChannel {
  public:
@@ -148,6 +172,8 @@ class ShmChannel {
 
   bool send_piece(int peer, Link& link, bool& completed);
   bool receive_piece(int peer, Link& link, bool& completed);
+  shm::Arrival arrival(const Link& link, FrameHeader& header, const char*& payload,
+                       uint64_t& announced);
 
   int rank_;
   int size_;
