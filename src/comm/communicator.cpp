@@ -75,6 +75,41 @@ Error modes_differ(const std::vector<std::string>& modes, int rank) {
                            modes[0], modes[static_cast<size_t>(rank)], rank));
 }
 
+// A start-up record: one line per field. Throws kolo::Error(kConfig) for a field with a line
+// break (a host identity or address never holds one; this is a guard).
+std::string join_record(const std::vector<std::string>& fields, int rank) {
+  std::string record;
+  for (const std::string& field : fields) {
+    if (field.find('\n') != std::string::npos) {
+      throw Error(Status::kConfig,
+                  fmt::format("kolo: rank {}: a start-up record field holds a line break: {:?}",
+                              rank, field));
+    }
+    record += (record.empty() ? "" : "\n") + field;
+  }
+  return record;
+}
+
+// The fields of rank `of`'s record as this rank read it `through` the store or PMIx; a record of
+// another number of fields comes from another kolo (kolo::Error(kConfig)).
+std::vector<std::string> split_record(const std::string& record, size_t expected,
+                                      const Config& config, int of, const char* through) {
+  std::vector<std::string> fields;
+  for (size_t at = 0;;) {
+    const size_t newline = record.find('\n', at);
+    fields.push_back(record.substr(at, newline == std::string::npos ? newline : newline - at));
+    if (newline == std::string::npos) break;
+    at = newline + 1;
+  }
+  if (fields.size() != expected) {
+    throw Error(Status::kConfig,
+                fmt::format("kolo: rank {} of {}: rank {}'s start-up record {} has {} fields, not "
+                            "{}: is every rank the same kolo?",
+                            config.rank, config.size, of, through, fields.size(), expected));
+  }
+  return fields;
+}
+
 }  // namespace
 
 HostFacts read_host_facts(const std::vector<std::string>& modes,
@@ -128,6 +163,7 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     return;
   }
 
+  bool folded = false;  // the world's start-up through the store in one exchange
   if (config_.pmix_rendezvous) {
     start_through_pmix();
   } else {
@@ -155,22 +191,37 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
       if (store_endpoint.port == 0) config_.addr = server_->endpoint().to_string();
     }
     store_ = open_store(config_);
-    const std::string host = discover_hosts();
-    if (config_.bind != "none") {
-      log::info("{}", bind_process(config_.bind, config_.local_rank));
+    const TransportSettings settings = transport_settings(config_);
+    const std::string route = settings.socket_ifname.empty() ? store_route(settings) : "";
+    const std::string store_host = store_endpoint.host;
+    if (!settings.socket_ifname.empty() || !net::is_loopback_address(route) ||
+        net::is_numeric_address(store_host) || store_host == "localhost") {
+      start_through_store(route);
+      folded = true;
+    } else {
+      // KOLO_ADDR names rank 0's host by a name that resolves to loopback here (Debian maps its
+      // own name to 127.0.1.1) while ranks on other hosts may reach it over the network: this
+      // rank listens where it routes to the first of them (listen_host_from_routes), which it
+      // learns from the host records first.
+      const std::string host = discover_hosts();
+      if (config_.bind != "none") {
+        log::info("{}", bind_process(config_.bind, config_.local_rank));
+      }
+      Links links = connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host);
+      transport_ = std::move(links.transport);
+      ring_ = std::move(links.ring);
+      lifeline_ = std::make_shared<Lifeline>(config_, *store_, kWorldContext, host);
     }
-    Links links = connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host);
-    transport_ = std::move(links.transport);
-    ring_ = std::move(links.ring);
-    lifeline_ = std::make_shared<Lifeline>(config_, *store_, kWorldContext, host);
   }
   const std::string allreduce_choice = place_allreduce();
 
-  // Rank 0 serves the store: it stays until every rank is done with it. (Under PMIx no rank used
-  // it at start-up.)
-  if (!config_.pmix_rendezvous)
+  // Rank 0 serves the store: it stays until every rank is done with it. In one exchange
+  // (start_through_store) that is so once rank 0 is connected: each peer authenticates rank 0's
+  // connections (net/auth.hpp) only after its GET_MANY was answered, and asks nothing more of the
+  // store at start-up. (Under PMIx no rank used it at start-up.)
+  if (!config_.pmix_rendezvous && !folded)
     store_->set_string(store_key(kWorldContext, "ready", config_.rank), "1");
-  if (config_.rank == 0 && !config_.pmix_rendezvous) {
+  if (config_.rank == 0 && !config_.pmix_rendezvous && !folded) {
     std::vector<std::string> keys;
     for (int rank = 0; rank < config_.size; ++rank)
       keys.push_back(store_key(kWorldContext, "ready", rank));
@@ -227,15 +278,39 @@ fusion::FusionEngine& Communicator::fusion() {
 // every rank finds the same disagreement; rank 0, whose process serves the store, waits until
 // every rank has read before it fails, so that each reports the disagreement itself.
 std::string Communicator::discover_hosts() {
-  // The first thing every rank publishes, "mode\nidentity\nroute", read from every other rank in
-  // one request (get_all): a rank whose key never comes never started, or started with another
-  // KOLO_ADDR or KOLO_SIZE, and the timeout says so rather than naming a store key. The route
-  // (the address this rank reaches the store from) decides where the ranks listen, so that this
-  // exchange serves that too.
+  // The first thing every rank publishes, "mode\nidentity\nroute". The route (the address this
+  // rank reaches the store from) decides where the ranks listen, so that this exchange serves
+  // that too.
   const TransportSettings settings = transport_settings(config_);
   const std::string host = host_identity(config_);
   const std::string route = settings.socket_ifname.empty() ? store_route(settings) : "";
   const std::string mine = config_.allreduce + "\n" + host + "\n" + route;
+  const std::vector<std::string> published = gather_records(mine);
+  std::vector<std::string> modes;
+  std::vector<std::string> identities;
+  std::vector<std::pair<int, std::string>> routes;
+  for (int rank = 0; rank < config_.size; ++rank) {
+    const std::string& other = published[static_cast<size_t>(rank)];
+    const size_t newline = other.find('\n');
+    const size_t last = other.rfind('\n');
+    modes.push_back(other.substr(0, newline));
+    if (rank != config_.rank && last != std::string::npos && last > newline) {
+      routes.emplace_back(rank, other.substr(last + 1));
+    }
+    identities.push_back(newline == std::string::npos || last <= newline
+                             ? std::string()
+                             : other.substr(newline + 1, last - newline - 1));
+  }
+  const HostFacts facts = read_host_facts(modes, identities, config_.rank);
+  refuse_modes(modes, facts);
+  take_host_facts(facts);
+  return listen_host_from_routes(settings, route, routes);
+}
+
+std::vector<std::string> Communicator::gather_records(const std::string& mine) {
+  // Every other rank's record in one request (get_all): a rank whose key never comes never
+  // started, or started with another KOLO_ADDR or KOLO_SIZE, and the timeout says so rather than
+  // naming a store key.
   store_->set_string(store_key(kWorldContext, "host", config_.rank), mine);
   std::vector<std::string> keys;
   std::vector<int> key_ranks;
@@ -281,34 +356,19 @@ std::string Communicator::discover_hosts() {
                             it, config_.size));
   }
   published.insert(published.begin() + config_.rank, mine);
-  std::vector<std::string> modes;
-  std::vector<std::string> identities;
-  std::vector<std::pair<int, std::string>> routes;
-  for (int rank = 0; rank < config_.size; ++rank) {
-    const std::string& other = published[static_cast<size_t>(rank)];
-    const size_t newline = other.find('\n');
-    const size_t last = other.rfind('\n');
-    modes.push_back(other.substr(0, newline));
-    if (rank != config_.rank && last != std::string::npos && last > newline) {
-      routes.emplace_back(rank, other.substr(last + 1));
-    }
-    identities.push_back(newline == std::string::npos || last <= newline
-                             ? std::string()
-                             : other.substr(newline + 1, last - newline - 1));
+  return published;
+}
+
+void Communicator::refuse_modes(const std::vector<std::string>& modes, const HostFacts& facts) {
+  if (facts.differs < 0) return;
+  store_->set_string(store_key(kWorldContext, "host-checked", config_.rank), "1");
+  if (config_.rank == 0) {
+    std::vector<std::string> checked;
+    for (int rank = 0; rank < config_.size; ++rank)
+      checked.push_back(store_key(kWorldContext, "host-checked", rank));
+    store_->wait(checked);
   }
-  const HostFacts facts = read_host_facts(modes, identities, config_.rank);
-  if (facts.differs >= 0) {
-    store_->set_string(store_key(kWorldContext, "host-checked", config_.rank), "1");
-    if (config_.rank == 0) {
-      std::vector<std::string> checked;
-      for (int rank = 0; rank < config_.size; ++rank)
-        checked.push_back(store_key(kWorldContext, "host-checked", rank));
-      store_->wait(checked);
-    }
-    throw modes_differ(modes, facts.differs);
-  }
-  take_host_facts(facts);
-  return listen_host_from_routes(settings, route, routes);
+  throw modes_differ(modes, facts.differs);
 }
 
 void Communicator::take_host_facts(const HostFacts& facts) {
@@ -316,6 +376,59 @@ void Communicator::take_host_facts(const HostFacts& facts) {
   node_count_ = facts.nodes;
   if (config_.local_rank < 0) config_.local_rank = facts.local_rank;
   if (config_.local_size < 0) config_.local_size = facts.local_size;
+}
+
+// Through the store in one exchange: this rank's transport and lifeline listen first, on
+// KOLO_SOCKET_IFNAME's address or `route` (the address this host sends from to reach the store),
+// then one record per rank, one line each field, goes to the store in one SET:
+//   KOLO_ALLREDUCE
+//   host identity (core/host.hpp)
+//   the transport's listening address
+//   the lifeline's listening address
+//   what KOLO_TRANSPORT=auto decides from (transport_auto_facts)
+// and comes back with every other rank's in one GET_MANY; every rank connects from what it read.
+// Splits, the fusion engine and GPU set-up keep their own exchanges.
+void Communicator::start_through_store(const std::string& route) {
+  const TransportSettings settings = transport_settings(config_);
+  const std::string host = !settings.socket_ifname.empty()
+                               ? net::interface_address(settings.socket_ifname)
+                               : route;
+  auto prepared = std::make_shared<PreparedMesh>();
+  prepared->listener = net::listen_on({host, 0});
+  net::Socket lifeline_listener = net::listen_on({host, 0});
+  constexpr size_t kFields = 5;
+  const std::string mine =
+      join_record({config_.allreduce, host_identity(config_),
+                   net::local_endpoint(prepared->listener).to_string(),
+                   net::local_endpoint(lifeline_listener).to_string(),
+                   transport_auto_facts(settings)},
+                  config_.rank);
+  const std::vector<std::string> records = gather_records(mine);
+  std::vector<std::string> modes;
+  std::vector<std::string> identities;
+  std::vector<std::string> lifelines;
+  for (int rank = 0; rank < config_.size; ++rank) {
+    const std::vector<std::string> fields =
+        split_record(records[static_cast<size_t>(rank)], kFields, config_, rank,
+                     "at the rendezvous store");
+    modes.push_back(fields[0]);
+    identities.push_back(fields[1]);
+    prepared->addresses.push_back(fields[2]);
+    lifelines.push_back(fields[3]);
+    prepared->auto_facts.push_back(fields[4]);
+  }
+  const HostFacts facts = read_host_facts(modes, identities, config_.rank);
+  refuse_modes(modes, facts);
+  take_host_facts(facts);
+  if (config_.bind != "none") {
+    log::info("{}", bind_process(config_.bind, config_.local_rank));
+  }
+  Links links =
+      connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host, prepared);
+  transport_ = std::move(links.transport);
+  ring_ = std::move(links.ring);
+  lifeline_ =
+      std::make_shared<Lifeline>(config_, kWorldContext, std::move(lifeline_listener), lifelines);
 }
 
 // Under PMIx (bootstrap/pmix.hpp): this rank's transport and lifeline listen first, on
@@ -357,34 +470,14 @@ void Communicator::start_through_pmix() {
                                                 net::local_endpoint(lifeline_listener).to_string(),
                                                 transport_auto_facts(settings),
                                                 store_address};
-  std::string mine;
-  for (const std::string& field : mine_fields) {
-    if (field.find('\n') != std::string::npos) {
-      throw Error(Status::kConfig,
-                  fmt::format("kolo: rank {}: a start-up record field holds a line break: {:?}",
-                              config_.rank, field));
-    }
-    mine += (mine.empty() ? "" : "\n") + field;
-  }
+  const std::string mine = join_record(mine_fields, config_.rank);
   const std::vector<std::string> records = pmix::exchange(config_, mine);
   std::vector<std::string> modes;
   std::vector<std::string> identities;
   std::vector<std::string> lifelines;
   for (int rank = 0; rank < config_.size; ++rank) {
-    std::vector<std::string> fields;
-    const std::string& record = records[static_cast<size_t>(rank)];
-    for (size_t at = 0;;) {
-      const size_t newline = record.find('\n', at);
-      fields.push_back(record.substr(at, newline == std::string::npos ? newline : newline - at));
-      if (newline == std::string::npos) break;
-      at = newline + 1;
-    }
-    if (fields.size() != kFields) {
-      throw Error(Status::kConfig,
-                  fmt::format("kolo: rank {} of {}: rank {}'s start-up record through PMIx has {} "
-                              "fields, not {}: is every rank the same kolo?",
-                              config_.rank, config_.size, rank, fields.size(), kFields));
-    }
+    const std::vector<std::string> fields = split_record(
+        records[static_cast<size_t>(rank)], kFields, config_, rank, "through PMIx");
     modes.push_back(fields[0]);
     identities.push_back(fields[1]);
     prepared->addresses.push_back(fields[2]);

@@ -164,6 +164,19 @@ class Communicator {
   // and host_of_, throws kolo::Error(kConfig) on every rank when the ranks' KOLO_ALLREDUCE
   // differ, and returns where this rank listens (transport/mesh.hpp, listen_host_from_routes).
   std::string discover_hosts();
+  // The world communicator's start-up through the store, where this rank knows where it listens
+  // before any exchange (KOLO_SOCKET_IFNAME, or `route`, its address towards the store, is no
+  // loopback address, or every rank is on this host): the transport's and lifeline's listeners
+  // first, then one SET of this rank's whole record and one GET_MANY of every other rank's, then
+  // connect. Otherwise discover_hosts() first, and the transport and lifeline exchange their own.
+  void start_through_store(const std::string& route);
+  // One SET of this rank's start-up record and one GET_MANY of every other rank's under the
+  // world's "host" keys, in rank order with this rank's own; a rank whose record never comes is
+  // named (KOLO_ERR_TIMEOUT, or KOLO_ERR_PEER_LOST where rank 0's store closed first).
+  std::vector<std::string> gather_records(const std::string& mine);
+  // KOLO_ALLREDUCE differs between ranks (facts.differs): every rank says it is done reading and
+  // rank 0, whose process serves the store, waits for that before every rank throws.
+  void refuse_modes(const std::vector<std::string>& modes, const HostFacts& facts);
   // The world communicator's start-up under PMIx (bootstrap/pmix.hpp): listeners first, one
   // record per rank through one PMIx fence, then connect; no store serves until one is needed.
   void start_through_pmix();
