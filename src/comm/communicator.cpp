@@ -1,6 +1,7 @@
 #include "comm/communicator.hpp"
 
 #include <fmt/format.h>
+#include <netdb.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -73,6 +74,30 @@ Error modes_differ(const std::vector<std::string>& modes, int rank) {
                fmt::format("kolo: KOLO_ALLREDUCE is {} on rank 0 but {} on rank {}: it must be "
                            "the same on every rank, as the allreduce schedule follows from it",
                            modes[0], modes[static_cast<size_t>(rank)], rank));
+}
+
+// The address `host` (KOLO_ADDR's host) resolves to here, numeric: where this rank reaches the
+// store. Throws kolo::Error(kConfig) naming it when it does not resolve.
+std::string numeric_address(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    throw Error(Status::kConfig, fmt::format("kolo: the host of KOLO_ADDR, '{}', does not resolve: "
+                                             "{}",
+                                             host, ::gai_strerror(rc)));
+  }
+  char text[NI_MAXHOST] = {};
+  const int named = ::getnameinfo(found->ai_addr, found->ai_addrlen, text, sizeof text, nullptr, 0,
+                                  NI_NUMERICHOST);
+  ::freeaddrinfo(found);
+  if (named != 0) {
+    throw Error(Status::kConfig, fmt::format("kolo: the host of KOLO_ADDR, '{}': getnameinfo: {}",
+                                             host, ::gai_strerror(named)));
+  }
+  return text;
 }
 
 // A start-up record: one line per field. Throws kolo::Error(kConfig) for a field with a line
@@ -163,7 +188,6 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
     return;
   }
 
-  bool folded = false;  // the world's start-up through the store in one exchange
   if (config_.pmix_rendezvous) {
     start_through_pmix();
   } else {
@@ -191,42 +215,14 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
       if (store_endpoint.port == 0) config_.addr = server_->endpoint().to_string();
     }
     store_ = open_store(config_);
-    const TransportSettings settings = transport_settings(config_);
-    const std::string route = settings.socket_ifname.empty() ? store_route(settings) : "";
-    const std::string store_host = store_endpoint.host;
-    if (!settings.socket_ifname.empty() || !net::is_loopback_address(route) ||
-        net::is_numeric_address(store_host) || store_host == "localhost") {
-      start_through_store(route);
-      folded = true;
-    } else {
-      // KOLO_ADDR names rank 0's host by a name that resolves to loopback here (Debian maps its
-      // own name to 127.0.1.1) while ranks on other hosts may reach it over the network: this
-      // rank listens where it routes to the first of them (listen_host_from_routes), which it
-      // learns from the host records first.
-      const std::string host = discover_hosts();
-      if (config_.bind != "none") {
-        log::info("{}", bind_process(config_.bind, config_.local_rank));
-      }
-      Links links = connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host);
-      transport_ = std::move(links.transport);
-      ring_ = std::move(links.ring);
-      lifeline_ = std::make_shared<Lifeline>(config_, *store_, kWorldContext, host);
-    }
+    start_through_store();
   }
   const std::string allreduce_choice = place_allreduce();
 
-  // Rank 0 serves the store: it stays until every rank is done with it. In one exchange
-  // (start_through_store) that is so once rank 0 is connected: each peer authenticates rank 0's
-  // connections (net/auth.hpp) only after its GET_MANY was answered, and asks nothing more of the
-  // store at start-up. (Under PMIx no rank used it at start-up.)
-  if (!config_.pmix_rendezvous && !folded)
-    store_->set_string(store_key(kWorldContext, "ready", config_.rank), "1");
-  if (config_.rank == 0 && !config_.pmix_rendezvous && !folded) {
-    std::vector<std::string> keys;
-    for (int rank = 0; rank < config_.size; ++rank)
-      keys.push_back(store_key(kWorldContext, "ready", rank));
-    store_->wait(keys);
-  }
+  // Rank 0 serves the store, and it must stay until every rank is done with it: that is so once
+  // rank 0 is connected, as each peer authenticates rank 0's connections (net/auth.hpp) only
+  // after its GET_MANY was answered, and asks nothing more of the store at start-up. (Under PMIx
+  // no rank used it at start-up.)
   // bench/startup_perf.sh reads the time and the number of requests from this line.
   log::info("communicator ready: rank {} of {}, local rank {} of {}, {} node(s), transport {}; "
             "start-up took {:.4f} s and {} store request(s)",
@@ -271,42 +267,12 @@ fusion::FusionEngine& Communicator::fusion() {
   return *fusion_;
 }
 
-// Every rank publishes its KOLO_ALLREDUCE and host identity, "mode\nidentity"; ranks on the same
-// host are numbered in rank order. The launcher's local rank and size win where it gave them.
-// KOLO_ALLREDUCE must agree because the allreduce schedule follows from it: ranks that ran
-// different schedules would wait for messages that never come. Every rank reads every value, so
-// every rank finds the same disagreement; rank 0, whose process serves the store, waits until
-// every rank has read before it fails, so that each reports the disagreement itself.
-std::string Communicator::discover_hosts() {
-  // The first thing every rank publishes, "mode\nidentity\nroute". The route (the address this
-  // rank reaches the store from) decides where the ranks listen, so that this exchange serves
-  // that too.
-  const TransportSettings settings = transport_settings(config_);
-  const std::string host = host_identity(config_);
-  const std::string route = settings.socket_ifname.empty() ? store_route(settings) : "";
-  const std::string mine = config_.allreduce + "\n" + host + "\n" + route;
-  const std::vector<std::string> published = gather_records(mine);
-  std::vector<std::string> modes;
-  std::vector<std::string> identities;
-  std::vector<std::pair<int, std::string>> routes;
-  for (int rank = 0; rank < config_.size; ++rank) {
-    const std::string& other = published[static_cast<size_t>(rank)];
-    const size_t newline = other.find('\n');
-    const size_t last = other.rfind('\n');
-    modes.push_back(other.substr(0, newline));
-    if (rank != config_.rank && last != std::string::npos && last > newline) {
-      routes.emplace_back(rank, other.substr(last + 1));
-    }
-    identities.push_back(newline == std::string::npos || last <= newline
-                             ? std::string()
-                             : other.substr(newline + 1, last - newline - 1));
-  }
-  const HostFacts facts = read_host_facts(modes, identities, config_.rank);
-  refuse_modes(modes, facts);
-  take_host_facts(facts);
-  return listen_host_from_routes(settings, route, routes);
-}
-
+// Every rank publishes its KOLO_ALLREDUCE and host identity; ranks on the same host are numbered
+// in rank order. The launcher's local rank and size win where it gave them. KOLO_ALLREDUCE must
+// agree because the allreduce schedule follows from it: ranks that ran different schedules would
+// wait for messages that never come. Every rank reads every value, so every rank finds the same
+// disagreement; rank 0, whose process serves the store, waits until every rank has read before it
+// fails, so that each reports the disagreement itself.
 std::vector<std::string> Communicator::gather_records(const std::string& mine) {
   // Every other rank's record in one request (get_all): a rank whose key never comes never
   // started, or started with another KOLO_ADDR or KOLO_SIZE, and the timeout says so rather than
@@ -379,7 +345,7 @@ void Communicator::take_host_facts(const HostFacts& facts) {
 }
 
 // Through the store in one exchange: this rank's transport and lifeline listen first, on
-// KOLO_SOCKET_IFNAME's address or `route` (the address this host sends from to reach the store),
+// KOLO_SOCKET_IFNAME's address or the one this host sends from to reach the store (KOLO_ADDR),
 // then one record per rank, one line each field, goes to the store in one SET:
 //   KOLO_ALLREDUCE
 //   host identity (core/host.hpp)
@@ -387,30 +353,39 @@ void Communicator::take_host_facts(const HostFacts& facts) {
 //   the lifeline's listening address
 //   what KOLO_TRANSPORT=auto decides from (transport_auto_facts)
 // and comes back with every other rank's in one GET_MANY; every rank connects from what it read.
-// Splits, the fusion engine and GPU set-up keep their own exchanges.
-void Communicator::start_through_store(const std::string& route) {
+// Where KOLO_ADDR names rank 0's host by a name that resolves to loopback here (Debian maps its
+// own name to 127.0.1.1), ranks on other hosts may still reach it over the network: this rank is
+// then on the store's host, listens on every interface and publishes its loopback address, which
+// a rank on another host reads as "where I reach the store". Such a rank's own host for a later
+// store (kolo_comm_shrink, grow) and later meshes is the one it routes to the first peer with a
+// network address from (listen_host_from_routes). Splits, the fusion engine and GPU set-up keep
+// their own exchanges.
+void Communicator::start_through_store() {
   const TransportSettings settings = transport_settings(config_);
-  const std::string host = !settings.socket_ifname.empty()
-                               ? net::interface_address(settings.socket_ifname)
-                               : route;
+  const std::string store_host = net::parse_endpoint(config_.addr, "KOLO_ADDR").host;
+  const std::string route = settings.socket_ifname.empty() ? store_route(settings) : "";
+  const bool everywhere = settings.socket_ifname.empty() && net::is_loopback_address(route) &&
+                          !net::is_numeric_address(store_host) && store_host != "localhost";
+  std::string host = !settings.socket_ifname.empty()
+                         ? net::interface_address(settings.socket_ifname)
+                         : route;
   auto prepared = std::make_shared<PreparedMesh>();
-  prepared->listener = net::listen_on({host, 0});
-  net::Socket lifeline_listener = net::listen_on({host, 0});
+  prepared->listener = net::listen_on({everywhere ? std::string() : host, 0});
+  net::Socket lifeline_listener = net::listen_on({everywhere ? std::string() : host, 0});
   constexpr size_t kFields = 5;
-  const std::string mine =
-      join_record({config_.allreduce, host_identity(config_),
-                   net::local_endpoint(prepared->listener).to_string(),
-                   net::local_endpoint(lifeline_listener).to_string(),
-                   transport_auto_facts(settings)},
-                  config_.rank);
+  const std::string mine = join_record(
+      {config_.allreduce, host_identity(config_),
+       net::Endpoint{host, net::local_endpoint(prepared->listener).port}.to_string(),
+       net::Endpoint{host, net::local_endpoint(lifeline_listener).port}.to_string(),
+       transport_auto_facts(settings)},
+      config_.rank);
   const std::vector<std::string> records = gather_records(mine);
   std::vector<std::string> modes;
   std::vector<std::string> identities;
   std::vector<std::string> lifelines;
   for (int rank = 0; rank < config_.size; ++rank) {
-    const std::vector<std::string> fields =
-        split_record(records[static_cast<size_t>(rank)], kFields, config_, rank,
-                     "at the rendezvous store");
+    const std::vector<std::string> fields = split_record(
+        records[static_cast<size_t>(rank)], kFields, config_, rank, "at the rendezvous store");
     modes.push_back(fields[0]);
     identities.push_back(fields[1]);
     prepared->addresses.push_back(fields[2]);
@@ -420,6 +395,28 @@ void Communicator::start_through_store(const std::string& route) {
   const HostFacts facts = read_host_facts(modes, identities, config_.rank);
   refuse_modes(modes, facts);
   take_host_facts(facts);
+  // A loopback address of a rank on another host: that rank is on the store's host and listens on
+  // every interface there.
+  std::string store_address;
+  std::vector<std::pair<int, std::string>> routes;
+  for (int rank = 0; rank < config_.size; ++rank) {
+    if (rank == config_.rank) continue;
+    for (std::string* address : {&prepared->addresses[static_cast<size_t>(rank)],
+                                 &lifelines[static_cast<size_t>(rank)]}) {
+      net::Endpoint endpoint = net::parse_endpoint(
+          *address, fmt::format("the address published by rank {}", rank));
+      if (address == &prepared->addresses[static_cast<size_t>(rank)]) {
+        routes.emplace_back(rank, endpoint.host);
+      }
+      if (identities[static_cast<size_t>(rank)] == identities[static_cast<size_t>(config_.rank)] ||
+          !net::is_numeric_address(endpoint.host) || !net::is_loopback_address(endpoint.host)) {
+        continue;
+      }
+      if (store_address.empty()) store_address = numeric_address(store_host);
+      *address = net::Endpoint{store_address, endpoint.port}.to_string();
+    }
+  }
+  if (everywhere) host = listen_host_from_routes(settings, route, routes);
   if (config_.bind != "none") {
     log::info("{}", bind_process(config_.bind, config_.local_rank));
   }
@@ -427,8 +424,8 @@ void Communicator::start_through_store(const std::string& route) {
       connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host, prepared);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
-  lifeline_ =
-      std::make_shared<Lifeline>(config_, kWorldContext, std::move(lifeline_listener), lifelines);
+  lifeline_ = std::make_shared<Lifeline>(config_, kWorldContext, std::move(lifeline_listener),
+                                         lifelines, host);
 }
 
 // Under PMIx (bootstrap/pmix.hpp): this rank's transport and lifeline listen first, on

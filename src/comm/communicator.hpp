@@ -159,17 +159,12 @@ class Communicator {
   // per pair of ranks).
   void run_point_to_point(const OpDescriptor& op,
                           const std::function<void(const OpDescriptor&)>& body);
-  // Exchanges every rank's host identity (core/host.hpp), KOLO_ALLREDUCE and route to the store
-  // in one record each: sets the local rank and size where the launcher did not, the node count
-  // and host_of_, throws kolo::Error(kConfig) on every rank when the ranks' KOLO_ALLREDUCE
-  // differ, and returns where this rank listens (transport/mesh.hpp, listen_host_from_routes).
-  std::string discover_hosts();
-  // The world communicator's start-up through the store, where this rank knows where it listens
-  // before any exchange (KOLO_SOCKET_IFNAME, or `route`, its address towards the store, is no
-  // loopback address, or every rank is on this host): the transport's and lifeline's listeners
-  // first, then one SET of this rank's whole record and one GET_MANY of every other rank's, then
-  // connect. Otherwise discover_hosts() first, and the transport and lifeline exchange their own.
-  void start_through_store(const std::string& route);
+  // The world communicator's start-up through the store (kolorun, torchrun, a plain environment):
+  // the transport's and lifeline's listeners first, then one SET of this rank's whole record and
+  // one GET_MANY of every other rank's, then connect (comm/communicator.cpp). Sets the local rank
+  // and size where the launcher did not, the node count and host_of_; throws kolo::Error(kConfig)
+  // on every rank when the ranks' KOLO_ALLREDUCE differ.
+  void start_through_store();
   // One SET of this rank's start-up record and one GET_MANY of every other rank's under the
   // world's "host" keys, in rank order with this rank's own; a rank whose record never comes is
   // named (KOLO_ERR_TIMEOUT, or KOLO_ERR_PEER_LOST where rank 0's store closed first).
