@@ -1,6 +1,8 @@
 #include "comm/communicator.hpp"
 
 #include <fmt/format.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <fmt/ranges.h>
 
@@ -98,6 +100,29 @@ std::string numeric_address(const std::string& host) {
                                              host, ::gai_strerror(named)));
   }
   return text;
+}
+
+// The name of this host's only interface that is up, not loopback and has an address; empty when
+// there is none or several.
+std::string only_network_interface() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return {};
+  std::string only;
+  bool several = false;
+  for (const ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || (entry->ifa_flags & IFF_UP) == 0 ||
+        (entry->ifa_flags & IFF_LOOPBACK) != 0 ||
+        (entry->ifa_addr->sa_family != AF_INET && entry->ifa_addr->sa_family != AF_INET6)) {
+      continue;
+    }
+    if (only.empty()) {
+      only = entry->ifa_name;
+    } else if (only != entry->ifa_name) {
+      several = true;
+    }
+  }
+  ::freeifaddrs(list);
+  return several ? std::string() : only;
 }
 
 // A start-up record: one line per field. Throws kolo::Error(kConfig) for a field with a line
@@ -354,21 +379,32 @@ void Communicator::take_host_facts(const HostFacts& facts) {
 //   what KOLO_TRANSPORT=auto decides from (transport_auto_facts)
 // and comes back with every other rank's in one GET_MANY; every rank connects from what it read.
 // Where KOLO_ADDR names rank 0's host by a name that resolves to loopback here (Debian maps its
-// own name to 127.0.1.1), ranks on other hosts may still reach it over the network: this rank is
-// then on the store's host, listens on every interface and publishes its loopback address, which
-// a rank on another host reads as "where I reach the store". Such a rank's own host for a later
-// store (kolo_comm_shrink, grow) and later meshes is the one it routes to the first peer with a
-// network address from (listen_host_from_routes). Splits, the fusion engine and GPU set-up keep
+// own name to 127.0.1.1), ranks on other hosts may still reach it over the network, unless the
+// launcher says that every rank is on this host (local size = size): this rank is then on the
+// store's host and listens on the host's only network interface; on a host with several, it
+// listens on every interface and publishes its loopback address, which a rank on another host
+// reads as "where I reach the store", and its own host for a later store (kolo_comm_shrink, grow)
+// and later meshes is the one it routes to the first peer with a network address from
+// (listen_host_from_routes). Splits, the fusion engine and GPU set-up keep
 // their own exchanges.
 void Communicator::start_through_store() {
   const TransportSettings settings = transport_settings(config_);
   const std::string store_host = net::parse_endpoint(config_.addr, "KOLO_ADDR").host;
   const std::string route = settings.socket_ifname.empty() ? store_route(settings) : "";
-  const bool everywhere = settings.socket_ifname.empty() && net::is_loopback_address(route) &&
-                          !net::is_numeric_address(store_host) && store_host != "localhost";
   std::string host = !settings.socket_ifname.empty()
                          ? net::interface_address(settings.socket_ifname)
                          : route;
+  bool everywhere = false;
+  if (settings.socket_ifname.empty() && net::is_loopback_address(route) &&
+      !net::is_numeric_address(store_host) && store_host != "localhost" &&
+      config_.local_size != config_.size) {
+    const std::string interface = only_network_interface();
+    if (!interface.empty()) {
+      host = net::interface_address("=" + interface);
+    } else {
+      everywhere = true;
+    }
+  }
   auto prepared = std::make_shared<PreparedMesh>();
   prepared->listener = net::listen_on({everywhere ? std::string() : host, 0});
   net::Socket lifeline_listener = net::listen_on({everywhere ? std::string() : host, 0});
