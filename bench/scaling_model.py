@@ -522,13 +522,15 @@ def plot(arguments, hosts_list, results, models):
 # ---- start-up: kolo_comm_init ------------------------------------------------------------------
 #
 # A world communicator's start-up over TCP, ranks numbered host by host, rank 0's host reaching
-# the store over loopback (KOLO_ADDR's host name resolves to 127.0.1.1 there, as on Debian). Two
+# the store over loopback (KOLO_ADDR's host name resolves to 127.0.1.1 there, as on Debian). Three
 # schemes: "get-per-key", where each exchange was one SET and a GET per other rank (the host
-# discovery, the tcp and lifeline listen routes, the tcp and lifeline addresses), and "get-many",
+# discovery, the tcp and lifeline listen routes, the tcp and lifeline addresses); "get-many",
 # where each is one SET and one GET_MANY and the host records carry the routes, from which every
-# rank decides where its transport and lifeline listen (src/comm/communicator.cpp).
+# rank decides where its transport and lifeline listen; and "one-exchange", where every rank
+# listens first and one record per rank (host, both addresses, KOLO_TRANSPORT=auto's facts) goes
+# in one SET and comes back in one GET_MANY, with no ready round (src/comm/communicator.cpp).
 
-STARTUP_SCHEMES = ("get-per-key", "get-many")
+STARTUP_SCHEMES = ("get-per-key", "get-many", "one-exchange")
 
 
 def startup_requests(ranks, per_host, scheme):
@@ -538,7 +540,8 @@ def startup_requests(ranks, per_host, scheme):
     (the higher ranks, which r connects to); lifeline N; ready 1, plus rank 0's WAIT. The mean:
     3N + 3 - (N-1)/2 + 2L^2/N + 1/N.
     get-many: host and route 2; tcp 2 (1 for the last rank, which connects to no one); lifeline 2;
-    ready 1, plus rank 0's WAIT: 7."""
+    ready 1, plus rank 0's WAIT: 7 (startup_perf.sh saw rank 0 make 8, the last rank 6).
+    one-exchange: one SET and one GET_MANY: 2."""
     n, l = ranks, per_host
     if n == 1:
         return 0.0
@@ -546,18 +549,22 @@ def startup_requests(ranks, per_host, scheme):
         return 3 * n + 3 - (n - 1) / 2 + 2 * l * l / n + 1 / n
     if scheme == "get-many":
         return 7.0
+    if scheme == "one-exchange":
+        return 2.0
     raise ValueError(f"unknown start-up scheme {scheme!r}")
 
 
 def startup_store_bytes(ranks, per_host, scheme, host_bytes=44, address_bytes=20, key_bytes=18,
-                        route_bytes=10):
+                        route_bytes=10, facts_bytes=46):
     """Bytes rank 0's store moves for one start-up, requests in and replies out: every rank reads
     every other rank's host record (host_bytes: KOLO_ALLREDUCE and the host identity) and lifeline
     address and the higher ranks' tcp addresses (address_bytes each); the routes (an IP address,
     route_bytes) are read, one GET each, by the ranks on rank 0's host under get-per-key, and
     under get-many by every rank, inside the host records. A GET costs a request of 5 + key_bytes
     and a reply of 5 + value; a GET_MANY 9 bytes plus 4 + key_bytes per key in, 5 bytes plus
-    5 + value per key out. SETs and the ready barrier are small beside these and left out."""
+    5 + value per key out. SETs and the ready barrier are small beside these and left out.
+    Under one-exchange every rank reads every other rank's whole record, both addresses and the
+    auto facts (facts_bytes: "0 host/boot-id") included, in one GET_MANY."""
     n, l = ranks, per_host
     pairs = n * (n - 1)                  # (reader, other) pairs of one all-to-all exchange
     values = pairs * (host_bytes + address_bytes) + pairs / 2 * address_bytes
@@ -571,6 +578,9 @@ def startup_store_bytes(ranks, per_host, scheme, host_bytes=44, address_bytes=20
         exchanges = 3 * n
         return (values + pairs * route_bytes + keys * (4 + key_bytes + 5)
                 + exchanges * (9 + 5))
+    if scheme == "one-exchange":
+        return (pairs * (host_bytes + 2 * address_bytes + facts_bytes + 3)
+                + pairs * (4 + key_bytes + 5) + n * (9 + 5))
     raise ValueError(f"unknown start-up scheme {scheme!r}")
 
 

@@ -195,6 +195,27 @@ class StartUp(unittest.TestCase):
             for measured in run["requests"]:
                 self.assertAlmostEqual(measured, expected, delta=0.06, msg=f"{label} {shape}")
 
+    def test_one_exchange_by_hand(self):
+        # One record per rank, one SET and one GET_MANY, no ready round: 2 on every rank.
+        self.assertAlmostEqual(model.startup_requests(2, 1, "one-exchange"), 2.0)
+        self.assertAlmostEqual(model.startup_requests(1024, 8, "one-exchange"), 2.0)
+        self.assertEqual(model.startup_requests(1, 1, "one-exchange"), 0.0)
+        # N = 2: each rank reads the other's record (44 host + 2 * 20 addresses + 46 facts + 3
+        # line breaks) under one key (4 + 18 in, 5 out) in one GET_MANY (9 in, 5 out).
+        self.assertAlmostEqual(model.startup_store_bytes(2, 1, "one-exchange"),
+                               2 * 133 + 2 * 27 + 2 * 14)
+
+    def test_one_exchange_requests_match_every_measured_run(self):
+        # bench/results/startup_fold.tsv: main (7 requests) against the one exchange (2).
+        path = os.path.join(os.path.dirname(self.TSV), "startup_fold.tsv")
+        schemes = {"main": "get-many", "fold": "one-exchange"}
+        runs = model.read_startup(path, schemes)
+        self.assertEqual(len(runs), 8, "two builds at 2, 4, 8 and 16 ranks")
+        for (label, shape), run in runs.items():
+            expected = model.startup_requests(run["ranks"], run["per_host"], schemes[label])
+            for measured in run["requests"]:
+                self.assertAlmostEqual(measured, expected, delta=0.06, msg=f"{label} {shape}")
+
     def test_fitted_time_within_twenty_percent_of_every_measured_median(self):
         runs = model.read_startup(self.TSV, self.SCHEMES)
         points = [(run["ranks"], run["per_host"], self.SCHEMES[label], model.median(run["init"]))

@@ -122,3 +122,22 @@ TEST_CASE("rank 0 logs one start-up line with the version, commit, transport and
     CHECK(results[0].output.find("(commit " + commit) != std::string::npos);
   }
 }
+
+TEST_CASE("through the store, the world's start-up is one SET and one GET_MANY per rank",
+          "[startup]") {
+  // The host record, the transport's and the lifeline's addresses and KOLO_TRANSPORT=auto's facts
+  // go in one record per rank (comm/communicator.cpp, start_through_store).
+  for (const char* transport : {"tcp", "auto"}) {
+    auto job = start_job(3, {"loop", "1"}, {{"KOLO_DEBUG", "INFO"}, {"KOLO_TRANSPORT", transport}});
+    auto results = job.wait(60);
+    const std::regex line("start-up took [0-9.]+ s and ([0-9]+) store request\\(s\\)");
+    for (size_t rank = 0; rank < results.size(); ++rank) {
+      INFO("KOLO_TRANSPORT=" << transport << ", rank " << rank << " output:\n"
+                             << results[rank].output);
+      CHECK(results[rank].exit_code == 0);
+      std::smatch match;
+      REQUIRE(std::regex_search(results[rank].output, match, line));
+      CHECK(match[1] == "2");
+    }
+  }
+}

@@ -1,6 +1,9 @@
 #include "comm/communicator.hpp"
 
 #include <fmt/format.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -73,6 +76,88 @@ Error modes_differ(const std::vector<std::string>& modes, int rank) {
                fmt::format("kolo: KOLO_ALLREDUCE is {} on rank 0 but {} on rank {}: it must be "
                            "the same on every rank, as the allreduce schedule follows from it",
                            modes[0], modes[static_cast<size_t>(rank)], rank));
+}
+
+// The address `host` (KOLO_ADDR's host) resolves to here, numeric: where this rank reaches the
+// store. Throws kolo::Error(kConfig) naming it when it does not resolve.
+std::string numeric_address(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    throw Error(Status::kConfig, fmt::format("kolo: the host of KOLO_ADDR, '{}', does not resolve: "
+                                             "{}",
+                                             host, ::gai_strerror(rc)));
+  }
+  char text[NI_MAXHOST] = {};
+  const int named = ::getnameinfo(found->ai_addr, found->ai_addrlen, text, sizeof text, nullptr, 0,
+                                  NI_NUMERICHOST);
+  ::freeaddrinfo(found);
+  if (named != 0) {
+    throw Error(Status::kConfig, fmt::format("kolo: the host of KOLO_ADDR, '{}': getnameinfo: {}",
+                                             host, ::gai_strerror(named)));
+  }
+  return text;
+}
+
+// The name of this host's only interface that is up, not loopback and has an address; empty when
+// there is none or several.
+std::string only_network_interface() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return {};
+  std::string only;
+  bool several = false;
+  for (const ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || (entry->ifa_flags & IFF_UP) == 0 ||
+        (entry->ifa_flags & IFF_LOOPBACK) != 0 ||
+        (entry->ifa_addr->sa_family != AF_INET && entry->ifa_addr->sa_family != AF_INET6)) {
+      continue;
+    }
+    if (only.empty()) {
+      only = entry->ifa_name;
+    } else if (only != entry->ifa_name) {
+      several = true;
+    }
+  }
+  ::freeifaddrs(list);
+  return several ? std::string() : only;
+}
+
+// A start-up record: one line per field. Throws kolo::Error(kConfig) for a field with a line
+// break (a host identity or address never holds one; this is a guard).
+std::string join_record(const std::vector<std::string>& fields, int rank) {
+  std::string record;
+  for (const std::string& field : fields) {
+    if (field.find('\n') != std::string::npos) {
+      throw Error(Status::kConfig,
+                  fmt::format("kolo: rank {}: a start-up record field holds a line break: {:?}",
+                              rank, field));
+    }
+    record += (record.empty() ? "" : "\n") + field;
+  }
+  return record;
+}
+
+// The fields of rank `of`'s record as this rank read it `through` the store or PMIx; a record of
+// another number of fields comes from another kolo (kolo::Error(kConfig)).
+std::vector<std::string> split_record(const std::string& record, size_t expected,
+                                      const Config& config, int of, const char* through) {
+  std::vector<std::string> fields;
+  for (size_t at = 0;;) {
+    const size_t newline = record.find('\n', at);
+    fields.push_back(record.substr(at, newline == std::string::npos ? newline : newline - at));
+    if (newline == std::string::npos) break;
+    at = newline + 1;
+  }
+  if (fields.size() != expected) {
+    throw Error(Status::kConfig,
+                fmt::format("kolo: rank {} of {}: rank {}'s start-up record {} has {} fields, not "
+                            "{}: is every rank the same kolo?",
+                            config.rank, config.size, of, through, fields.size(), expected));
+  }
+  return fields;
 }
 
 }  // namespace
@@ -155,27 +240,14 @@ Communicator::Communicator(const ConfigOverrides& overrides) {
       if (store_endpoint.port == 0) config_.addr = server_->endpoint().to_string();
     }
     store_ = open_store(config_);
-    const std::string host = discover_hosts();
-    if (config_.bind != "none") {
-      log::info("{}", bind_process(config_.bind, config_.local_rank));
-    }
-    Links links = connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host);
-    transport_ = std::move(links.transport);
-    ring_ = std::move(links.ring);
-    lifeline_ = std::make_shared<Lifeline>(config_, *store_, kWorldContext, host);
+    start_through_store();
   }
   const std::string allreduce_choice = place_allreduce();
 
-  // Rank 0 serves the store: it stays until every rank is done with it. (Under PMIx no rank used
-  // it at start-up.)
-  if (!config_.pmix_rendezvous)
-    store_->set_string(store_key(kWorldContext, "ready", config_.rank), "1");
-  if (config_.rank == 0 && !config_.pmix_rendezvous) {
-    std::vector<std::string> keys;
-    for (int rank = 0; rank < config_.size; ++rank)
-      keys.push_back(store_key(kWorldContext, "ready", rank));
-    store_->wait(keys);
-  }
+  // Rank 0 serves the store, and it must stay until every rank is done with it: that is so once
+  // rank 0 is connected, as each peer authenticates rank 0's connections (net/auth.hpp) only
+  // after its GET_MANY was answered, and asks nothing more of the store at start-up. (Under PMIx
+  // no rank used it at start-up.)
   // bench/startup_perf.sh reads the time and the number of requests from this line.
   log::info("communicator ready: rank {} of {}, local rank {} of {}, {} node(s), transport {}; "
             "start-up took {:.4f} s and {} store request(s)",
@@ -220,22 +292,16 @@ fusion::FusionEngine& Communicator::fusion() {
   return *fusion_;
 }
 
-// Every rank publishes its KOLO_ALLREDUCE and host identity, "mode\nidentity"; ranks on the same
-// host are numbered in rank order. The launcher's local rank and size win where it gave them.
-// KOLO_ALLREDUCE must agree because the allreduce schedule follows from it: ranks that ran
-// different schedules would wait for messages that never come. Every rank reads every value, so
-// every rank finds the same disagreement; rank 0, whose process serves the store, waits until
-// every rank has read before it fails, so that each reports the disagreement itself.
-std::string Communicator::discover_hosts() {
-  // The first thing every rank publishes, "mode\nidentity\nroute", read from every other rank in
-  // one request (get_all): a rank whose key never comes never started, or started with another
-  // KOLO_ADDR or KOLO_SIZE, and the timeout says so rather than naming a store key. The route
-  // (the address this rank reaches the store from) decides where the ranks listen, so that this
-  // exchange serves that too.
-  const TransportSettings settings = transport_settings(config_);
-  const std::string host = host_identity(config_);
-  const std::string route = settings.socket_ifname.empty() ? store_route(settings) : "";
-  const std::string mine = config_.allreduce + "\n" + host + "\n" + route;
+// Every rank publishes its KOLO_ALLREDUCE and host identity; ranks on the same host are numbered
+// in rank order. The launcher's local rank and size win where it gave them. KOLO_ALLREDUCE must
+// agree because the allreduce schedule follows from it: ranks that ran different schedules would
+// wait for messages that never come. Every rank reads every value, so every rank finds the same
+// disagreement; rank 0, whose process serves the store, waits until every rank has read before it
+// fails, so that each reports the disagreement itself.
+std::vector<std::string> Communicator::gather_records(const std::string& mine) {
+  // Every other rank's record in one request (get_all): a rank whose key never comes never
+  // started, or started with another KOLO_ADDR or KOLO_SIZE, and the timeout says so rather than
+  // naming a store key.
   store_->set_string(store_key(kWorldContext, "host", config_.rank), mine);
   std::vector<std::string> keys;
   std::vector<int> key_ranks;
@@ -281,34 +347,19 @@ std::string Communicator::discover_hosts() {
                             it, config_.size));
   }
   published.insert(published.begin() + config_.rank, mine);
-  std::vector<std::string> modes;
-  std::vector<std::string> identities;
-  std::vector<std::pair<int, std::string>> routes;
-  for (int rank = 0; rank < config_.size; ++rank) {
-    const std::string& other = published[static_cast<size_t>(rank)];
-    const size_t newline = other.find('\n');
-    const size_t last = other.rfind('\n');
-    modes.push_back(other.substr(0, newline));
-    if (rank != config_.rank && last != std::string::npos && last > newline) {
-      routes.emplace_back(rank, other.substr(last + 1));
-    }
-    identities.push_back(newline == std::string::npos || last <= newline
-                             ? std::string()
-                             : other.substr(newline + 1, last - newline - 1));
+  return published;
+}
+
+void Communicator::refuse_modes(const std::vector<std::string>& modes, const HostFacts& facts) {
+  if (facts.differs < 0) return;
+  store_->set_string(store_key(kWorldContext, "host-checked", config_.rank), "1");
+  if (config_.rank == 0) {
+    std::vector<std::string> checked;
+    for (int rank = 0; rank < config_.size; ++rank)
+      checked.push_back(store_key(kWorldContext, "host-checked", rank));
+    store_->wait(checked);
   }
-  const HostFacts facts = read_host_facts(modes, identities, config_.rank);
-  if (facts.differs >= 0) {
-    store_->set_string(store_key(kWorldContext, "host-checked", config_.rank), "1");
-    if (config_.rank == 0) {
-      std::vector<std::string> checked;
-      for (int rank = 0; rank < config_.size; ++rank)
-        checked.push_back(store_key(kWorldContext, "host-checked", rank));
-      store_->wait(checked);
-    }
-    throw modes_differ(modes, facts.differs);
-  }
-  take_host_facts(facts);
-  return listen_host_from_routes(settings, route, routes);
+  throw modes_differ(modes, facts.differs);
 }
 
 void Communicator::take_host_facts(const HostFacts& facts) {
@@ -316,6 +367,101 @@ void Communicator::take_host_facts(const HostFacts& facts) {
   node_count_ = facts.nodes;
   if (config_.local_rank < 0) config_.local_rank = facts.local_rank;
   if (config_.local_size < 0) config_.local_size = facts.local_size;
+}
+
+// Through the store in one exchange: this rank's transport and lifeline listen first, on
+// KOLO_SOCKET_IFNAME's address or the one this host sends from to reach the store (KOLO_ADDR),
+// then one record per rank, one line each field, goes to the store in one SET:
+//   KOLO_ALLREDUCE
+//   host identity (core/host.hpp)
+//   the transport's listening address
+//   the lifeline's listening address
+//   what KOLO_TRANSPORT=auto decides from (transport_auto_facts)
+// and comes back with every other rank's in one GET_MANY; every rank connects from what it read.
+// Where KOLO_ADDR names rank 0's host by a name that resolves to loopback here (Debian maps its
+// own name to 127.0.1.1), ranks on other hosts may still reach it over the network, unless the
+// launcher says that every rank is on this host (local size = size): this rank is then on the
+// store's host and listens on the host's only network interface; on a host with several, it
+// listens on every interface and publishes its loopback address, which a rank on another host
+// reads as "where I reach the store", and its own host for a later store (kolo_comm_shrink, grow)
+// and later meshes is the one it routes to the first peer with a network address from
+// (listen_host_from_routes). Splits, the fusion engine and GPU set-up keep
+// their own exchanges.
+void Communicator::start_through_store() {
+  const TransportSettings settings = transport_settings(config_);
+  const std::string store_host = net::parse_endpoint(config_.addr, "KOLO_ADDR").host;
+  const std::string route = settings.socket_ifname.empty() ? store_route(settings) : "";
+  std::string host = !settings.socket_ifname.empty()
+                         ? net::interface_address(settings.socket_ifname)
+                         : route;
+  bool everywhere = false;
+  if (settings.socket_ifname.empty() && net::is_loopback_address(route) &&
+      !net::is_numeric_address(store_host) && store_host != "localhost" &&
+      config_.local_size != config_.size) {
+    const std::string interface = only_network_interface();
+    if (!interface.empty()) {
+      host = net::interface_address("=" + interface);
+    } else {
+      everywhere = true;
+    }
+  }
+  auto prepared = std::make_shared<PreparedMesh>();
+  prepared->listener = net::listen_on({everywhere ? std::string() : host, 0});
+  net::Socket lifeline_listener = net::listen_on({everywhere ? std::string() : host, 0});
+  constexpr size_t kFields = 5;
+  const std::string mine = join_record(
+      {config_.allreduce, host_identity(config_),
+       net::Endpoint{host, net::local_endpoint(prepared->listener).port}.to_string(),
+       net::Endpoint{host, net::local_endpoint(lifeline_listener).port}.to_string(),
+       transport_auto_facts(settings)},
+      config_.rank);
+  const std::vector<std::string> records = gather_records(mine);
+  std::vector<std::string> modes;
+  std::vector<std::string> identities;
+  std::vector<std::string> lifelines;
+  for (int rank = 0; rank < config_.size; ++rank) {
+    const std::vector<std::string> fields = split_record(
+        records[static_cast<size_t>(rank)], kFields, config_, rank, "at the rendezvous store");
+    modes.push_back(fields[0]);
+    identities.push_back(fields[1]);
+    prepared->addresses.push_back(fields[2]);
+    lifelines.push_back(fields[3]);
+    prepared->auto_facts.push_back(fields[4]);
+  }
+  const HostFacts facts = read_host_facts(modes, identities, config_.rank);
+  refuse_modes(modes, facts);
+  take_host_facts(facts);
+  // A loopback address of a rank on another host: that rank is on the store's host and listens on
+  // every interface there.
+  std::string store_address;
+  std::vector<std::pair<int, std::string>> routes;
+  for (int rank = 0; rank < config_.size; ++rank) {
+    if (rank == config_.rank) continue;
+    for (std::string* address : {&prepared->addresses[static_cast<size_t>(rank)],
+                                 &lifelines[static_cast<size_t>(rank)]}) {
+      net::Endpoint endpoint = net::parse_endpoint(
+          *address, fmt::format("the address published by rank {}", rank));
+      if (address == &prepared->addresses[static_cast<size_t>(rank)]) {
+        routes.emplace_back(rank, endpoint.host);
+      }
+      if (identities[static_cast<size_t>(rank)] == identities[static_cast<size_t>(config_.rank)] ||
+          !net::is_numeric_address(endpoint.host) || !net::is_loopback_address(endpoint.host)) {
+        continue;
+      }
+      if (store_address.empty()) store_address = numeric_address(store_host);
+      *address = net::Endpoint{store_address, endpoint.port}.to_string();
+    }
+  }
+  if (everywhere) host = listen_host_from_routes(settings, route, routes);
+  if (config_.bind != "none") {
+    log::info("{}", bind_process(config_.bind, config_.local_rank));
+  }
+  Links links =
+      connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host, prepared);
+  transport_ = std::move(links.transport);
+  ring_ = std::move(links.ring);
+  lifeline_ = std::make_shared<Lifeline>(config_, kWorldContext, std::move(lifeline_listener),
+                                         lifelines, host);
 }
 
 // Under PMIx (bootstrap/pmix.hpp): this rank's transport and lifeline listen first, on
@@ -357,34 +503,14 @@ void Communicator::start_through_pmix() {
                                                 net::local_endpoint(lifeline_listener).to_string(),
                                                 transport_auto_facts(settings),
                                                 store_address};
-  std::string mine;
-  for (const std::string& field : mine_fields) {
-    if (field.find('\n') != std::string::npos) {
-      throw Error(Status::kConfig,
-                  fmt::format("kolo: rank {}: a start-up record field holds a line break: {:?}",
-                              config_.rank, field));
-    }
-    mine += (mine.empty() ? "" : "\n") + field;
-  }
+  const std::string mine = join_record(mine_fields, config_.rank);
   const std::vector<std::string> records = pmix::exchange(config_, mine);
   std::vector<std::string> modes;
   std::vector<std::string> identities;
   std::vector<std::string> lifelines;
   for (int rank = 0; rank < config_.size; ++rank) {
-    std::vector<std::string> fields;
-    const std::string& record = records[static_cast<size_t>(rank)];
-    for (size_t at = 0;;) {
-      const size_t newline = record.find('\n', at);
-      fields.push_back(record.substr(at, newline == std::string::npos ? newline : newline - at));
-      if (newline == std::string::npos) break;
-      at = newline + 1;
-    }
-    if (fields.size() != kFields) {
-      throw Error(Status::kConfig,
-                  fmt::format("kolo: rank {} of {}: rank {}'s start-up record through PMIx has {} "
-                              "fields, not {}: is every rank the same kolo?",
-                              config_.rank, config_.size, rank, fields.size(), kFields));
-    }
+    const std::vector<std::string> fields = split_record(
+        records[static_cast<size_t>(rank)], kFields, config_, rank, "through PMIx");
     modes.push_back(fields[0]);
     identities.push_back(fields[1]);
     prepared->addresses.push_back(fields[2]);

@@ -159,11 +159,19 @@ class Communicator {
   // per pair of ranks).
   void run_point_to_point(const OpDescriptor& op,
                           const std::function<void(const OpDescriptor&)>& body);
-  // Exchanges every rank's host identity (core/host.hpp), KOLO_ALLREDUCE and route to the store
-  // in one record each: sets the local rank and size where the launcher did not, the node count
-  // and host_of_, throws kolo::Error(kConfig) on every rank when the ranks' KOLO_ALLREDUCE
-  // differ, and returns where this rank listens (transport/mesh.hpp, listen_host_from_routes).
-  std::string discover_hosts();
+  // The world communicator's start-up through the store (kolorun, torchrun, a plain environment):
+  // the transport's and lifeline's listeners first, then one SET of this rank's whole record and
+  // one GET_MANY of every other rank's, then connect (comm/communicator.cpp). Sets the local rank
+  // and size where the launcher did not, the node count and host_of_; throws kolo::Error(kConfig)
+  // on every rank when the ranks' KOLO_ALLREDUCE differ.
+  void start_through_store();
+  // One SET of this rank's start-up record and one GET_MANY of every other rank's under the
+  // world's "host" keys, in rank order with this rank's own; a rank whose record never comes is
+  // named (KOLO_ERR_TIMEOUT, or KOLO_ERR_PEER_LOST where rank 0's store closed first).
+  std::vector<std::string> gather_records(const std::string& mine);
+  // KOLO_ALLREDUCE differs between ranks (facts.differs): every rank says it is done reading and
+  // rank 0, whose process serves the store, waits for that before every rank throws.
+  void refuse_modes(const std::vector<std::string>& modes, const HostFacts& facts);
   // The world communicator's start-up under PMIx (bootstrap/pmix.hpp): listeners first, one
   // record per rank through one PMIx fence, then connect; no store serves until one is needed.
   void start_through_pmix();

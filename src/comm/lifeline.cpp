@@ -143,9 +143,9 @@ Lifeline::Lifeline(const Config& config, StoreClient& store, uint64_t context,
 }
 
 Lifeline::Lifeline(const Config& config, uint64_t context, net::Socket listener,
-                   const std::vector<std::string>& addresses)
+                   const std::vector<std::string>& addresses, const std::string& host)
     : Lifeline(config, context, std::move(listener), std::string()) {
-  host_ = gate_->endpoint().host;
+  host_ = host.empty() ? gate_->endpoint().host : host;
   if (addresses.size() != static_cast<size_t>(size_)) {
     throw Error(Status::kInternal,
                 fmt::format("lifeline: {} addresses for {} ranks", addresses.size(), size_));
@@ -153,7 +153,7 @@ Lifeline::Lifeline(const Config& config, uint64_t context, net::Socket listener,
   addresses_.resize(static_cast<size_t>(size_));
   for (int peer = 0; peer < size_; ++peer) {
     addresses_[peer] =
-        peer == rank_ ? gate_->endpoint()
+        peer == rank_ ? net::Endpoint{host_, gate_->endpoint().port}
                       : net::parse_endpoint(addresses[peer], fmt::format("the lifeline address of "
                                                                          "rank {}",
                                                                          peer));

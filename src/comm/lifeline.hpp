@@ -66,9 +66,10 @@ class Lifeline {
   // The same without the store, for a group that exchanged its lifeline addresses with its other
   // start-up records (the world communicator under PMIx): `listener` already listens, and
   // `addresses` holds every rank's "host:port" in rank order, this rank's included. Throws
-  // kolo::Error(kConfig) naming the rank whose address does not parse.
+  // kolo::Error(kConfig) naming the rank whose address does not parse. `host` is host() where the
+  // listener's own address is not it (a listener on every interface); empty: the listener's.
   Lifeline(const Config& config, uint64_t context, net::Socket listener,
-           const std::vector<std::string>& addresses);
+           const std::vector<std::string>& addresses, const std::string& host = {});
   ~Lifeline();
   Lifeline(const Lifeline&) = delete;
   Lifeline& operator=(const Lifeline&) = delete;
