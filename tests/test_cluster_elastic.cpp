@@ -5,7 +5,7 @@
 // slot restarted: 4) -> h2 gone, h3:2 there (h2's ranks leave, two newcomers on h3: 4). The C
 // worker (tests/worker_elastic_driver.c) checks every allreduce against the sum it expects. Then
 // the kolo.torch.elastic job of tests/python/test_torch_elastic_grow.py, 2 -> 4 -> 3 -> 4 across
-// h1 and h2, ends with equal parameter digests on its 4 ranks; and examples/several-hosts/
+// h1 and h2, ends with equal parameter digests on its 4 ranks, equal to a replay; and examples/several-hosts/
 // kolorun-elastic.sh runs as docs/elastic.md prints it, growing from 2 to 4 ranks.
 // Needs root and network namespaces; without them the program says why and exits 77 (skipped).
 #define CATCH_CONFIG_RUNNER
@@ -182,7 +182,8 @@ TEST_CASE("kolorun --elastic follows a discovery script across hosts", "[cluster
 // rank), under the driver across hosts: the discovery file says h1:2; before step 4 rank 0 makes
 // it h1:2,h2:2 and the ranks commit until there are 4; slot h2:1 kills itself at step 9, and the
 // ranks wait for 4 again (its slot restarted over ssh) before step 12. Every rank that finishes
-// prints its parameters' sha256: the 4 of the final world must be equal.
+// prints its parameters' sha256: the 4 of the final world must be equal, and equal (within the
+// float tolerance the Python test states) to a replay of the recorded schedule without kolo.
 TEST_CASE("kolo.torch.elastic trains across hosts under the driver", "[cluster][elastic_torch]") {
   if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
     WARN("Debian's python3 cannot import torch (python3-torch): the training job is not run");
@@ -225,6 +226,17 @@ TEST_CASE("kolo.torch.elastic trains across hosts under the driver", "[cluster][
                                        host_name(2) + ":0", host_name(2) + ":1"});
   for (const auto& [rank, hex] : by_rank) CHECK(hex == by_rank.begin()->second);
   CHECK(count(result.output, "Traceback") == 0);
+
+  // The same parameters as a replay of the recorded schedule of world sizes, without kolo.
+  std::string names = fmt::format(R"(["{0}:0", "{0}:1", "{1}:0", "{1}:1"])", host_name(1),
+                                  host_name(2));
+  Process replay({"/usr/bin/python3", source_dir() + "/tests/python/test_torch_elastic_grow.py",
+                  fmt::format(R"({{"replay": "{}", "names": {}}})", scratch.dir.string(), names)},
+                 {{"OMP_NUM_THREADS", "1"}});
+  ProcessResult replayed = replay.wait(120);
+  INFO(replayed.output);
+  CHECK(replayed.exit_code == 0);
+  CHECK_THAT(replayed.output, Contains("max |job - replay| = "));
 }
 
 // examples/several-hosts/kolorun-elastic.sh exactly as docs/elastic.md prints it, run on host 4

@@ -14,7 +14,8 @@ computing each step's gradient as the mean of the ranks' gradients on the shards
 sampler's documented rule gives. A second run has a rank leave (exit status 0) and a newcomer
 die while joining (the members shrink back and go on), against the same replay.
 
-Run as a script (`test_torch_elastic_grow.py ARGS_JSON`) it is one rank of such a job."""
+Run as a script (`test_torch_elastic_grow.py ARGS_JSON`) it is one rank of such a job, or,
+with {"replay": OUT_DIR, "names": [...]}, the replay check of a finished job's results."""
 
 import collections
 import hashlib
@@ -267,6 +268,12 @@ def _wait_for_size(hvd, state, wanted, hosts, out_dir):
 
 def _main():
     arguments = json.loads(sys.argv[1])
+    if "replay" in arguments:  # the cluster test's check of a finished job's results
+        out_dir = arguments["replay"]
+        results = {entry[:-len(".json")]: json.load(open(os.path.join(out_dir, entry)))
+                   for entry in os.listdir(out_dir) if entry.endswith(".json")}
+        _check_against_replay(results, arguments["names"])
+        return
     name = os.environ.get("ELASTIC_NAME") or os.environ.get("KOLO_ELASTIC_SLOT") or \
         f"m{os.environ['KOLO_RANK']}"
     rank_train(name, **arguments)
