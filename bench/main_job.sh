@@ -208,7 +208,7 @@ if command -v gnuplot >/dev/null && [[ -s $OUT_DIR/main_job.tsv ]]; then
   {
     echo "set terminal png size $((520 * panels)),440 font ',10'"
     echo "set output '$OUT_DIR/main_job.png'"
-    echo "set logscale xy; set xtics ($tics); set xlabel 'allreduce size (float32 sum)'"
+    echo "set logscale xy; set xtics ($tics) rotate by -30; set xlabel 'allreduce size (float32 sum)'"
     echo "set ylabel 'time per call (us), lower is better'; set key top left; set grid"
     echo "set multiplot layout 1,$panels title 'kolo beside Open MPI on $(hostname), $cores cores'"
     for ranks in $RANKS; do
