@@ -133,13 +133,7 @@ struct StoreClient::Impl {
 
 StoreClient::StoreClient(const net::Endpoint& endpoint, const std::string& secret, int rank,
                          double timeout_s, uint64_t generation)
-    : impl_(std::make_unique<Impl>()) {
-  impl_->generation = generation;
-  impl_->endpoint = endpoint;
-  impl_->where = fmt::format("the rendezvous store at {}", endpoint.to_string());
-  impl_->secret = secret;
-  impl_->rank = rank;
-  impl_->timeout_s = timeout_s;
+    : StoreClient(endpoint, secret, rank, timeout_s, generation, Deferred{}) {
   try {
     impl_->connect(Deadline(timeout_s));
   } catch (const Error& error) {
