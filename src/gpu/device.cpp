@@ -30,6 +30,7 @@ using CurrentContextFunction = CUresult (*)(CUcontext*);
 
 struct Probe {
   std::once_flag once;
+  std::atomic<bool> probed{false};  // run_probe() has finished
   std::atomic<bool> present{false};
   std::string absent_reason;  // written once, under `once`
   int device_count = 0;
@@ -66,19 +67,19 @@ void find_driver_functions(Probe& state) {
 void run_probe(Probe& state) {
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess) {
-    (void)cudaGetLastError();
-    state.absent_reason = "cudaGetDeviceCount failed: " + cuda_error_text(error);
-  } else if (count <= 0) {
-    state.absent_reason = "cudaGetDeviceCount found no CUDA device";
-  } else {
+  if (error == cudaSuccess && count > 0) {
     state.device_count = count;
     find_driver_functions(state);
     state.present.store(true, std::memory_order_release);
     log::info("{} CUDA device(s) visible: device buffers are recognised", count);
-    return;
+  } else {
+    if (error != cudaSuccess) (void)cudaGetLastError();
+    state.absent_reason = error != cudaSuccess
+                              ? "cudaGetDeviceCount failed: " + cuda_error_text(error)
+                              : "cudaGetDeviceCount found no CUDA device";
+    log::info("no GPU buffers: {}", state.absent_reason);
   }
-  log::info("no GPU buffers: {}", state.absent_reason);
+  state.probed.store(true, std::memory_order_release);
 }
 
 // False only when the driver says that no CUDA context exists in this process (so that no
@@ -106,7 +107,11 @@ bool context_may_exist(Probe& state) {
 
 bool devices_present() {
   Probe& state = probe();
-  std::call_once(state.once, run_probe, std::ref(state));
+  // Every collective asks (gpu::locate); libstdc++'s call_once writes thread-local state even when
+  // the call is long done, which an 8-byte allreduce notices.
+  if (!state.probed.load(std::memory_order_acquire)) {
+    std::call_once(state.once, run_probe, std::ref(state));
+  }
   return state.present.load(std::memory_order_acquire);
 }
 
