@@ -35,6 +35,9 @@ constexpr auto kSpin = std::chrono::microseconds(50);
 // A sched_yield() with nobody else to run returns in well under a microsecond (0.6 us in a VM);
 // one that ran another task first takes at least two context switches.
 constexpr auto kGaveAway = std::chrono::microseconds(2);
+// Polls between two reads of the clock during the plain spin (a read costs about as much as a
+// poll of the rings); every poll reads it once the spin yields.
+constexpr unsigned kClockStride = 8;
 
 // kPureSpin, or none (see above).
 std::chrono::steady_clock::duration pure_spin_for(const TransportSettings& settings);

@@ -288,23 +288,32 @@ class UcxTransport final : public Transport {
       // expired deadline (a caller that sleeps on readiness_fd() itself) gets one pass.
       // Copies through shared memory restart the spin: the peer is busy on the other side of a
       // ring and will most likely free or fill a slot within microseconds.
+      // The clock (20-odd ns a read where kolo is measured, as long as a poll) is read at the
+      // first poll that finds nothing, then every kClockStride-th poll while the spin is plain
+      // and at every poll once it yields: a wait that ends within a few polls, as one for a
+      // small message through the rings does, reads it once or not at all.
       spinner_.begin();
-      auto spin_from = Clock::now();
-      const auto spin_length =
-          deadline.expired() ? Clock::duration::zero() : Clock::duration(kSpin);
-      auto now = spin_from;
+      const bool spin = !deadline.expired();
+      Clock::time_point spin_from{};
+      bool yielding = false;
+      bool copied_since = false;  // a copy through shared memory since the clock was read
       shm_.end_sleep();
       bool moved = false;
-      do {
+      for (unsigned polls = 0;; ++polls) {
         ucp_worker_progress(worker_);
         bool completed = process_completions();
         bool copied = false;
         if (shm_.any() && shm_.pump(copied)) completed = true;
         if (completed) return awake_.set();
-        now = Clock::now();
-        if (copied && spin_length != Clock::duration::zero()) spin_from = now;
-        if (now >= spin_from + spinner_.pure_spin()) spinner_.yield();
-      } while (now < spin_from + spin_length);
+        copied_since = copied_since || copied;
+        if (polls % kClockStride != 0 && !yielding) continue;
+        const auto now = Clock::now();
+        if (polls == 0 || (copied_since && spin)) spin_from = now;
+        copied_since = false;
+        if (!spin || now >= spin_from + kSpin) break;
+        yielding = now >= spin_from + spinner_.pure_spin();
+        if (yielding) spinner_.yield();
+      }
       serve_control();
       judge_early_messages();
 
@@ -564,9 +573,10 @@ class UcxTransport final : public Transport {
     }
     ucs_status_t status = ucp_config_modify(ucx_config, "RNDV_THRESH", "inf");
     if (status != UCS_OK) throw_ucx("sending eagerly over TCP (RNDV_THRESH=inf)", status);
-    log::info("ucx: rank {}: peers on other hosts and no RDMA port: messages sent eagerly "
-              "(UCX_RNDV_THRESH=inf)",
-              rank_);
+    log::info(
+        "ucx: rank {}: peers on other hosts and no RDMA port: messages sent eagerly "
+        "(UCX_RNDV_THRESH=inf)",
+        rank_);
   }
 
   // The UCP context and worker (UCX_* variables apply); returns the worker's address.
@@ -680,8 +690,8 @@ class UcxTransport final : public Transport {
 
   // Every other rank's worker address from its control socket, in rank order without this rank's
   // (as the store's get_all returns them); a length over kMaxWorkerAddress drops the peer.
-  std::vector<std::vector<uint8_t>> receive_worker_addresses(const std::vector<PeerSockets>& sockets,
-                                                             const Deadline& deadline) {
+  std::vector<std::vector<uint8_t>> receive_worker_addresses(
+      const std::vector<PeerSockets>& sockets, const Deadline& deadline) {
     constexpr uint32_t kMaxWorkerAddress = 1 << 20;
     std::vector<std::vector<uint8_t>> addresses;
     for (int peer = 0; peer < size_; ++peer) {
@@ -693,7 +703,8 @@ class UcxTransport final : public Transport {
           throw control_.lost(peer, fmt::format("it sent a worker address of {} bytes", length));
         }
         addresses.emplace_back(length);
-        if (length > 0) net::recv_all(sockets[peer].control, addresses.back().data(), length, deadline);
+        if (length > 0)
+          net::recv_all(sockets[peer].control, addresses.back().data(), length, deadline);
       } catch (const Error& error) {
         throw Error(error.status(), fmt::format("ucx: rank {} waited for rank {}'s worker "
                                                 "address: {}",
