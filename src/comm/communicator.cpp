@@ -591,19 +591,19 @@ void Communicator::run(OpDescriptor op, Body&& body, bool numbered) {
         "each thread a communicator of its own (kolo_comm_split) or use named operations",
         config_.rank, describe(op));
   }
-  set_activity(op, true);
+  start_activity(op);
   try {
     body(op);
-    set_activity(op, false);
+    end_activity(false);
   } catch (const Error& error) {
     if (error.status() == Status::kTimeout) log::warn("at the timeout: {}", report());
-    set_activity(op, false, true);
+    end_activity(true);
     broken_.emplace(error);
     transport_->abort(error);  // even after a PeerLeft: this collective is abandoned
     tell_fusion_engine(*broken_);
     throw;
   } catch (const std::exception& error) {
-    set_activity(op, false, true);
+    end_activity(true);
     broken_.emplace(Status::kInternal, fmt::format("{} failed: {}", describe(op), error.what()));
     transport_->abort(*broken_);
     tell_fusion_engine(*broken_);
@@ -611,30 +611,38 @@ void Communicator::run(OpDescriptor op, Body&& body, bool numbered) {
   }
 }
 
-void Communicator::set_activity(const OpDescriptor& op, bool running, bool failed) {
+void Communicator::start_activity(const OpDescriptor& op) {
   std::lock_guard<std::mutex> lock(activity_mutex_);
   activity_.op = op;
-  activity_.running = running;
-  activity_.failed = activity_.failed || failed;
-  activity_.since = CoarseClock::now();
+  activity_.since.store(CoarseClock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  activity_.running.store(true, std::memory_order_release);
+}
+
+void Communicator::end_activity(bool failed) {
+  if (failed) activity_.failed.store(true, std::memory_order_relaxed);
+  activity_.since.store(CoarseClock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  activity_.running.store(false, std::memory_order_release);
 }
 
 std::string Communicator::report() {
   std::string text;
   {
     std::lock_guard<std::mutex> lock(activity_mutex_);
-    const double seconds =
-        std::chrono::duration<double>(CoarseClock::now() - activity_.since).count();
+    const bool running = activity_.running.load(std::memory_order_acquire);
+    const bool failed = activity_.failed.load(std::memory_order_relaxed);
+    const CoarseClock::time_point since(
+        CoarseClock::duration(activity_.since.load(std::memory_order_relaxed)));
+    const double seconds = std::chrono::duration<double>(CoarseClock::now() - since).count();
     text = fmt::format("rank {} of {} (communicator {:x}): ", config_.rank, config_.size, context_);
     if (!activity_.op) {
       text += "no collective yet";
-    } else if (activity_.running) {
+    } else if (running) {
       const int peer = ring_ ? ring_->waiting_for() : -1;
       text += fmt::format("in {} for {:.1f} s{}", describe(*activity_.op), seconds,
                           peer >= 0 ? fmt::format(", waiting for rank {}", peer) : "");
     } else {
       text += fmt::format("{}; the last collective, {}, ended {:.1f} s ago",
-                          activity_.failed ? "broken" : "idle", describe(*activity_.op), seconds);
+                          failed ? "broken" : "idle", describe(*activity_.op), seconds);
     }
   }
   std::shared_ptr<fusion::FusionEngine> engine;

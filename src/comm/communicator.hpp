@@ -178,7 +178,8 @@ class Communicator {
   // Takes the host numbers, node count and (where the launcher gave none) local rank and size.
   void take_host_facts(const HostFacts& facts);
   // The collective run() started (running) or finished, for report().
-  void set_activity(const OpDescriptor& op, bool running, bool failed = false);
+  void start_activity(const OpDescriptor& op);
+  void end_activity(bool failed);
   // Hands KOLO_ALLREDUCE and the host map to the allreduce dispatcher (ring/algorithms.hpp);
   // returns the schedules it chose, in words ("flat", "hierarchical up to N bytes, flat above").
   std::string place_allreduce();
@@ -223,13 +224,15 @@ class Communicator {
   uint64_t context_ = 1;  // tells this communicator's connections and store keys apart; 1: world
   std::vector<uint64_t> messages_sent_;      // point to point, per peer
   std::vector<uint64_t> messages_received_;  // point to point, per peer
+  // What report() says. A collective's start takes activity_mutex_ (never held while waiting) to
+  // record it; its end only stores the atomics, which report() reads after the mutex's holder.
   struct Activity {
-    std::optional<OpDescriptor> op;  // the last collective run() started
-    bool running = false;
-    bool failed = false;
-    CoarseClock::time_point since{};
+    std::optional<OpDescriptor> op;  // the last collective run() started; under activity_mutex_
+    std::atomic<bool> running{false};
+    std::atomic<bool> failed{false};
+    std::atomic<CoarseClock::rep> since{0};  // when it started, or ended when not running
   };
-  std::mutex activity_mutex_;  // guards activity_; never held while waiting
+  std::mutex activity_mutex_;
   Activity activity_;
   std::mutex fusion_mutex_;                       // guards the two below
   std::shared_ptr<fusion::FusionEngine> fusion_;  // see fusion()
