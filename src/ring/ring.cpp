@@ -176,7 +176,10 @@ Transfer* Ring::transfers(size_t count) {
 
 void Ring::wait(const OpDescriptor& op, int waiting_for) {
   waiting_for_->store(rank_name(waiting_for), std::memory_order_relaxed);
-  if (deadline_.expired()) {
+  if (restart_clock_) {
+    deadline_ = Deadline(timeout_s_);
+    restart_clock_ = false;
+  } else if (deadline_.expired()) {
     Error error(Status::kTimeout,
                 fmt::format("{} timed out on rank {}: nothing arrived from or went to rank {} for "
                             "{} s (KOLO_TIMEOUT)",

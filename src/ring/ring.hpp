@@ -114,8 +114,9 @@ class Ring {
     waiting_for_->store(-1, std::memory_order_relaxed);
     made_progress();
   }
-  // Something completed: the no-progress clock starts again.
-  void made_progress() { deadline_ = Deadline(timeout_s_); }
+  // Something completed: the no-progress clock starts again, read at the next wait() (a small
+  // collective completes several transfers without waiting, and a read costs as much as a poll).
+  void made_progress() { restart_clock_ = true; }
   // Waits for the transport; throws kolo::Error(kTimeout) naming the operation and the peer we
   // wait for when nothing has completed for the timeout, after telling every peer.
   void wait(const OpDescriptor& op, int waiting_for);
@@ -150,6 +151,7 @@ class Ring {
   size_t segment_bytes_;
   double timeout_s_;
   Deadline deadline_;
+  bool restart_clock_ = true;  // deadline_ starts again at the next wait()
   PageBuffer buffers_[kBufferCount];
   std::vector<Transfer> transfers_;
   std::atomic<int> own_waiting_for_{-1};
