@@ -418,6 +418,43 @@ TEST_CASE("a wait that finds its CPU shared yields at once until the CPU is its 
   CHECK(shared.pure_spin() == none);
 }
 
+// Spinner::next: a wait's spin lasts kSpin from its first empty poll, a poll that copied starts
+// it again, and an expired deadline's wait (begin(false)) polls once.
+TEST_CASE("a spin lasts kSpin from its last copy, and one poll for a caller that sleeps itself",
+          "[spin]") {
+  using Clock = std::chrono::steady_clock;
+  kolo::TransportSettings settings;
+  settings.local_size = 1;
+  kolo::Spinner spinner(settings);
+  // Polls until the spin ends, copying until `copy_for` has passed: how long it spun, how many
+  // polls, and when the last copy was.
+  auto spin_for = [&](Clock::duration copy_for) {
+    spinner.begin();
+    const auto start = Clock::now();
+    long polls = 0;
+    Clock::duration last_copy{};
+    for (;;) {
+      const auto now = Clock::now() - start;
+      const bool copied = now < copy_for;
+      if (copied) last_copy = now;
+      if (!spinner.next(copied)) break;
+      ++polls;
+    }
+    return std::tuple{Clock::now() - start, polls, last_copy};
+  };
+  const auto [plain, polls, no_copy] = spin_for(Clock::duration::zero());
+  CHECK(plain >= kolo::kSpin);
+  CHECK(plain < kolo::kSpin + std::chrono::milliseconds(20));  // ends (generous: a busy machine)
+  CHECK(polls > 1);
+  const auto [copied, copied_polls, last_copy] = spin_for(kolo::kSpin / 2);
+  CHECK(last_copy > kolo::kSpin / 4);
+  CHECK(copied >= last_copy + kolo::kSpin);  // the last copy started it again
+  spinner.begin(false);
+  CHECK_FALSE(spinner.next(false));  // one poll, no spin
+  spinner.begin(false);
+  CHECK_FALSE(spinner.next(true));
+}
+
 TEST_CASE("a crowd of strangers at a rank's listener refuses no peer", "[mesh]") {
   StoreServer server({"127.0.0.1", 0}, kSecret);
   net::Endpoint store = server.endpoint();

@@ -24,9 +24,22 @@ std::chrono::steady_clock::duration pure_spin_for(const TransportSettings& setti
   return kPureSpin;
 }
 
-void Spinner::begin() {
+void Spinner::begin(bool spin) {
   if (yielded_) shared_ = gave_away_;
   yielded_ = gave_away_ = false;
+  spin_ = spin;
+  polls_ = 0;
+  yielding_ = copied_since_ = false;
+}
+
+bool Spinner::next_timed(unsigned poll) {
+  const auto now = std::chrono::steady_clock::now();
+  if (poll == 0 || (copied_since_ && spin_)) from_ = now;
+  copied_since_ = false;
+  if (!spin_ || now >= from_ + kSpin) return false;
+  yielding_ = now >= from_ + pure_spin();
+  if (yielding_) yield();
+  return true;
 }
 
 void Spinner::yield() {

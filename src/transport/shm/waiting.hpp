@@ -35,19 +35,30 @@ constexpr auto kSpin = std::chrono::microseconds(50);
 // A sched_yield() with nobody else to run returns in well under a microsecond (0.6 us in a VM);
 // one that ran another task first takes at least two context switches.
 constexpr auto kGaveAway = std::chrono::microseconds(2);
-// Polls between two reads of the clock during the plain spin (a read costs about as much as a
-// poll of the rings); every poll reads it once the spin yields.
+// Polls between two reads of the clock during the plain spin (Spinner::next).
 constexpr unsigned kClockStride = 8;
 
 // kPureSpin, or none (see above).
 std::chrono::steady_clock::duration pure_spin_for(const TransportSettings& settings);
 
-// One waiting thread's spin (see above): a wait calls begin() when it starts, polls without
-// yielding for pure_spin(), then calls yield() between polls. Not thread-safe: one per waiter.
+// One waiting thread's spin (see above). A wait calls begin() when it starts, polls, and after
+// each poll that found nothing calls next(): true while the spin goes on, false when it is over
+// (then sleep). next() reads the clock (20-odd ns a read on the virtual machines measured, about
+// as long as a poll of the rings) at the first empty poll, then every kClockStride-th poll while
+// the spin is plain and at every poll once it yields; a poll that copied through shared memory
+// starts the spin again, since the peer is busy on the other side of a ring and will most likely
+// free or fill a slot within microseconds. Not thread-safe: one per waiter.
 class Spinner {
  public:
   explicit Spinner(const TransportSettings& settings) : ceiling_(pure_spin_for(settings)) {}
-  void begin();
+  // spin = false (an expired deadline: a caller that sleeps on readiness_fd() itself): one poll.
+  void begin(bool spin = true);
+  bool next(bool copied) {
+    copied_since_ = copied_since_ || copied;
+    const unsigned poll = polls_++;
+    if (poll % kClockStride != 0 && !yielding_) return true;
+    return next_timed(poll);
+  }
   std::chrono::steady_clock::duration pure_spin() const {
     return shared_ ? std::chrono::steady_clock::duration::zero() : ceiling_;
   }
@@ -56,10 +67,18 @@ class Spinner {
   void yielded(std::chrono::steady_clock::duration took);
 
  private:
+  bool next_timed(unsigned poll);
+
   std::chrono::steady_clock::duration ceiling_;
   bool shared_ = false;     // the last wait that yielded gave the CPU away
   bool yielded_ = false;    // in this wait
   bool gave_away_ = false;  // in this wait
+  // This wait's spin.
+  bool spin_ = true;
+  unsigned polls_ = 0;
+  bool yielding_ = false;
+  bool copied_since_ = false;  // since the clock was last read
+  std::chrono::steady_clock::time_point from_{};
 };
 
 // An eventfd that a transport sets whenever progress() returns without having asked its peers for

@@ -254,18 +254,12 @@ class TcpTransport final : public Transport {
   // starting the spin again. True when a ring transfer completed or a socket reported something.
   bool spin(const Deadline& deadline) {
     shm_.end_sleep();
-    spinner_.begin();
-    const auto length = deadline.expired() ? Clock::duration::zero() : Clock::duration(kSpin);
-    auto from = Clock::now();
-    auto now = from;
-    do {
+    spinner_.begin(!deadline.expired());
+    for (;;) {
       bool copied = false;
       if (shm_.pump(copied) || serve_events(0) > 0) return true;
-      now = Clock::now();
-      if (copied && length != Clock::duration::zero()) from = now;
-      if (now >= from + spinner_.pure_spin()) spinner_.yield();
-    } while (now < from + length);
-    return false;
+      if (!spinner_.next(copied)) return false;
+    }
   }
 
   // A peer on a ring that said goodbye put everything it ever sent into the ring first (a send

@@ -284,35 +284,19 @@ class UcxTransport final : public Transport {
   void progress(const Deadline& deadline) override {
     rethrow_failure();
     guarded([&] {
-      // Spin, then spin yielding the CPU: most waits in a pipeline end within microseconds. An
-      // expired deadline (a caller that sleeps on readiness_fd() itself) gets one pass.
-      // Copies through shared memory restart the spin: the peer is busy on the other side of a
-      // ring and will most likely free or fill a slot within microseconds.
-      // The clock (20-odd ns a read where kolo is measured, as long as a poll) is read at the
-      // first poll that finds nothing, then every kClockStride-th poll while the spin is plain
-      // and at every poll once it yields: a wait that ends within a few polls, as one for a
-      // small message through the rings does, reads it once or not at all.
-      spinner_.begin();
-      const bool spin = !deadline.expired();
-      Clock::time_point spin_from{};
-      bool yielding = false;
-      bool copied_since = false;  // a copy through shared memory since the clock was read
+      // Spin, then spin yielding the CPU (Spinner): most waits in a pipeline end within
+      // microseconds. An expired deadline (a caller that sleeps on readiness_fd() itself) gets one
+      // pass.
+      spinner_.begin(!deadline.expired());
       shm_.end_sleep();
       bool moved = false;
-      for (unsigned polls = 0;; ++polls) {
+      for (;;) {
         ucp_worker_progress(worker_);
         bool completed = process_completions();
         bool copied = false;
         if (shm_.any() && shm_.pump(copied)) completed = true;
         if (completed) return awake_.set();
-        copied_since = copied_since || copied;
-        if (polls % kClockStride != 0 && !yielding) continue;
-        const auto now = Clock::now();
-        if (polls == 0 || (copied_since && spin)) spin_from = now;
-        copied_since = false;
-        if (!spin || now >= spin_from + kSpin) break;
-        yielding = now >= spin_from + spinner_.pure_spin();
-        if (yielding) spinner_.yield();
+        if (!spinner_.next(copied)) break;
       }
       serve_control();
       judge_early_messages();
