@@ -476,15 +476,7 @@ void Communicator::start_through_store() {
     }
   }
   if (everywhere) host = listen_host_from_routes(settings, route, routes);
-  if (config_.bind != "none") {
-    log::info("{}", bind_process(config_.bind, config_.local_rank));
-  }
-  Links links =
-      connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host, prepared);
-  transport_ = std::move(links.transport);
-  ring_ = std::move(links.ring);
-  lifeline_ = std::make_shared<Lifeline>(config_, kWorldContext, std::move(lifeline_listener),
-                                         read.lifelines, host);
+  connect_world(host, prepared, std::move(lifeline_listener), read.lifelines, host);
 }
 
 // Under PMIx (bootstrap/pmix.hpp): this rank's transport and lifeline listen first, on
@@ -540,6 +532,14 @@ void Communicator::start_through_pmix() {
       "split, the fusion engine or GPU set-up needs it",
       config_.size, config_.addr);
   store_ = open_store(config_);  // connects at its first request, if any
+  connect_world(host, prepared, std::move(lifeline_listener), read.lifelines, {});
+}
+
+void Communicator::connect_world(const std::string& host,
+                                 const std::shared_ptr<PreparedMesh>& prepared,
+                                 net::Socket lifeline_listener,
+                                 const std::vector<std::string>& lifelines,
+                                 const std::string& lifeline_host) {
   if (config_.bind != "none") {
     log::info("{}", bind_process(config_.bind, config_.local_rank));
   }
@@ -548,7 +548,7 @@ void Communicator::start_through_pmix() {
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
   lifeline_ = std::make_shared<Lifeline>(config_, kWorldContext, std::move(lifeline_listener),
-                                         read.lifelines);
+                                         lifelines, lifeline_host);
 }
 
 std::string Communicator::place_allreduce() {
