@@ -34,6 +34,30 @@ int run_cluster_script(const std::string& arguments, const std::string& subnet,
   return std::system(command.c_str());
 }
 
+std::string ClusterId::host(int number) const {
+  return fmt::format("{}{}", name, number);
+}
+
+int ClusterId::run_script(const std::string& arguments) const {
+  return run_cluster_script(arguments, subnet, subnet6);
+}
+
+std::vector<std::string> ClusterId::exec(int number, const std::string& shell_command) const {
+  std::vector<std::string> command = {"/bin/sh", cluster_script(), "exec", name,
+                                      std::to_string(number)};
+  command.insert(command.end(), {"/bin/sh", "-c", shell_command});
+  return command;
+}
+
+SshCluster::SshCluster(const ClusterId& id) : id_(id) {
+  REQUIRE(id_.run_script(fmt::format("up {} {}", id_.name, id_.hosts)) == 0);
+  REQUIRE(id_.run_script(fmt::format("sshd {}", id_.name)) == 0);
+}
+
+SshCluster::~SshCluster() {
+  id_.run_script(fmt::format("down {}", id_.name));
+}
+
 std::map<int, std::string> parameter_digests(const std::string& output) {
   static const std::regex digest(R"(rank (\d+): parameters sha256 ([0-9a-f]{64}))");
   std::map<int, std::string> digests;

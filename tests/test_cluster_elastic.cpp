@@ -37,29 +37,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 // A name and a subnet of this test's own, so that it can run beside the other cluster tests.
-const char* kClusterName = "koloel";
-const char* kSubnet = "10.49.0";
-const char* kSubnet6 = "fd49";
-const int kHosts = 4;
+const ClusterId kCluster{"koloel", "10.49.0", "fd49", 4};
 const char* kSecret = "cluster-elastic-test-secret-7a31c2";
-
-std::string host_name(int host) {
-  return fmt::format("{}{}", kClusterName, host);
-}
-
-int run_script(const std::string& arguments) {
-  return run_cluster_script(arguments, kSubnet, kSubnet6);
-}
-
-struct Cluster {
-  Cluster() {
-    REQUIRE(run_script(fmt::format("up {} {}", kClusterName, kHosts)) == 0);
-    REQUIRE(run_script(fmt::format("sshd {}", kClusterName)) == 0);
-  }
-  ~Cluster() { run_script(fmt::format("down {}", kClusterName)); }
-  Cluster(const Cluster&) = delete;
-  Cluster& operator=(const Cluster&) = delete;
-};
 
 // The discovery script's file and the worker's stop file, on the file system every host shares.
 struct Scratch {
@@ -115,55 +94,54 @@ pid_t pid_in_slot(const std::string& output, const std::string& slot) {
 }  // namespace
 
 TEST_CASE("kolorun --elastic follows a discovery script across hosts", "[cluster][elastic]") {
-  Cluster cluster;
+  SshCluster cluster(kCluster);
   Scratch scratch;
-  scratch.hosts(fmt::format("{}:2\n", host_name(1)));
+  scratch.hosts(fmt::format("{}:2\n", kCluster.host(1)));
   std::string command = fmt::format(
       "cd '{}' && exec '{}' --elastic -np 2 --min-np 2 --max-np 4 --host-discovery-script "
       "'cat {}' '{}' '{}' 5 10",
       source_dir(), built_program("src/kolorun"), scratch.path("hosts"),
       built_program("tests/kolo_test_elastic_driver"), scratch.path("stop"));
-  Process job({"/bin/sh", cluster_script(), "exec", kClusterName, std::to_string(kHosts), "/bin/sh",
-               "-c", command},
+  Process job(kCluster.exec(kCluster.hosts, command),
               {{"KOLO_SECRET", kSecret}, {"KOLO_TIMEOUT", "30"}});
 
   wait_for_count(job, "of 2 started", 2);
-  CHECK(count(job.output_so_far(), fmt::format("slot {}:0: rank 0 of 2 started", host_name(1))) ==
-        1);
+  CHECK(count(job.output_so_far(),
+              fmt::format("slot {}:0: rank 0 of 2 started", kCluster.host(1))) == 1);
 
   // A host appears: two newcomers there.
-  scratch.hosts(fmt::format("{}:2\n{}:2\n", host_name(1), host_name(2)));
+  scratch.hosts(fmt::format("{}:2\n{}:2\n", kCluster.host(1), kCluster.host(2)));
   wait_for_count(job, "size 2 -> 4 (2 joined, 0 left)", 2);
   std::string output = wait_for_count(job, "of 4 joined", 2);
   for (int slot = 0; slot < 2; ++slot) {
     INFO(output);
     CHECK(std::regex_search(output, std::regex(fmt::format(R"(slot {}:{}: rank [23] of 4 joined)",
-                                                           host_name(2), slot))));
+                                                           kCluster.host(2), slot))));
   }
 
   // A rank on the new host is killed: the others shrink to 3, its slot is restarted over ssh.
-  pid_t victim = pid_in_slot(output, host_name(2) + ":1");
+  pid_t victim = pid_in_slot(output, kCluster.host(2) + ":1");
   REQUIRE(victim > 0);
   ::kill(victim, SIGKILL);
   wait_for_count(job, "shrank to size 3", 3);
   output = wait_for_count(job, "size 3 -> 4 (1 joined, 0 left)", 3);
-  CHECK_THAT(output, Contains(fmt::format("the rank in slot {}:1", host_name(2))));
+  CHECK_THAT(output, Contains(fmt::format("the rank in slot {}:1", kCluster.host(2))));
   CHECK_THAT(output, Contains("the others go on, and the slot is restarted at the next update"));
-  wait_for_count(job, fmt::format("slot {}:1: rank 3 of 4 joined", host_name(2)), 1);
+  wait_for_count(job, fmt::format("slot {}:1: rank 3 of 4 joined", kCluster.host(2)), 1);
   // The agent on h2 names the killed rank; the driver sees its agent's status.
   CHECK(
       count(output, fmt::format("the newcomer in slot {}:1 killed by signal SIGKILL (pid {} on {})",
-                                host_name(2), victim, host_name(2))) == 1);
+                                kCluster.host(2), victim, kCluster.host(2))) == 1);
   CHECK_THAT(output, Contains("exited with status 137; the others go on"));
 
   // The new host goes, another comes: h2's ranks leave (exit 0), h3 gets two newcomers.
-  scratch.hosts(fmt::format("{}:2\n{}:2\n", host_name(1), host_name(3)));
+  scratch.hosts(fmt::format("{}:2\n{}:2\n", kCluster.host(1), kCluster.host(3)));
   wait_for_count(job, "leaving at step", 2);
   output = wait_for_count(job, "size 4 -> 4 (2 joined, 2 left)", 2);
   wait_for_count(job, "of 4 joined", 4);
   output = job.output_so_far();
-  CHECK(count(output, "slot " + host_name(3) + ":0: rank ") == 1);
-  CHECK(count(output, "slot " + host_name(3) + ":1: rank ") == 1);
+  CHECK(count(output, "slot " + kCluster.host(3) + ":0: rank ") == 1);
+  CHECK(count(output, "slot " + kCluster.host(3) + ":1: rank ") == 1);
 
   std::ofstream(scratch.path("stop")) << "stop\n";
   ProcessResult result = job.wait(120);
@@ -171,7 +149,7 @@ TEST_CASE("kolorun --elastic follows a discovery script across hosts", "[cluster
   CHECK(result.exit_code == 0);
   CHECK(count(result.output, "of 4 done") == 4);
   for (const char* slot : {"1:0", "1:1", "3:0", "3:1"}) {
-    CHECK(count(result.output, fmt::format("slot {}{}: rank", kClusterName, slot)) >= 1);
+    CHECK(count(result.output, fmt::format("slot {}{}: rank", kCluster.name, slot)) >= 1);
   }
   CHECK(count(result.output, "FAILED") == 0);
   // The secret travelled on ssh's stdin only; no line of kolorun's names it.
@@ -189,20 +167,19 @@ TEST_CASE("kolo.torch.elastic trains across hosts under the driver", "[cluster][
     WARN("Debian's python3 cannot import torch (python3-torch): the training job is not run");
     return;
   }
-  Cluster cluster;
+  SshCluster cluster(kCluster);
   Scratch scratch;
-  scratch.hosts(fmt::format("{}:2\n", host_name(1)));
+  scratch.hosts(fmt::format("{}:2\n", kCluster.host(1)));
   std::string arguments = fmt::format(
       R"({{"control": "", "out_dir": "{}", "kill_name": "{}:1", "kill_step": 9, "waits": )"
       R"([[4, 4, "{}:2\n{}:2\n"], [12, 4, ""]]}})",
-      scratch.dir.string(), host_name(2), host_name(1), host_name(2));
+      scratch.dir.string(), kCluster.host(2), kCluster.host(1), kCluster.host(2));
   std::string command = fmt::format(
       "cd '{}' && exec '{}' --elastic -np 2 --min-np 2 --max-np 4 --timeout 240 --grace 3 "
       "--host-discovery-script 'cat {}' /usr/bin/python3 tests/python/test_torch_elastic_grow.py "
       "'{}'",
       source_dir(), built_program("src/kolorun"), scratch.path("hosts"), arguments);
-  Process job({"/bin/sh", cluster_script(), "exec", kClusterName, std::to_string(kHosts), "/bin/sh",
-               "-c", command},
+  Process job(kCluster.exec(kCluster.hosts, command),
               {{"KOLO_SECRET", kSecret},
                {"KOLO_TIMEOUT", "20"},
                {"KOLO_LIBRARY", built_program("capi/libkolo.so")},
@@ -222,14 +199,14 @@ TEST_CASE("kolo.torch.elastic trains across hosts under the driver", "[cluster][
     slots.insert((*it)[1]);
   }
   CHECK(by_rank.size() == 4);
-  CHECK(slots == std::set<std::string>{host_name(1) + ":0", host_name(1) + ":1",
-                                       host_name(2) + ":0", host_name(2) + ":1"});
+  CHECK(slots == std::set<std::string>{kCluster.host(1) + ":0", kCluster.host(1) + ":1",
+                                       kCluster.host(2) + ":0", kCluster.host(2) + ":1"});
   for (const auto& [rank, hex] : by_rank) CHECK(hex == by_rank.begin()->second);
   CHECK(count(result.output, "Traceback") == 0);
 
   // The same parameters as a replay of the recorded schedule of world sizes, without kolo.
-  std::string names = fmt::format(R"(["{0}:0", "{0}:1", "{1}:0", "{1}:1"])", host_name(1),
-                                  host_name(2));
+  std::string names =
+      fmt::format(R"(["{0}:0", "{0}:1", "{1}:0", "{1}:1"])", kCluster.host(1), kCluster.host(2));
   Process replay({"/usr/bin/python3", source_dir() + "/tests/python/test_torch_elastic_grow.py",
                   fmt::format(R"({{"replay": "{}", "names": {}}})", scratch.dir.string(), names)},
                  {{"OMP_NUM_THREADS", "1"}});
@@ -247,16 +224,16 @@ TEST_CASE("the example job script grows across hosts", "[cluster][elastic_exampl
     WARN("Debian's python3 cannot import torch (python3-torch): the example is not run");
     return;
   }
-  Cluster cluster;
+  SshCluster cluster(kCluster);
   Scratch scratch;
-  scratch.hosts(fmt::format("{}:2\n", host_name(1)));
+  scratch.hosts(fmt::format("{}:2\n", kCluster.host(1)));
   Process job(
-      {"/bin/sh", cluster_script(), "exec", kClusterName, std::to_string(kHosts), "/bin/sh", "-c",
-       fmt::format("cd '{}' && exec sh examples/several-hosts/kolorun-elastic.sh '{}'",
-                   source_dir(), scratch.path("hosts"))},
+      kCluster.exec(kCluster.hosts,
+                    fmt::format("cd '{}' && exec sh examples/several-hosts/kolorun-elastic.sh '{}'",
+                                source_dir(), scratch.path("hosts"))),
       {{"OMP_NUM_THREADS", "1"}});
   wait_for_count(job, "epoch 0: 2 ranks", 1, 120);
-  scratch.hosts(fmt::format("{}:2\n{}:2\n", host_name(1), host_name(2)));
+  scratch.hosts(fmt::format("{}:2\n{}:2\n", kCluster.host(1), kCluster.host(2)));
   ProcessResult result = job.wait(240);
   INFO(result.output);
   CHECK(result.exit_code == 0);
@@ -274,8 +251,6 @@ TEST_CASE("the example job script grows across hosts", "[cluster][elastic_exampl
 }
 
 int main(int argc, char** argv) {
-  if (kolo::test::cluster_unavailable(
-          {{"test -x /usr/sbin/sshd", "/usr/sbin/sshd (openssh-server) is not installed"}}))
-    return kolo::test::kSkipped;
+  if (kolo::test::cluster_unavailable({kolo::test::kNeedsSshd})) return kolo::test::kSkipped;
   return Catch::Session().run(argc, argv);
 }

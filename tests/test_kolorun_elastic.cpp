@@ -80,12 +80,13 @@ std::string wait_for_count(const Process& process, const std::string& what, int 
       fmt::format("{} x '{}'", times, what));
 }
 
-// kolorun --elastic with the discovery script `sh <scratch>/discover.sh`, the worker, and the
-// job secret the test knows.
-Process start_job(const Scratch& scratch, const std::vector<std::string>& flags,
-                  std::map<std::string, std::string> env = {}) {
+// kolorun --elastic -np `np` `flags` with the discovery script `sh <scratch>/discover.sh`, the
+// worker, `env` and the job secret the test knows.
+Process launch_job(const Scratch& scratch, int np, const std::vector<std::string>& flags = {},
+                   std::map<std::string, std::string> env = {}) {
   std::vector<std::string> argv = {kolo::test::built_program("src/kolorun"), "--elastic",
                                    "--host-discovery-script", "sh " + scratch.path("discover.sh")};
+  argv.insert(argv.end(), {"-np", std::to_string(np)});
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.insert(argv.end(), {kolo::test::built_program("tests/kolo_test_elastic_driver"),
                            scratch.path("stop"), "5", "10"});
@@ -96,6 +97,14 @@ Process start_job(const Scratch& scratch, const std::vector<std::string>& flags,
     ::unsetenv(name);
   }
   return Process(argv, env);
+}
+
+// launch_job, returned once its `np` ranks said they started (60 s at most).
+Process start_job(const Scratch& scratch, int np, const std::vector<std::string>& flags = {},
+                  std::map<std::string, std::string> env = {}) {
+  Process job = launch_job(scratch, np, flags, std::move(env));
+  wait_for_count(job, fmt::format("of {} started", np), np);
+  return job;
 }
 
 void hosts(const Scratch& scratch, const std::string& lines) {
@@ -113,9 +122,15 @@ pid_t pid_in_slot(const std::string& output, const std::string& slot) {
   return pid;
 }
 
-ProcessResult stop_job(const Scratch& scratch, Process& job) {
+// Stops the job through the worker's stop file and waits for it (60 s at most); it must end with
+// status 0 and, where `done` > 0, with `done` ranks saying "of <done> done". Its output.
+ProcessResult stop_job(const Scratch& scratch, Process& job, int done = 0) {
   std::ofstream(scratch.path("stop")) << "stop\n";
-  return job.wait(60);
+  ProcessResult result = job.wait(60);
+  INFO(result.output);
+  CHECK(result.exit_code == 0);
+  if (done > 0) CHECK(count(result.output, fmt::format("of {} done", done)) == done);
+  return result;
 }
 
 }  // namespace
@@ -124,8 +139,7 @@ TEST_CASE("2 -> 4 (a host grows) -> 3 (a rank killed) -> 4 (its slot restarted)"
           "[elastic_driver_grow]") {
   Scratch scratch;
   hosts(scratch, "localhost:2\n");
-  Process job = start_job(scratch, {"-np", "2", "--min-np", "2", "--max-np", "4"});
-  wait_for_count(job, "of 2 started", 2);
+  Process job = start_job(scratch, 2, {"--min-np", "2", "--max-np", "4"});
 
   hosts(scratch, "localhost:4\n");
   std::string output = wait_for_count(job, "size 2 -> 4 (2 joined, 0 left)", 2);
@@ -141,26 +155,21 @@ TEST_CASE("2 -> 4 (a host grows) -> 3 (a rank killed) -> 4 (its slot restarted)"
                               "restarted at the next update"));
   wait_for_count(job, "slot localhost:3: rank 3 of 4 joined", 1);
 
-  ProcessResult result = stop_job(scratch, job);
+  ProcessResult result = stop_job(scratch, job, 4);
   INFO(result.output);
-  CHECK(result.exit_code == 0);
-  CHECK(count(result.output, "of 4 done") == 4);
   CHECK(count(result.output, "FAILED") == 0);
 }
 
 TEST_CASE("growth beyond --max-np is refused, said once", "[elastic_driver_max_np]") {
   Scratch scratch;
   hosts(scratch, "localhost:2\n");
-  Process job = start_job(scratch, {"-np", "2", "--max-np", "3"});
-  wait_for_count(job, "of 2 started", 2);
+  Process job = start_job(scratch, 2, {"--max-np", "3"});
   hosts(scratch, "localhost:5\n");
   wait_for_count(job, "size 2 -> 3 (1 joined, 0 left)", 2);
   std::this_thread::sleep_for(std::chrono::seconds(2));  // several more updates
-  ProcessResult result = stop_job(scratch, job);
+  ProcessResult result = stop_job(scratch, job, 3);
   INFO(result.output);
-  CHECK(result.exit_code == 0);
   CHECK(count(result.output, "--max-np 3 allows") == 1);
-  CHECK(count(result.output, "of 3 done") == 3);
   CHECK(count(result.output, "joined at step") == 1);
   CHECK(count(result.output, "failed at step") == 0);
 }
@@ -168,17 +177,14 @@ TEST_CASE("growth beyond --max-np is refused, said once", "[elastic_driver_max_n
 TEST_CASE("the ranks of a host that vanishes leave with status 0", "[elastic_driver_remove]") {
   Scratch scratch;
   hosts(scratch, "localhost:2\n127.0.0.1:2\n");
-  Process job = start_job(scratch, {"-np", "4", "--min-np", "2", "-v"});
-  wait_for_count(job, "of 4 started", 4);
+  Process job = start_job(scratch, 4, {"--min-np", "2", "-v"});
   hosts(scratch, "localhost:2\n");
   wait_for_count(job, "size 4 -> 2 (0 joined, 2 left)", 2);
-  ProcessResult result = stop_job(scratch, job);
+  ProcessResult result = stop_job(scratch, job, 2);
   INFO(result.output);
-  CHECK(result.exit_code == 0);
   CHECK(count(result.output, "slot 127.0.0.1:0: leaving") == 1);
   CHECK(count(result.output, "slot 127.0.0.1:1: leaving") == 1);
   CHECK(count(result.output, "exited 0: it left") == 2);
-  CHECK(count(result.output, "of 2 done") == 2);
   CHECK(count(result.output, "killing it") == 0);
   CHECK(count(result.output, "failed at step") == 0);
 }
@@ -187,8 +193,7 @@ TEST_CASE("rank 0's host vanishes: the others go on, grow and shrink again",
           "[elastic_driver_remove_rank0]") {
   Scratch scratch;
   hosts(scratch, "127.0.0.1:1\nlocalhost:3\n");
-  Process job = start_job(scratch, {"-np", "4", "--min-np", "1"});
-  wait_for_count(job, "of 4 started", 4);
+  Process job = start_job(scratch, 4, {"--min-np", "1"});
   // Rank 0 leaves; the three that stay need a store of their own (comm/elastic.cpp) for what
   // follows: a removal (a split of their communicator), then a growth.
   hosts(scratch, "localhost:3\n");
@@ -198,10 +203,8 @@ TEST_CASE("rank 0's host vanishes: the others go on, grow and shrink again",
   wait_for_count(job, "size 3 -> 2 (0 joined, 1 left)", 2);
   hosts(scratch, "localhost:2\n127.0.0.2:1\n");
   wait_for_count(job, "size 2 -> 3 (1 joined, 0 left)", 2);
-  ProcessResult result = stop_job(scratch, job);
+  ProcessResult result = stop_job(scratch, job, 3);
   INFO(result.output);
-  CHECK(result.exit_code == 0);
-  CHECK(count(result.output, "of 3 done") == 3);
   CHECK(count(result.output, "FAILED") == 0);
   CHECK(count(result.output, "failed at step") == 0);  // no call failed and was recovered
 }
@@ -209,8 +212,7 @@ TEST_CASE("rank 0's host vanishes: the others go on, grow and shrink again",
 TEST_CASE("below --min-np with no slot to fill, the job stops", "[elastic_driver_min_np]") {
   Scratch scratch;
   hosts(scratch, "localhost:1\n127.0.0.1:1\n");
-  Process job = start_job(scratch, {"-np", "2", "--min-np", "2"});
-  wait_for_count(job, "of 2 started", 2);
+  Process job = start_job(scratch, 2, {"--min-np", "2"});
   hosts(scratch, "localhost:1\n");
   ProcessResult result = job.wait(60);
   INFO(result.output);
@@ -225,8 +227,7 @@ TEST_CASE("a discovery script that prints garbage, fails or hangs: the last good
           "[elastic_driver_discovery]") {
   Scratch scratch;
   hosts(scratch, "localhost:2\n");
-  Process job = start_job(scratch, {"-np", "2"});
-  wait_for_count(job, "of 2 started", 2);
+  Process job = start_job(scratch, 2);
   const std::string script = "--host-discovery-script sh " + scratch.path("discover.sh");
 
   scratch.write("discover.sh", "echo localhost:2\necho 'local host!'\n");
@@ -248,10 +249,8 @@ TEST_CASE("a discovery script that prints garbage, fails or hangs: the last good
   CHECK(count(output, "joined") == 0);  // no failure changed the job
   CHECK(count(output, "leaving") == 0);
 
-  ProcessResult result = stop_job(scratch, job);
+  ProcessResult result = stop_job(scratch, job, 2);
   INFO(result.output);
-  CHECK(result.exit_code == 0);
-  CHECK(count(result.output, "of 2 done") == 2);
   // Each failure is said once, though the script ran about every second meanwhile.
   CHECK(count(result.output, "exited with status 3") == 1);
 }
@@ -259,7 +258,7 @@ TEST_CASE("a discovery script that prints garbage, fails or hangs: the last good
 TEST_CASE("a discovery script that keeps failing stops the job", "[elastic_driver_discovery]") {
   Scratch scratch;
   scratch.write("discover.sh", "exit 4\n");
-  Process job = start_job(scratch, {"-np", "2"});
+  Process job = launch_job(scratch, 2);
   ProcessResult result = job.wait(60);
   INFO(result.output);
   CHECK(result.exit_code == 1);
@@ -277,9 +276,8 @@ TEST_CASE("a newcomer that dies while joining fails the growth cleanly; its slot
   hosts(scratch, "localhost:2\n");
   std::ofstream(scratch.path("die")) << "die\n";
   Process job = start_job(
-      scratch, {"-np", "2", "--max-np", "3"},
+      scratch, 2, {"--max-np", "3"},
       {{"ELASTIC_DIE_FILE", scratch.path("die")}, {"ELASTIC_DIE_MS", "0"}, {"KOLO_TIMEOUT", "5"}});
-  wait_for_count(job, "of 2 started", 2);
   hosts(scratch, "localhost:3\n");
   std::string output = wait_for_count(job, "slot localhost:2: dying before joining", 1);
   // The members' growth fails (bounded by KOLO_TIMEOUT), they shrink and go on; the driver
@@ -295,18 +293,15 @@ TEST_CASE("a newcomer that dies while joining fails the growth cleanly; its slot
   wait_for_count(job, "shrank to size 2", 2);
   output = wait_for_count(job, "size 2 -> 3 (1 joined, 0 left)", 2);
   CHECK_THAT(output, Contains("the rank in slot localhost:2"));
-  ProcessResult result = stop_job(scratch, job);
+  ProcessResult result = stop_job(scratch, job, 3);
   INFO(result.output);
-  CHECK(result.exit_code == 0);
-  CHECK(count(result.output, "of 3 done") == 3);
   CHECK(count(result.output, "FAILED") == 0);
 }
 
 TEST_CASE("a slot is restarted up to --reset-limit times", "[elastic_driver_reset_limit]") {
   Scratch scratch;
   hosts(scratch, "localhost:2\n");
-  Process job = start_job(scratch, {"-np", "2", "--min-np", "1", "--reset-limit", "1"});
-  wait_for_count(job, "of 2 started", 2);
+  Process job = start_job(scratch, 2, {"--min-np", "1", "--reset-limit", "1"});
   std::string output = job.output_so_far();
   ::kill(pid_in_slot(output, "localhost:1"), SIGKILL);
   output = wait_for_count(job, "slot localhost:1: rank 1 of 2 joined", 1);  // restart 1 of 1
@@ -317,7 +312,6 @@ TEST_CASE("a slot is restarted up to --reset-limit times", "[elastic_driver_rese
   std::this_thread::sleep_for(std::chrono::seconds(2));  // updates that start nobody
   ProcessResult result = stop_job(scratch, job);
   INFO(result.output);
-  CHECK(result.exit_code == 0);
   CHECK(count(result.output, "joined at step") == 1);
   CHECK(count(result.output, "slot localhost:0: rank 0 of 1 done") == 1);
 }
@@ -325,8 +319,7 @@ TEST_CASE("a slot is restarted up to --reset-limit times", "[elastic_driver_rese
 TEST_CASE("a host whose ranks keep failing is blacklisted", "[elastic_driver_blacklist]") {
   Scratch scratch;
   hosts(scratch, "localhost:1\n127.0.0.1:2\n");
-  Process job = start_job(scratch, {"-np", "3", "--min-np", "1"});
-  wait_for_count(job, "of 3 started", 3);
+  Process job = start_job(scratch, 3, {"--min-np", "1"});
   // Three failures on 127.0.0.1: two restarts of 127.0.0.1:0, then the host is blacklisted and
   // its other rank leaves.
   for (int failure = 1; failure <= 3; ++failure) {
@@ -343,7 +336,6 @@ TEST_CASE("a host whose ranks keep failing is blacklisted", "[elastic_driver_bla
   std::this_thread::sleep_for(std::chrono::seconds(1));
   ProcessResult result = stop_job(scratch, job);
   INFO(result.output);
-  CHECK(result.exit_code == 0);
   CHECK(count(result.output, "slot localhost:0: rank 0 of 1 done") == 1);
   CHECK(count(result.output, "joined at step") == 2);
 }
@@ -351,8 +343,7 @@ TEST_CASE("a host whose ranks keep failing is blacklisted", "[elastic_driver_bla
 TEST_CASE("the driver's store admits only the job secret", "[elastic_driver_secret]") {
   Scratch scratch;
   hosts(scratch, "localhost:1\n");
-  Process job = start_job(scratch, {"-np", "1", "-v"}, {{"KOLO_DEBUG", "INFO"}});
-  wait_for_count(job, "of 1 started", 1);
+  Process job = start_job(scratch, 1, {"-v"}, {{"KOLO_DEBUG", "INFO"}});
   // The worker's environment holds the driver's address; kolorun -v does not say it, so the
   // test reads it from /proc.
   std::string output = job.output_so_far();
@@ -371,9 +362,7 @@ TEST_CASE("the driver's store admits only the job secret", "[elastic_driver_secr
   kolo::StoreClient client(driver, kSecret, 0, 5.0);
   CHECK(client.add(kolo::kElasticRequestCounter, 0) >= 1);  // the worker has asked already
 
-  ProcessResult result = stop_job(scratch, job);
-  INFO(result.output);
-  CHECK(result.exit_code == 0);
+  stop_job(scratch, job);
 }
 
 TEST_CASE("kolorun --elastic's flags are checked", "[elastic_driver_args]") {
@@ -425,10 +414,8 @@ TEST_CASE("without the driver kolo_elastic_update changes nothing", "[elastic_dr
   Process job(argv, {});
   wait_for_count(job, "of 2 started", 2);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a few dozen updates
-  ProcessResult result = stop_job(scratch, job);
+  ProcessResult result = stop_job(scratch, job, 2);
   INFO(result.output);
-  CHECK(result.exit_code == 0);
-  CHECK(count(result.output, "of 2 done") == 2);
   CHECK(count(result.output, "update at") == 0);
 }
 
@@ -448,10 +435,7 @@ TEST_CASE("a driver that cannot be reached, a rank without a slot: every rank sa
     std::string message = "rank 0 got no plan from the driver at KOLO_ELASTIC_ADDR=" + address;
     std::string output = wait_for_count(job, message, 2, 30);
     CHECK(count(output, "kolo_elastic_update failed at step") >= 2);
-    ProcessResult result = stop_job(scratch, job);
-    INFO(result.output);
-    CHECK(result.exit_code == 0);
-    CHECK(count(result.output, "of 2 done") == 2);
+    stop_job(scratch, job, 2);
   }
   std::filesystem::remove(scratch.path("stop"));
   {

@@ -32,39 +32,15 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 // A name and a subnet of this test's own, so that it can run beside the other cluster tests.
-const char* kClusterName = "kolokr";
-const char* kSubnet = "10.48.0";
-const char* kSubnet6 = "fd48";
-const int kHosts = 4;
+const ClusterId kCluster{"kolokr", "10.48.0", "fd48", 4};
 // The job secret, given to kolorun as a user may; it must reach every rank and no command line.
 const char* kSecret = "kolorun-hosts-test-secret-5f1c0a9e";
-
-std::string host_name(int host) {
-  return fmt::format("{}{}", kClusterName, host);
-}
-
-int run_script(const std::string& arguments) {
-  return run_cluster_script(arguments, kSubnet, kSubnet6);
-}
-
-// Four hosts with an sshd each, taken down again whatever happens.
-struct Cluster {
-  Cluster() {
-    REQUIRE(run_script(fmt::format("up {} {}", kClusterName, kHosts)) == 0);
-    REQUIRE(run_script(fmt::format("sshd {}", kClusterName)) == 0);
-  }
-  ~Cluster() { run_script(fmt::format("down {}", kClusterName)); }
-  Cluster(const Cluster&) = delete;
-  Cluster& operator=(const Cluster&) = delete;
-};
 
 // A shell command run on host 1 from the checkout's root, where a user runs kolorun.
 Process on_host_one(const std::string& command, std::map<std::string, std::string> env = {}) {
   env.emplace("KOLO_SECRET", kSecret);
   env.emplace("PYTHONPATH", source_dir() + "/python");
-  return Process({"/bin/sh", cluster_script(), "exec", kClusterName, "1", "/bin/sh", "-c",
-                  fmt::format("cd '{}' && exec {}", source_dir(), command)},
-                 env);
+  return Process(kCluster.exec(1, fmt::format("cd '{}' && exec {}", source_dir(), command)), env);
 }
 
 std::string kolorun() {
@@ -74,7 +50,7 @@ std::string kolorun() {
 std::string host_list(int hosts, int per_host) {
   std::string list;
   for (int host = 1; host <= hosts; ++host) {
-    list += fmt::format("{}{}:{}", list.empty() ? "" : ",", host_name(host), per_host);
+    list += fmt::format("{}{}:{}", list.empty() ? "" : ",", kCluster.host(host), per_host);
   }
   return list;
 }
@@ -85,7 +61,7 @@ std::string write_hostfile(int hosts, int per_host) {
   std::ofstream file(path);
   file << "# written by test_kolorun_hosts\n";
   for (int host = 1; host <= hosts; ++host) {
-    file << host_name(host) << " slots=" << per_host << "  # host " << host << "\n";
+    file << kCluster.host(host) << " slots=" << per_host << "  # host " << host << "\n";
   }
   return path;
 }
@@ -118,14 +94,14 @@ std::vector<std::string> left_on_hosts(double seconds) {
                                                  std::chrono::duration<double>(seconds));
   for (;;) {
     std::vector<std::string> left;
-    for (int host = 1; host <= kHosts; ++host) {
+    for (int host = 1; host <= kCluster.hosts; ++host) {
       FILE* pids =
-          ::popen(fmt::format("ip netns pids {} 2>/dev/null", host_name(host)).c_str(), "r");
+          ::popen(fmt::format("ip netns pids {} 2>/dev/null", kCluster.host(host)).c_str(), "r");
       for (long pid; pids && std::fscanf(pids, "%ld", &pid) == 1;) {
         std::string comm = read_file(fmt::format("/proc/{}/comm", pid));
         std::string command = read_file(fmt::format("/proc/{}/cmdline", pid));
         if (comm.empty() || (comm == "sshd\n" && command.find("-f") != std::string::npos)) continue;
-        left.push_back(fmt::format("{} on {}: {}", pid, host_name(host), comm));
+        left.push_back(fmt::format("{} on {}: {}", pid, kCluster.host(host), comm));
       }
       if (pids) ::pclose(pids);
     }
@@ -164,7 +140,7 @@ void expect_same_parameters(const std::string& output, int ranks, int per_host) 
   for (std::sregex_iterator it(output.begin(), output.end(), digest), end; it != end; ++it) {
     int rank = std::stoi((*it)[1]);
     CHECK((*it)[1] == (*it)[3]);
-    CHECK((*it)[2] == host_name(rank / per_host + 1));
+    CHECK((*it)[2] == kCluster.host(rank / per_host + 1));
     seen.insert(rank);
     digests.insert((*it)[4]);
   }
@@ -175,7 +151,7 @@ void expect_same_parameters(const std::string& output, int ranks, int per_host) 
 }  // namespace
 
 TEST_CASE("kolorun -H and --hostfile start ranks over ssh on every host", "[cluster][kolorun]") {
-  Cluster cluster;
+  SshCluster cluster(kCluster);
 
   // Block placement and the variables of every rank, each rank on its own host.
   {
@@ -188,11 +164,11 @@ TEST_CASE("kolorun -H and --hostfile start ranks over ssh on every host", "[clus
     REQUIRE(result.exit_code == 0);
     for (int rank = 0; rank < 7; ++rank) {
       int host = rank / 2 + 1;
-      CHECK_THAT(
-          result.output,
-          Contains(fmt::format("[{}@{}] host={} rank={} size=7 local={}/{} secret={} pwd={}", rank,
-                               host_name(host), host_name(host), rank, rank % 2, host == 4 ? 1 : 2,
-                               kSecret, std::filesystem::canonical(source_dir()).string())));
+      CHECK_THAT(result.output,
+                 Contains(fmt::format("[{}@{}] host={} rank={} size=7 local={}/{} secret={} pwd={}",
+                                      rank, kCluster.host(host), kCluster.host(host), rank,
+                                      rank % 2, host == 4 ? 1 : 2, kSecret,
+                                      std::filesystem::canonical(source_dir()).string())));
     }
   }
 
@@ -200,7 +176,8 @@ TEST_CASE("kolorun -H and --hostfile start ranks over ssh on every host", "[clus
   // training), on four hosts; meanwhile, no command line on any host holds the secret.
   {
     Process job = on_host_one(fmt::format("sh examples/several-hosts/kolorun.sh {} {} {} {}",
-                                          host_name(1), host_name(2), host_name(3), host_name(4)));
+                                          kCluster.host(1), kCluster.host(2), kCluster.host(3),
+                                          kCluster.host(4)));
     std::set<std::string> holders;
     int scans = 0;
     for (Clock::time_point start = Clock::now();
@@ -226,7 +203,7 @@ TEST_CASE("kolorun -H and --hostfile start ranks over ssh on every host", "[clus
 
 TEST_CASE("kolorun runs the collectives checks, all_reduce_perf and training at 2x2 and 4x2",
           "[cluster][kolorun]") {
-  Cluster cluster;
+  SshCluster cluster(kCluster);
   struct Check {
     std::string program;
     std::string marker;
@@ -268,21 +245,21 @@ TEST_CASE("kolorun runs the collectives checks, all_reduce_perf and training at 
 
 TEST_CASE("kolorun across hosts: a missing program, an unreachable host, signals",
           "[cluster][kolorun]") {
-  Cluster cluster;
+  SshCluster cluster(kCluster);
   const std::string marker = "sleep 3001";  // the ranks' command, to find what is left of them
 
   // A program missing on the remote hosts (rank 0 among them): each named with its host, 127.
   {
-    Process job = on_host_one(kolorun() + " -H " + host_name(2) + ":2," + host_name(3) +
+    Process job = on_host_one(kolorun() + " -H " + kCluster.host(2) + ":2," + kCluster.host(3) +
                               ":2 /nonexistent/kolo-program");
     ProcessResult result = job.wait(60);
     INFO("output:\n" << result.output);
     CHECK(result.exit_code == 127);
     // The first rank to fail names itself and its host; the others may be stopped before.
     CHECK(std::regex_search(
-        result.output,
-        std::regex(fmt::format(
-            "kolorun: rank [0-3] on {}[23]: cannot run /nonexistent/kolo-program", kClusterName))));
+        result.output, std::regex(fmt::format(
+                           "kolorun: rank [0-3] on {}[23]: cannot run /nonexistent/kolo-program",
+                           kCluster.name))));
     CHECK(left_on_hosts(10).empty());
   }
 
@@ -290,7 +267,7 @@ TEST_CASE("kolorun across hosts: a missing program, an unreachable host, signals
   // nothing of the job is left on any host. Rank 0 on this host, then on another.
   for (int signal : {SIGTERM, SIGINT, SIGKILL}) {
     std::string hosts =
-        signal == SIGINT ? host_name(2) + ":2," + host_name(3) + ":2" : host_list(3, 2);
+        signal == SIGINT ? kCluster.host(2) + ":2," + kCluster.host(3) + ":2" : host_list(3, 2);
     Process job = on_host_one(
         fmt::format("{} -H {} /bin/sh -c 'echo started; exec {}'", kolorun(), hosts, marker));
     INFO("signal " << signal << ", hosts " << hosts);
@@ -311,25 +288,24 @@ TEST_CASE("kolorun across hosts: a missing program, an unreachable host, signals
   }
 
   // An unreachable host: named with its ranks, ssh's status, the others stopped, within seconds.
-  REQUIRE(run_script(fmt::format("cut {} 3", kClusterName)) == 0);
+  REQUIRE(kCluster.run_script(fmt::format("cut {} 3", kCluster.name)) == 0);
   {
     Clock::time_point start = Clock::now();
-    Process job = on_host_one(fmt::format("{} -H {}:2,{}:2,{}:2 /bin/sh -c 'exec {}'", kolorun(),
-                                          host_name(1), host_name(2), host_name(3), marker));
+    Process job =
+        on_host_one(fmt::format("{} -H {}:2,{}:2,{}:2 /bin/sh -c 'exec {}'", kolorun(),
+                                kCluster.host(1), kCluster.host(2), kCluster.host(3), marker));
     ProcessResult result = job.wait(60);
     INFO("output:\n" << result.output);
     CHECK(result.exit_code == 255);
     CHECK_THAT(result.output,
                Contains(fmt::format("could not start ranks 4-5 on {}: ssh exited with status 255",
-                                    host_name(3))));
+                                    kCluster.host(3))));
     CHECK(Clock::now() - start < std::chrono::seconds(25));
     CHECK(left_on_hosts(10).empty());
   }
 }
 
 int main(int argc, char** argv) {
-  if (kolo::test::cluster_unavailable(
-          {{"test -x /usr/sbin/sshd", "/usr/sbin/sshd (openssh-server) is not installed"}}))
-    return kolo::test::kSkipped;
+  if (kolo::test::cluster_unavailable({kolo::test::kNeedsSshd})) return kolo::test::kSkipped;
   return Catch::Session().run(argc, argv);
 }

@@ -160,6 +160,38 @@ std::vector<std::string> split_record(const std::string& record, size_t expected
   return fields;
 }
 
+// Every rank's start-up record as read through the store or PMIx, one vector a field in rank
+// order. Both start-ups write the same five fields first (start_through_store lists them); PMIx
+// adds the store's address, which only rank 0's record holds.
+struct StartupRecords {
+  std::vector<std::string> modes;       // KOLO_ALLREDUCE
+  std::vector<std::string> identities;  // host identity
+  std::vector<std::string> addresses;   // the transport's listening address
+  std::vector<std::string> lifelines;   // the lifeline's listening address
+  std::vector<std::string> auto_facts;  // what KOLO_TRANSPORT=auto decides from
+  std::string store_address;            // rank 0's sixth field, with_store_address only
+};
+
+// Splits `records` (one per rank) read `through` the store or PMIx; each must have five fields, or
+// six `with_store_address` (kolo::Error(kConfig) otherwise, from split_record).
+StartupRecords read_startup_records(const std::vector<std::string>& records,
+                                    bool with_store_address, const Config& config,
+                                    const char* through) {
+  const size_t expected = with_store_address ? 6 : 5;
+  StartupRecords read;
+  for (int rank = 0; rank < config.size; ++rank) {
+    const std::vector<std::string> fields =
+        split_record(records[static_cast<size_t>(rank)], expected, config, rank, through);
+    read.modes.push_back(fields[0]);
+    read.identities.push_back(fields[1]);
+    read.addresses.push_back(fields[2]);
+    read.lifelines.push_back(fields[3]);
+    read.auto_facts.push_back(fields[4]);
+    if (with_store_address && rank == 0) read.store_address = fields[5];
+  }
+  return read;
+}
+
 }  // namespace
 
 HostFacts read_host_facts(const std::vector<std::string>& modes,
@@ -408,28 +440,18 @@ void Communicator::start_through_store() {
   auto prepared = std::make_shared<PreparedMesh>();
   prepared->listener = net::listen_on({everywhere ? std::string() : host, 0});
   net::Socket lifeline_listener = net::listen_on({everywhere ? std::string() : host, 0});
-  constexpr size_t kFields = 5;
   const std::string mine = join_record(
       {config_.allreduce, host_identity(config_),
        net::Endpoint{host, net::local_endpoint(prepared->listener).port}.to_string(),
        net::Endpoint{host, net::local_endpoint(lifeline_listener).port}.to_string(),
        transport_auto_facts(settings)},
       config_.rank);
-  const std::vector<std::string> records = gather_records(mine);
-  std::vector<std::string> modes;
-  std::vector<std::string> identities;
-  std::vector<std::string> lifelines;
-  for (int rank = 0; rank < config_.size; ++rank) {
-    const std::vector<std::string> fields = split_record(
-        records[static_cast<size_t>(rank)], kFields, config_, rank, "at the rendezvous store");
-    modes.push_back(fields[0]);
-    identities.push_back(fields[1]);
-    prepared->addresses.push_back(fields[2]);
-    lifelines.push_back(fields[3]);
-    prepared->auto_facts.push_back(fields[4]);
-  }
-  const HostFacts facts = read_host_facts(modes, identities, config_.rank);
-  refuse_modes(modes, facts);
+  StartupRecords read =
+      read_startup_records(gather_records(mine), false, config_, "at the rendezvous store");
+  prepared->addresses = std::move(read.addresses);
+  prepared->auto_facts = std::move(read.auto_facts);
+  const HostFacts facts = read_host_facts(read.modes, read.identities, config_.rank);
+  refuse_modes(read.modes, facts);
   take_host_facts(facts);
   // A loopback address of a rank on another host: that rank is on the store's host and listens on
   // every interface there.
@@ -438,13 +460,14 @@ void Communicator::start_through_store() {
   for (int rank = 0; rank < config_.size; ++rank) {
     if (rank == config_.rank) continue;
     for (std::string* address : {&prepared->addresses[static_cast<size_t>(rank)],
-                                 &lifelines[static_cast<size_t>(rank)]}) {
+                                 &read.lifelines[static_cast<size_t>(rank)]}) {
       net::Endpoint endpoint = net::parse_endpoint(
           *address, fmt::format("the address published by rank {}", rank));
       if (address == &prepared->addresses[static_cast<size_t>(rank)]) {
         routes.emplace_back(rank, endpoint.host);
       }
-      if (identities[static_cast<size_t>(rank)] == identities[static_cast<size_t>(config_.rank)] ||
+      if (read.identities[static_cast<size_t>(rank)] ==
+              read.identities[static_cast<size_t>(config_.rank)] ||
           !net::is_numeric_address(endpoint.host) || !net::is_loopback_address(endpoint.host)) {
         continue;
       }
@@ -453,15 +476,7 @@ void Communicator::start_through_store() {
     }
   }
   if (everywhere) host = listen_host_from_routes(settings, route, routes);
-  if (config_.bind != "none") {
-    log::info("{}", bind_process(config_.bind, config_.local_rank));
-  }
-  Links links =
-      connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host, prepared);
-  transport_ = std::move(links.transport);
-  ring_ = std::move(links.ring);
-  lifeline_ = std::make_shared<Lifeline>(config_, kWorldContext, std::move(lifeline_listener),
-                                         lifelines, host);
+  connect_world(host, prepared, std::move(lifeline_listener), read.lifelines, host);
 }
 
 // Under PMIx (bootstrap/pmix.hpp): this rank's transport and lifeline listen first, on
@@ -496,7 +511,6 @@ void Communicator::start_through_pmix() {
     store_address = net::Endpoint{store_host, reserved_store_->port()}.to_string();
   }
   const TransportSettings settings = transport_settings(config_);
-  constexpr size_t kFields = 6;
   const std::vector<std::string> mine_fields = {config_.allreduce,
                                                 host_identity(config_),
                                                 net::local_endpoint(prepared->listener).to_string(),
@@ -504,29 +518,28 @@ void Communicator::start_through_pmix() {
                                                 transport_auto_facts(settings),
                                                 store_address};
   const std::string mine = join_record(mine_fields, config_.rank);
-  const std::vector<std::string> records = pmix::exchange(config_, mine);
-  std::vector<std::string> modes;
-  std::vector<std::string> identities;
-  std::vector<std::string> lifelines;
-  for (int rank = 0; rank < config_.size; ++rank) {
-    const std::vector<std::string> fields = split_record(
-        records[static_cast<size_t>(rank)], kFields, config_, rank, "through PMIx");
-    modes.push_back(fields[0]);
-    identities.push_back(fields[1]);
-    prepared->addresses.push_back(fields[2]);
-    lifelines.push_back(fields[3]);
-    prepared->auto_facts.push_back(fields[4]);
-    if (rank == 0) config_.addr = fields[5];
-  }
-  const HostFacts facts = read_host_facts(modes, identities, config_.rank);
+  StartupRecords read =
+      read_startup_records(pmix::exchange(config_, mine), true, config_, "through PMIx");
+  prepared->addresses = std::move(read.addresses);
+  prepared->auto_facts = std::move(read.auto_facts);
+  config_.addr = read.store_address;
+  const HostFacts facts = read_host_facts(read.modes, read.identities, config_.rank);
   // Every rank read every record, so every rank finds the same disagreement.
-  if (facts.differs >= 0) throw modes_differ(modes, facts.differs);
+  if (facts.differs >= 0) throw modes_differ(read.modes, facts.differs);
   take_host_facts(facts);
   log::info(
       "start-up records of {} ranks from PMIx; the rendezvous store will be at {} once a "
       "split, the fusion engine or GPU set-up needs it",
       config_.size, config_.addr);
   store_ = open_store(config_);  // connects at its first request, if any
+  connect_world(host, prepared, std::move(lifeline_listener), read.lifelines, {});
+}
+
+void Communicator::connect_world(const std::string& host,
+                                 const std::shared_ptr<PreparedMesh>& prepared,
+                                 net::Socket lifeline_listener,
+                                 const std::vector<std::string>& lifelines,
+                                 const std::string& lifeline_host) {
   if (config_.bind != "none") {
     log::info("{}", bind_process(config_.bind, config_.local_rank));
   }
@@ -534,8 +547,8 @@ void Communicator::start_through_pmix() {
       connect_links(config_, *store_, kWorldContext, Waiter::kApplication, host, prepared);
   transport_ = std::move(links.transport);
   ring_ = std::move(links.ring);
-  lifeline_ =
-      std::make_shared<Lifeline>(config_, kWorldContext, std::move(lifeline_listener), lifelines);
+  lifeline_ = std::make_shared<Lifeline>(config_, kWorldContext, std::move(lifeline_listener),
+                                         lifelines, lifeline_host);
 }
 
 std::string Communicator::place_allreduce() {

@@ -20,6 +20,10 @@
 
 namespace kolo {
 
+namespace net {
+class Socket;
+}
+struct PreparedMesh;
 class StoreServer;
 class ReservedStore;
 class StoreClient;
@@ -175,6 +179,12 @@ class Communicator {
   // The world communicator's start-up under PMIx (bootstrap/pmix.hpp): listeners first, one
   // record per rank through one PMIx fence, then connect; no store serves until one is needed.
   void start_through_pmix();
+  // The end of both start-ups: binds the process (KOLO_BIND), connects the world's transport and
+  // ring from `prepared` (listening on `host`), and starts the lifeline on `lifeline_listener`
+  // with every rank's lifeline address (`lifeline_host`: as Lifeline takes it).
+  void connect_world(const std::string& host, const std::shared_ptr<PreparedMesh>& prepared,
+                     net::Socket lifeline_listener, const std::vector<std::string>& lifelines,
+                     const std::string& lifeline_host);
   // Takes the host numbers, node count and (where the launcher gave none) local rank and size.
   void take_host_facts(const HostFacts& facts);
   // The collective run() started (running) or finished, for report().
