@@ -29,14 +29,15 @@ void Spinner::begin(bool spin) {
   yielded_ = gave_away_ = false;
   spin_ = spin;
   polls_ = 0;
-  yielding_ = copied_since_ = false;
+  timed_ = yielding_ = copied_since_ = false;
 }
 
-bool Spinner::next_timed(unsigned poll) {
+bool Spinner::next_timed() {
   const auto now = std::chrono::steady_clock::now();
-  if (poll == 0 || (copied_since_ && spin_)) from_ = now;
+  if (!timed_ || copied_since_) from_ = now;
+  timed_ = true;
   copied_since_ = false;
-  if (!spin_ || now >= from_ + kSpin) return false;
+  if (now >= from_ + kSpin) return false;
   yielding_ = now >= from_ + pure_spin();
   if (yielding_) yield();
   return true;

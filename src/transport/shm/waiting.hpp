@@ -44,20 +44,21 @@ std::chrono::steady_clock::duration pure_spin_for(const TransportSettings& setti
 // One waiting thread's spin (see above). A wait calls begin() when it starts, polls, and after
 // each poll that found nothing calls next(): true while the spin goes on, false when it is over
 // (then sleep). next() reads the clock (20-odd ns a read on the virtual machines measured, about
-// as long as a poll of the rings) at the first empty poll, then every kClockStride-th poll while
-// the spin is plain and at every poll once it yields; a poll that copied through shared memory
-// starts the spin again, since the peer is busy on the other side of a ring and will most likely
-// free or fill a slot within microseconds. Not thread-safe: one per waiter.
+// as long as a poll of the rings) every kClockStride-th empty poll while the spin is plain, the
+// first time after kClockStride polls (most waits for a small message through the rings end
+// before), and at every poll once it yields; a poll that copied through shared memory starts the
+// spin again, since the peer is busy on the other side of a ring and will most likely free or
+// fill a slot within microseconds. Not thread-safe: one per waiter.
 class Spinner {
  public:
   explicit Spinner(const TransportSettings& settings) : ceiling_(pure_spin_for(settings)) {}
   // spin = false (an expired deadline: a caller that sleeps on readiness_fd() itself): one poll.
   void begin(bool spin = true);
   bool next(bool copied) {
+    if (!spin_) return false;
     copied_since_ = copied_since_ || copied;
-    const unsigned poll = polls_++;
-    if (poll % kClockStride != 0 && !yielding_) return true;
-    return next_timed(poll);
+    if (++polls_ % kClockStride != 0 && !yielding_) return true;
+    return next_timed();
   }
   std::chrono::steady_clock::duration pure_spin() const {
     return shared_ ? std::chrono::steady_clock::duration::zero() : ceiling_;
@@ -67,7 +68,7 @@ class Spinner {
   void yielded(std::chrono::steady_clock::duration took);
 
  private:
-  bool next_timed(unsigned poll);
+  bool next_timed();
 
   std::chrono::steady_clock::duration ceiling_;
   bool shared_ = false;     // the last wait that yielded gave the CPU away
@@ -76,6 +77,7 @@ class Spinner {
   // This wait's spin.
   bool spin_ = true;
   unsigned polls_ = 0;
+  bool timed_ = false;  // the clock was read in this wait
   bool yielding_ = false;
   bool copied_since_ = false;  // since the clock was last read
   std::chrono::steady_clock::time_point from_{};
