@@ -290,8 +290,11 @@ class UcxTransport final : public Transport {
       spinner_.begin(!deadline.expired());
       shm_.end_sleep();
       bool moved = false;
-      for (;;) {
-        ucp_worker_progress(worker_);
+      for (unsigned polls = 0;; ++polls) {
+        // With no UCX operation posted (every peer on the rings), the worker has nothing this
+        // wait needs soon, and its progress costs as much as a poll of the rings: every
+        // kClockStride-th poll then.
+        if (outstanding_ > 0 || polls % kClockStride == 0) ucp_worker_progress(worker_);
         bool completed = process_completions();
         bool copied = false;
         if (shm_.any() && shm_.pump(copied)) completed = true;
@@ -743,11 +746,13 @@ class UcxTransport final : public Transport {
       part.length = 0;
     }
     ++peers_[transfer.peer].outstanding;
+    ++outstanding_;
     return *operation;
   }
 
   void release(Operation& operation) {
     --peers_[operation.transfer->peer].outstanding;
+    --outstanding_;
     operation.transfer = nullptr;
     operation.next = free_;
     free_ = &operation;
@@ -1083,6 +1088,7 @@ class UcxTransport final : public Transport {
   AwakeFlag awake_;
   net::Socket readiness_;
   Spinner spinner_;
+  int outstanding_ = 0;  // UCX operations posted and not yet complete, over every peer
   double timeout_s_;                // KOLO_TIMEOUT
   int max_sleep_ms_ = kMaxSleepMs;  // 1 once a wake-up was found missing (missed_wake_up)
   std::vector<std::unique_ptr<Operation>> operations_;
