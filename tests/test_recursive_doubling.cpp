@@ -9,6 +9,8 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -174,6 +176,97 @@ TEST_CASE("recursive doubling in one shot gives the exchanges' bits", "[one_shot
           wrong += element_at(c.dtype, results[0][0][k], i) != expected ? 1 : 0;
         }
         CHECK(wrong == 0);
+      }
+    }
+  }
+}
+
+// Two ranks whose inputs already are partials (no prescale, the element type its own accumulator)
+// finish lower OP upper straight into recvbuf in one pass. That must give the bits the general
+// path gives (combine the partials, then finish the sum with the op's identity), computed here
+// from the inputs with the kernels themselves, NaN, infinities and signed zeros included.
+TEST_CASE("two ranks finish in one pass with the bits of combine, then finish", "[two_ranks]") {
+  if (!ring_threads::built_with("tcp")) return;
+  const std::vector<Case> cases = {
+      {"float32 sum", DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0, 1000, false},
+      {"float32 sum, one element, in place", DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0, 1, true},
+      {"float32 avg, postscaled, in place", DataType::kFloat32, ReduceOp::kAvg, 1.0, 1.5, 777,
+       true},
+      {"float32 min", DataType::kFloat32, ReduceOp::kMin, 1.0, 1.0, 333, false},
+      {"float32 max, in place", DataType::kFloat32, ReduceOp::kMax, 1.0, 1.0, 333, true},
+      {"float64 prod, postscaled", DataType::kFloat64, ReduceOp::kProd, 1.0, 0.25, 300, false},
+      {"float64 sum, in place", DataType::kFloat64, ReduceOp::kSum, 1.0, 1.0, 64, true},
+      {"int32 sum", DataType::kInt32, ReduceOp::kSum, 1.0, 1.0, 2048, false, true},
+      {"int32 max, in place", DataType::kInt32, ReduceOp::kMax, 1.0, 1.0, 100, true, true},
+  };
+  // Rank `rank`'s input of case k; floats begin with NaN, infinities and signed zeros, on each
+  // rank in another order, so that every pairing of them meets.
+  auto input_of = [&](size_t k, int rank) {
+    const Case& c = cases[k];
+    const uint64_t seed = 77 + 10 * k + rank;
+    std::vector<std::byte> bytes = c.integers
+                                       ? small_integers(c.dtype, c.count, seed)
+                                       : ring_threads::random_elements(c.dtype, c.count, seed);
+    if (c.integers) return bytes;
+    const double specials[] = {std::numeric_limits<double>::quiet_NaN(),
+                               -0.0,
+                               0.0,
+                               std::numeric_limits<double>::infinity(),
+                               -std::numeric_limits<double>::infinity(),
+                               1.0};
+    const size_t n = std::size(specials);
+    for (uint64_t i = 0; i < std::min<uint64_t>(c.count, n * n); ++i) {
+      const double value = specials[rank == 0 ? i / n : i % n];
+      if (c.dtype == DataType::kFloat32) {
+        const float f = static_cast<float>(value);
+        std::memcpy(bytes.data() + i * 4, &f, 4);
+      } else {
+        std::memcpy(bytes.data() + i * 8, &value, 8);
+      }
+    }
+    return bytes;
+  };
+  for (int rings = 0; rings < 2; ++rings) {
+    DYNAMIC_SECTION((rings ? "over the rings" : "over TCP")) {
+      std::vector<std::vector<std::vector<std::byte>>> results(
+          2, std::vector<std::vector<std::byte>>(cases.size()));
+      kolo::TransportSettings settings;
+      settings.transport = "tcp";
+      settings.shm.assign(1, rings ? '1' : '0');
+      ring_threads::on_every_rank(2, settings, 1 << 20, [&](int rank, kolo::Ring& ring) {
+        for (size_t k = 0; k < cases.size(); ++k) {
+          const Case& c = cases[k];
+          kolo::OpDescriptor op;
+          op.collective = kolo::Collective::kAllreduce;
+          op.algorithm = kolo::Algorithm::kRecursiveDoubling;
+          op.dtype = c.dtype;
+          op.op = c.op;
+          op.postscale = c.postscale;
+          op.count = c.count;
+          op.sequence = 1 + k;
+          std::vector<std::byte> input = input_of(k, rank);
+          std::vector<std::byte>& output = results[rank][k];
+          output.assign(input.size(), std::byte{0x5a});
+          if (c.in_place) output = input;
+          kolo::recursive_doubling_allreduce(ring, op, c.in_place ? output.data() : input.data(),
+                                             output.data());
+        }
+      });
+      for (size_t k = 0; k < cases.size(); ++k) {
+        const Case& c = cases[k];
+        INFO(c.name << ", " << c.count << " elements");
+        const std::vector<std::byte> lower = input_of(k, 0);
+        const std::vector<std::byte> upper = input_of(k, 1);
+        std::vector<std::byte> partial(lower.size());
+        const kolo::ReduceSpec partial_spec{c.dtype, c.op, 1.0, 1.0, 2};
+        kolo::reduce_combine(partial.data(), lower.data(), upper.data(), c.count, partial_spec);
+        std::vector<std::byte> identity(lower.size());
+        kolo::fill_identity(identity.data(), c.count, c.dtype, c.op);
+        std::vector<std::byte> expected(lower.size());
+        const kolo::ReduceSpec finish_spec{c.dtype, c.op, 1.0, c.postscale, 2};
+        kolo::reduce_finish(expected.data(), partial.data(), identity.data(), c.count, finish_spec);
+        CHECK(results[0][k] == expected);
+        CHECK(results[1][k] == expected);
       }
     }
   }
