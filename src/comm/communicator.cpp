@@ -627,25 +627,23 @@ void Communicator::run(OpDescriptor op, Body&& body, bool numbered) {
 void Communicator::start_activity(const OpDescriptor& op) {
   std::lock_guard<std::mutex> lock(activity_mutex_);
   activity_.op = op;
-  activity_.since.store(CoarseClock::now().time_since_epoch().count(), std::memory_order_relaxed);
-  activity_.running.store(true, std::memory_order_release);
+  activity_.started = CoarseClock::now();
+  activity_.running.store(true, std::memory_order_relaxed);
 }
 
 void Communicator::end_activity(bool failed) {
   if (failed) activity_.failed.store(true, std::memory_order_relaxed);
-  activity_.since.store(CoarseClock::now().time_since_epoch().count(), std::memory_order_relaxed);
-  activity_.running.store(false, std::memory_order_release);
+  activity_.running.store(false, std::memory_order_relaxed);
 }
 
 std::string Communicator::report() {
   std::string text;
   {
     std::lock_guard<std::mutex> lock(activity_mutex_);
-    const bool running = activity_.running.load(std::memory_order_acquire);
+    const bool running = activity_.running.load(std::memory_order_relaxed);
     const bool failed = activity_.failed.load(std::memory_order_relaxed);
-    const CoarseClock::time_point since(
-        CoarseClock::duration(activity_.since.load(std::memory_order_relaxed)));
-    const double seconds = std::chrono::duration<double>(CoarseClock::now() - since).count();
+    const double seconds =
+        std::chrono::duration<double>(CoarseClock::now() - activity_.started).count();
     text = fmt::format("rank {} of {} (communicator {:x}): ", config_.rank, config_.size, context_);
     if (!activity_.op) {
       text += "no collective yet";
@@ -654,7 +652,7 @@ std::string Communicator::report() {
       text += fmt::format("in {} for {:.1f} s{}", describe(*activity_.op), seconds,
                           peer >= 0 ? fmt::format(", waiting for rank {}", peer) : "");
     } else {
-      text += fmt::format("{}; the last collective, {}, ended {:.1f} s ago",
+      text += fmt::format("{}; the last collective, {}, started {:.1f} s ago and ended",
                           failed ? "broken" : "idle", describe(*activity_.op), seconds);
     }
   }

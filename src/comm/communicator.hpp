@@ -235,12 +235,12 @@ class Communicator {
   std::vector<uint64_t> messages_sent_;      // point to point, per peer
   std::vector<uint64_t> messages_received_;  // point to point, per peer
   // What report() says. A collective's start takes activity_mutex_ (never held while waiting) to
-  // record it; its end only stores the atomics, which report() reads after the mutex's holder.
+  // record it; its end only stores the atomics (no clock: an 8-byte allreduce notices a read).
   struct Activity {
     std::optional<OpDescriptor> op;  // the last collective run() started; under activity_mutex_
+    CoarseClock::time_point started{};  // under activity_mutex_
     std::atomic<bool> running{false};
     std::atomic<bool> failed{false};
-    std::atomic<CoarseClock::rep> since{0};  // when it started, or ended when not running
   };
   std::mutex activity_mutex_;
   Activity activity_;
