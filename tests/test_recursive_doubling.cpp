@@ -82,6 +82,25 @@ bool room_for_rings(int ranks) {
          2 * pairs * kolo::ShmChannel::segment_bytes();
 }
 
+// Runs case `c` as the collective numbered `sequence` on this rank's ring: `output` gets the
+// result (it starts as the input in place, as a fill pattern otherwise).
+void run_case(kolo::Ring& ring, const Case& c, uint64_t sequence, std::vector<std::byte> input,
+              std::vector<std::byte>& output) {
+  kolo::OpDescriptor op;
+  op.collective = kolo::Collective::kAllreduce;
+  op.algorithm = kolo::Algorithm::kRecursiveDoubling;
+  op.dtype = c.dtype;
+  op.op = c.op;
+  op.prescale = c.prescale;
+  op.postscale = c.postscale;
+  op.count = c.count;
+  op.sequence = sequence;
+  output.assign(input.size(), std::byte{0x5a});
+  if (c.in_place) output = input;
+  kolo::recursive_doubling_allreduce(ring, op, c.in_place ? output.data() : input.data(),
+                                     output.data());
+}
+
 }  // namespace
 
 TEST_CASE("recursive doubling in one shot gives the exchanges' bits", "[one_shot]") {
@@ -131,22 +150,7 @@ TEST_CASE("recursive doubling in one shot gives the exchanges' bits", "[one_shot
         ring_threads::on_every_rank(ranks, settings, 1 << 20, [&](int rank, kolo::Ring& ring) {
           everywhere[run][rank] = ring.transport().through_memory_everywhere() ? 1 : 0;
           for (size_t k = 0; k < cases.size(); ++k) {
-            const Case& c = cases[k];
-            kolo::OpDescriptor op;
-            op.collective = kolo::Collective::kAllreduce;
-            op.algorithm = kolo::Algorithm::kRecursiveDoubling;
-            op.dtype = c.dtype;
-            op.op = c.op;
-            op.prescale = c.prescale;
-            op.postscale = c.postscale;
-            op.count = c.count;
-            op.sequence = 1 + k;
-            std::vector<std::byte> input = input_of(k, rank);
-            std::vector<std::byte>& output = results[run][rank][k];
-            output.assign(input.size(), std::byte{0x5a});
-            if (c.in_place) output = input;
-            kolo::recursive_doubling_allreduce(ring, op, c.in_place ? output.data() : input.data(),
-                                               output.data());
+            run_case(ring, cases[k], 1 + k, input_of(k, rank), results[run][rank][k]);
           }
         });
       }
@@ -235,21 +239,7 @@ TEST_CASE("two ranks finish in one pass with the bits of combine, then finish", 
       settings.shm.assign(1, rings ? '1' : '0');
       ring_threads::on_every_rank(2, settings, 1 << 20, [&](int rank, kolo::Ring& ring) {
         for (size_t k = 0; k < cases.size(); ++k) {
-          const Case& c = cases[k];
-          kolo::OpDescriptor op;
-          op.collective = kolo::Collective::kAllreduce;
-          op.algorithm = kolo::Algorithm::kRecursiveDoubling;
-          op.dtype = c.dtype;
-          op.op = c.op;
-          op.postscale = c.postscale;
-          op.count = c.count;
-          op.sequence = 1 + k;
-          std::vector<std::byte> input = input_of(k, rank);
-          std::vector<std::byte>& output = results[rank][k];
-          output.assign(input.size(), std::byte{0x5a});
-          if (c.in_place) output = input;
-          kolo::recursive_doubling_allreduce(ring, op, c.in_place ? output.data() : input.data(),
-                                             output.data());
+          run_case(ring, cases[k], 1 + k, input_of(k, rank), results[rank][k]);
         }
       });
       for (size_t k = 0; k < cases.size(); ++k) {
