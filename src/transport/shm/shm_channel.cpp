@@ -656,12 +656,7 @@ bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
       --link.pending;
       transfer->complete = true;
       completed = true;
-      link.tail = tail;
-      link.in->tail.store(tail, std::memory_order_seq_cst);
-      if (link.in->producer_waiting.load(std::memory_order_seq_cst) != 0 &&
-          link.in->producer_waiting.exchange(0, std::memory_order_seq_cst) != 0) {
-        control_.ring_doorbell(peer);
-      }
+      consumed(peer, link, tail);
       return true;
     }
     link.header_checked = true;
@@ -703,13 +698,20 @@ bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
     transfer->complete = true;
     completed = true;
   }
+  consumed(peer, link, tail);
+  return true;
+}
+
+// Publishes that this rank has read `peer`'s ring up to `tail`, and rings the peer's doorbell if
+// it sleeps waiting for room (the store and the flag's load are sequentially consistent: Dekker
+// with prepare_sleep()).
+void ShmChannel::consumed(int peer, Link& link, uint64_t tail) {
   link.tail = tail;
   link.in->tail.store(tail, std::memory_order_seq_cst);
   if (link.in->producer_waiting.load(std::memory_order_seq_cst) != 0 &&
       link.in->producer_waiting.exchange(0, std::memory_order_seq_cst) != 0) {
     control_.ring_doorbell(peer);
   }
-  return true;
 }
 
 // ---- sleeping -----------------------------------------------------------------------------------

@@ -172,6 +172,7 @@ class ShmChannel {
 
   bool send_piece(int peer, Link& link, bool& completed);
   bool receive_piece(int peer, Link& link, bool& completed);
+  void consumed(int peer, Link& link, uint64_t tail);
   shm::Arrival arrival(const Link& link, FrameHeader& header, const char*& payload,
                        uint64_t& announced);
 
