@@ -204,7 +204,7 @@ struct ShmChannel::Link {
   // slower for a job's first few hundred to few thousand calls than after it (bench/warmup.sh).
   // Called before the first send on the link, this writes every line of the out ring once (an
   // atomic OR of zero: no value changes, whatever the consumer reads meanwhile), 0.1-0.2 ms that
-  // the first call pays instead of the first lap.
+  // the first send on the link pays instead of the first lap.
   void warm_out() {
     out_warm = true;
     for (uint64_t at = 0; at < kCapacity; at += kAlign) {
