@@ -427,3 +427,38 @@ TEST_CASE("shm ring: a line that held payload a lap earlier is never taken for a
     REQUIRE(std::memcmp(buffer, payload, 8) == 0);
   }
 }
+
+// The first send on a link writes every line of the ring it fills (to bring the lines into the
+// caches, ShmChannel::Link::warm_out) and changes no byte there: whatever the lines hold, the
+// consumer may be reading them.
+TEST_CASE("shm ring: the first send warms the ring without changing what it holds", "[shm_ring]") {
+  Segment segment;
+  char* ring = shm::ring_data(segment.mappings[0], 0);  // what rank 0 writes, rank 1 reads
+  // Every line but the first (where the message goes) holds bytes no fresh ring has: words of
+  // this line stamped a lap later, which the consumer takes for "nothing yet", and a pattern.
+  std::vector<uint8_t> before(shm::kCapacity);
+  for (uint64_t at = shm::kCacheLine; at < shm::kCapacity; at += shm::kCacheLine) {
+    const uint64_t word = shm::line_word(at + shm::kCapacity, shm::LineKind::kSmall, 8);
+    std::memcpy(before.data() + at, &word, sizeof word);
+    for (size_t j = sizeof word; j < shm::kCacheLine; ++j) before[at + j] = pattern(at, j);
+  }
+  std::memcpy(ring, before.data(), shm::kCapacity);
+  End sender(0, segment.mappings[0]), receiver(1, segment.mappings[1]);
+  uint8_t payload[8] = {9, 8, 7, 6, 5, 4, 3, 2};
+  uint8_t buffer[8] = {};
+  const OpDescriptor descriptor = descriptor_for(0, sizeof payload, 0);
+  Transfer send, recv;
+  send.reset(1, descriptor, payload, sizeof payload);
+  recv.reset(0, descriptor, buffer, sizeof buffer);
+  receiver.channel.post_recv(recv);
+  sender.channel.post_send(send);
+  REQUIRE(send.complete);
+  receiver.pump();
+  REQUIRE(recv.complete);
+  CHECK(std::memcmp(buffer, payload, sizeof payload) == 0);
+  size_t changed = 0;
+  for (uint64_t at = shm::kCacheLine; at < shm::kCapacity; ++at) {
+    if (static_cast<uint8_t>(ring[at]) != before[at]) ++changed;
+  }
+  CHECK(changed == 0);
+}
