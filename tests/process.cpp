@@ -187,6 +187,12 @@ std::string Process::output_so_far() const {
   return contents.str();
 }
 
+size_t count(const std::string& text, const std::string& part) {
+  size_t found = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++found;
+  return found;
+}
+
 int free_tcp_port() {
   int port = kolo::tools::pick_free_local_port();
   if (port < 0) throw_errno("free_tcp_port: bind 127.0.0.1");

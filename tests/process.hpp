@@ -40,6 +40,9 @@ class Process {
   std::string output_path_;
 };
 
+// How many times `part` occurs in `text` (overlapping occurrences each count).
+size_t count(const std::string& text, const std::string& part);
+
 // A TCP port on 127.0.0.1 that was free a moment ago, outside the kernel's ephemeral range.
 int free_tcp_port();
 // $TESTS_BUILD_DIR (set by meson test), or "." when unset; paths to built programs.

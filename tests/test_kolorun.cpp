@@ -108,11 +108,7 @@ bool all_gone_within(const std::vector<pid_t>& pids, double seconds) {
 bool output_appears(const Process& process, size_t count, const std::string& marker) {
   Clock::time_point start = Clock::now();
   while (seconds_since(start) < 5) {
-    std::string output = process.output_so_far();
-    size_t found = 0;
-    for (size_t at = output.find(marker); at != std::string::npos; at = output.find(marker, at + 1))
-      ++found;
-    if (found >= count) return true;
+    if (kolo::test::count(process.output_so_far(), marker) >= count) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return false;
@@ -494,22 +490,28 @@ bool all_in_state_within(const std::vector<pid_t>& pids, char state, double seco
 
 TEST_CASE("kolorun passes job control on: SIGTSTP stops the ranks and itself, SIGCONT resumes",
           "[kolorun]") {
+  // Each rank ticks 40 times, 0.1 s apart: work that a stop arriving within its first 4 s (even
+  // on a slow, loaded machine) interrupts.
   Process kolorun({kolorun_path(), "-np", "2", "/bin/sh", "-c",
-                   "echo pid=$$; sleep 1; echo rank $KOLO_RANK done"},
+                   "echo pid=$$; i=0; while [ $i -lt 40 ]; do echo tick; sleep 0.1; "
+                   "i=$((i + 1)); done; echo rank $KOLO_RANK done"},
                   {});
   REQUIRE(output_appears(kolorun, 2, "pid="));
   std::vector<pid_t> ranks = reported_pids(kolorun.output_so_far());
   REQUIRE(ranks.size() == 2);
   kolorun.kill(SIGTSTP);  // as a shell's Ctrl-Z does to kolorun's process group
   CHECK(all_in_state_within(ranks, 'T', 3));
-  CHECK(all_in_state_within({kolorun.pid()}, 'T', 3));           // the shell gets its prompt back
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // longer than the ranks' work
-  CHECK_THAT(kolorun.output_so_far(), !Contains("done"));
+  CHECK(all_in_state_within({kolorun.pid()}, 'T', 3));  // the shell gets its prompt back
+  // They stay stopped (kolorun, stopped too, forwards no output meanwhile: the state says it).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  for (pid_t rank : ranks) CHECK(process_state(rank) == 'T');
+  CHECK(kolo::test::count(kolorun.output_so_far(), "tick") < 80);  // stopped before the end
   kolorun.kill(SIGCONT);  // as fg or bg does
   ProcessResult result = kolorun.wait(10);
   INFO("output: " << result.output);
   CHECK(result.exit_code == 0);
   CHECK_THAT(result.output, Contains("rank 0 done") && Contains("rank 1 done"));
+  CHECK(kolo::test::count(result.output, "tick") == 80);  // resumed where they were stopped
 }
 
 TEST_CASE("nothing the ranks started outlives the job", "[kolorun]") {

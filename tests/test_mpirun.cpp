@@ -39,12 +39,6 @@ std::string source_dir() {
   return path && *path ? path : build_dir() + "/..";
 }
 
-size_t count(const std::string& text, const std::string& part) {
-  size_t found = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++found;
-  return found;
-}
-
 // mpirun with the machine's environment minus every variable that would give kolo an address or
 // a rank, so that only what mpirun itself exports is left. As root mpirun needs its two consent
 // variables (users are not root).

@@ -41,12 +41,6 @@ int run_script(const std::string& arguments) {
                             kClusterEnv.at("CLUSTER_SUBNET6"));
 }
 
-size_t count(const std::string& text, const std::string& part) {
-  size_t found = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++found;
-  return found;
-}
-
 // The hosts of one test with an sshd on each, taken down again whatever happens; a job secret in
 // a file only its owner can read, on the file system every host shares.
 struct Cluster {
