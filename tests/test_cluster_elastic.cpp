@@ -56,15 +56,7 @@ struct Scratch {
   }
 };
 
-int count(const std::string& text, const std::string& what) {
-  int found = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
-    ++found;
-  }
-  return found;
-}
-
-std::string wait_for_count(const Process& process, const std::string& what, int times,
+std::string wait_for_count(const Process& process, const std::string& what, size_t times,
                            double timeout_s = 90) {
   Clock::time_point give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                  std::chrono::duration<double>(timeout_s));

@@ -30,6 +30,7 @@ namespace {
 using Catch::Matchers::Contains;
 using kolo::test::Process;
 using kolo::test::ProcessResult;
+using kolo::test::count;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kSecret = "elastic-test-secret-0123456789abcdef";
@@ -50,14 +51,6 @@ struct Scratch {
   }
 };
 
-int count(const std::string& text, const std::string& what) {
-  int found = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
-    ++found;
-  }
-  return found;
-}
-
 // Waits until done(output) holds, up to timeout_s; the output then.
 std::string wait_for(const Process& process, const std::function<bool(const std::string&)>& done,
                      double timeout_s, const std::string& what) {
@@ -73,7 +66,7 @@ std::string wait_for(const Process& process, const std::function<bool(const std:
   return output;
 }
 
-std::string wait_for_count(const Process& process, const std::string& what, int times,
+std::string wait_for_count(const Process& process, const std::string& what, size_t times,
                            double timeout_s = 60) {
   return wait_for(
       process, [&](const std::string& output) { return count(output, what) >= times; }, timeout_s,
@@ -129,7 +122,7 @@ ProcessResult stop_job(const Scratch& scratch, Process& job, int done = 0) {
   ProcessResult result = job.wait(60);
   INFO(result.output);
   CHECK(result.exit_code == 0);
-  if (done > 0) CHECK(count(result.output, fmt::format("of {} done", done)) == done);
+  if (done > 0) CHECK(count(result.output, fmt::format("of {} done", done)) == static_cast<size_t>(done));
   return result;
 }
 
