@@ -166,7 +166,7 @@ TEST_CASE("collectives from two threads at once on one communicator are warned a
     DYNAMIC_SECTION("N = " << n) {
       auto job = start(n, {"threads"});
       auto results = job.wait(120);
-      int warned = 0;
+      const std::string warning = "waited for another thread's collective";
       for (size_t rank = 0; rank < results.size(); ++rank) {
         INFO("rank " << rank << " output:\n" << results[rank].output);
         CHECK_FALSE(results[rank].timed_out);
@@ -174,16 +174,16 @@ TEST_CASE("collectives from two threads at once on one communicator are warned a
         CHECK(contains(results[rank].output, "threads: 600 calls checked"));
         // Once per communicator at most.
         const std::string& output = results[rank].output;
-        const std::string warning = "waited for another thread's collective";
         const size_t first = output.find(warning);
         if (first != std::string::npos) {
-          ++warned;
           CHECK(output.find(warning, first + 1) == std::string::npos);
           CHECK(contains(output, "kolo_comm_split"));
         }
       }
-      // 600 racing calls per rank: the race is seen somewhere.
-      CHECK(warned > 0);
+      // Rank 0's threads race for certain (its first call waits 200 ms for the other ranks while
+      // its other thread calls: worker_collectives.cpp, run_threads); the others' may.
+      INFO("rank 0 output:\n" << results[0].output);
+      CHECK(contains(results[0].output, warning));
     }
   }
 }

@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <latch>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -993,11 +994,17 @@ int run_stuck(const Comm& world, double seconds) {
 // Two threads make the same allreduce at once on one communicator, 300 times each. Every rank
 // contributes the same value from both threads, so a pairing that differs between ranks still
 // gives the right sum; the library must warn that it saw the race (tests/test_more_collectives).
+// The race is made certain on rank 0: its threads start their loops together while the other
+// ranks start theirs 200 ms later, so rank 0's first allreduce waits for them, holding the
+// communicator, while its other thread makes its first call.
 int run_threads(const Comm& world) {
   constexpr int kCalls = 300;
   const int64_t expected = int64_t{g_size} * (g_size + 1) / 2;
   std::atomic<int> checked{0};
+  std::latch start(2);
   auto loop = [&] {
+    start.arrive_and_wait();
+    if (g_rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     for (int call = 0; call < kCalls; ++call) {
       int64_t value = g_rank + 1;
       check_status(world.handle,
