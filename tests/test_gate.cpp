@@ -182,8 +182,35 @@ TEST_CASE("gate: reaching a listener says whether anybody is there", "[gate]") {
   // A listener that takes connections but never admits this one (nobody accepts: its backlog
   // holds the connection): no evidence either way.
   net::Socket deaf = net::listen_on({"127.0.0.1", 0});
-  CHECK(net::reach_authenticated(net::local_endpoint(deaf), kSecret, kHello, Deadline(0.3),
+  CHECK(net::reach_authenticated(net::local_endpoint(deaf), kSecret, kHello, Deadline(2),
                                  &socket, &why) == net::Reach::kSilent);
+  // It was asked again meanwhile, and took the fresh connections too: a process listens there.
+  CHECK_THAT(why, Catch::Matchers::Contains("fresh connection(s) were taken meanwhile: a process "
+                                            "listens there and does not answer"));
+}
+
+TEST_CASE("gate: a connection nobody answers, from a listener that closed since, is no answer",
+          "[gate]") {
+  // The listener takes the connection and closes, but the connection stays open and silent: what
+  // a process that dies while a connection is being made to it can leave behind. A fresh
+  // connection is refused, which says that nobody listens there any more.
+  net::Socket listener = net::listen_on({"127.0.0.1", 0});
+  const net::Endpoint endpoint = net::local_endpoint(listener);
+  net::Socket left_open;
+  std::thread closer([&] {
+    left_open = net::accept_from(listener, Deadline(5));
+    listener.close();
+  });
+  std::string why;
+  net::Socket socket;
+  const net::Reach reach =
+      net::reach_authenticated(endpoint, kSecret, kHello, Deadline(10), &socket, &why);
+  closer.join();
+  INFO(why);
+  CHECK(reach == net::Reach::kGone);
+  CHECK_FALSE(socket.valid());
+  CHECK_THAT(why, Catch::Matchers::Contains("took a connection and never answered it, and a "
+                                            "fresh connection found nobody listening"));
 }
 
 TEST_CASE("lifeline: an abort is always a failure, and a decision is checked",

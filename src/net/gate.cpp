@@ -7,6 +7,7 @@
 #include "net/gate.hpp"
 
 #include <fmt/format.h>
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
@@ -246,6 +247,42 @@ void pause_before_retry(std::chrono::milliseconds& pause, const Deadline& deadli
   pause = std::min(pause * 2, kMaxRetry);
 }
 
+// A live acceptor sends its challenge as soon as it takes a connection. A connection that stays
+// silent may be all that is left of a listener that has closed since (its process died as the
+// connection was made) and that nobody will ever answer, so at each of these waits without the
+// challenge a fresh connection asks whether anybody listens there still.
+constexpr auto kFirstRecheck = std::chrono::milliseconds(500);
+constexpr auto kMaxRecheck = std::chrono::milliseconds(2000);
+
+// Waits until `socket` is readable (the challenge, or its close). False when a fresh connection to
+// `endpoint` was refused meanwhile (*why says so), or the deadline passed (*taken counts the fresh
+// connections that were taken: a process listens there).
+bool await_challenge(const Socket& socket, const Endpoint& endpoint, const Deadline& deadline,
+                     std::string* why, int* taken) {
+  auto wait = kFirstRecheck;
+  for (;;) {
+    pollfd entry{socket.fd(), POLLIN, 0};
+    const int ready =
+        ::poll(&entry, 1, std::min<int>(static_cast<int>(wait.count()), deadline.remaining_ms()));
+    if (ready != 0 || deadline.expired()) return true;  // the read that follows says what came
+    int error = 0;
+    std::string refused;
+    Socket fresh = connect_once(endpoint, deadline, &refused, &error);
+    if (!fresh.valid() && (error == ECONNREFUSED || error == ECONNRESET || error == EHOSTUNREACH)) {
+      *why = fmt::format("{} took a connection and never answered it, and a fresh connection "
+                         "found nobody listening ({})",
+                         endpoint.to_string(), refused);
+      return false;
+    }
+    if (fresh.valid()) {
+      const linger reset{1, 0};  // closed with a reset: an acceptor that did not take it yet
+      ::setsockopt(fresh.fd(), SOL_SOCKET, SO_LINGER, &reset, sizeof reset);  // never sees it
+      ++*taken;
+    }
+    wait = std::min(wait * 2, kMaxRecheck);
+  }
+}
+
 }  // namespace
 
 Socket connect_authenticated(const Endpoint& endpoint, const std::string& secret,
@@ -287,6 +324,8 @@ Reach reach_authenticated(const Endpoint& endpoint, const std::string& secret, c
       }
       if (deadline.expired()) return Reach::kSilent;
     } else {
+      int taken = 0;
+      if (!await_challenge(attempt, endpoint, deadline, why, &taken)) return Reach::kGone;
       try {
         authenticate_as_client(attempt, secret, hello, deadline);
         *socket = std::move(attempt);
@@ -294,6 +333,11 @@ Reach reach_authenticated(const Endpoint& endpoint, const std::string& secret, c
       } catch (const Error& failure) {
         if (failure.status() == Status::kMismatch) throw;
         *why = failure.what();
+        if (taken > 0) {
+          *why += fmt::format("; {} fresh connection(s) were taken meanwhile: a process listens "
+                              "there and does not answer",
+                              taken);
+        }
         if (failure.status() != Status::kPeerLost || deadline.expired()) return Reach::kSilent;
       }
     }

@@ -126,8 +126,9 @@ Socket connect_authenticated(const Endpoint& endpoint, const std::string& secret
 // What one attempt to reach a listener found, for deciding whether the process behind it lives.
 enum class Reach {
   kAdmitted,  // it proved the secret and admitted this connection: it lives
-  kGone,      // its host refused the connection, reset it or said it is unreachable: nobody
-              // listens there any more
+  kGone,      // its host refused the connection, reset it or said it is unreachable, or took
+              // it and never answered while a fresh connection was refused: nobody listens there
+              // any more
   kSilent,    // no answer by the deadline, or the connection kept being closed unadmitted: no
               // evidence either way
 };
