@@ -17,10 +17,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
@@ -191,6 +194,28 @@ size_t count(const std::string& text, const std::string& part) {
   size_t found = 0;
   for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++found;
   return found;
+}
+
+std::string process_table(const std::vector<std::string>& words) {
+  std::unique_ptr<FILE, int (*)(FILE*)> ps(
+      ::popen("ps -eo pid,ppid,stat,etimes,wchan:24,args --forest 2>&1", "r"), ::pclose);
+  if (!ps) return "(ps could not be started)\n";
+  std::string output;
+  char buffer[4096];
+  for (size_t got; (got = std::fread(buffer, 1, sizeof buffer, ps.get())) > 0;) {
+    output.append(buffer, got);
+  }
+  std::istringstream lines(output);
+  std::string table;
+  bool first = true;
+  for (std::string line; std::getline(lines, line); first = false) {
+    if (first || std::any_of(words.begin(), words.end(), [&](const std::string& word) {
+          return line.find(word) != std::string::npos;
+        })) {
+      table += line.substr(0, 400) + "\n";  // a long command line is cut, not its process
+    }
+  }
+  return table;
 }
 
 int free_tcp_port() {

@@ -43,6 +43,11 @@ class Process {
 // How many times `part` occurs in `text` (overlapping occurrences each count).
 size_t count(const std::string& text, const std::string& part);
 
+// The machine's processes whose line in `ps` names one of `words` (with the header), as a tree,
+// with their state, age in seconds and kernel wait channel: what a test prints when something it
+// waits for never comes, so that the failure shows which process is stuck where.
+std::string process_table(const std::vector<std::string>& words);
+
 // A TCP port on 127.0.0.1 that was free a moment ago, outside the kernel's ephemeral range.
 int free_tcp_port();
 // $TESTS_BUILD_DIR (set by meson test), or "." when unset; paths to built programs.

@@ -67,7 +67,8 @@ std::string wait_for_count(const Process& process, const std::string& what, size
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   FAIL("waited " << timeout_s << " s for " << times << " x '" << what << "'; the output:\n"
-                 << output);
+                 << output << "\nthe job's processes:\n"
+                 << process_table({"kolo", "ssh", "cluster"}));
   return output;
 }
 
@@ -90,7 +91,7 @@ TEST_CASE("kolorun --elastic follows a discovery script across hosts", "[cluster
   Scratch scratch;
   scratch.hosts(fmt::format("{}:2\n", kCluster.host(1)));
   std::string command = fmt::format(
-      "cd '{}' && exec '{}' --elastic -np 2 --min-np 2 --max-np 4 --host-discovery-script "
+      "cd '{}' && exec '{}' --verbose --elastic -np 2 --min-np 2 --max-np 4 --host-discovery-script "
       "'cat {}' '{}' '{}' 5 10",
       source_dir(), built_program("src/kolorun"), scratch.path("hosts"),
       built_program("tests/kolo_test_elastic_driver"), scratch.path("stop"));
@@ -167,7 +168,7 @@ TEST_CASE("kolo.torch.elastic trains across hosts under the driver", "[cluster][
       R"([[4, 4, "{}:2\n{}:2\n"], [12, 4, ""]]}})",
       scratch.dir.string(), kCluster.host(2), kCluster.host(1), kCluster.host(2));
   std::string command = fmt::format(
-      "cd '{}' && exec '{}' --elastic -np 2 --min-np 2 --max-np 4 --timeout 240 --grace 3 "
+      "cd '{}' && exec '{}' --verbose --elastic -np 2 --min-np 2 --max-np 4 --timeout 240 --grace 3 "
       "--host-discovery-script 'cat {}' /usr/bin/python3 tests/python/test_torch_elastic_grow.py "
       "'{}'",
       source_dir(), built_program("src/kolorun"), scratch.path("hosts"), arguments);
