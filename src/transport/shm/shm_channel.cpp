@@ -151,6 +151,7 @@ struct ShmChannel::Link {
   // (an interrupt) changes nothing.
   uint64_t seen_tail = 0;  // out->tail as last loaded
   bool out_warm = false;   // warm_out() has run
+  bool in_warm = false;    // warm_in() has run
   int far_votes = 0;
   bool far() const { return far_votes > 0; }
   void vote_far(bool slow) { far_votes = std::clamp(far_votes + (slow ? 1 : -1), -32, 32); }
@@ -209,6 +210,17 @@ struct ShmChannel::Link {
     out_warm = true;
     for (uint64_t at = 0; at < kCapacity; at += kAlign) {
       shm::line_word_at(out_data, at).fetch_or(0, std::memory_order_relaxed);
+    }
+  }
+  // The consumer's side of the same: with only the producer's lines warm, a fresh job's first lap
+  // still ran 1.05-1.25x slower than the laps after it (32 KiB allreduce, N = 2, calls 1-64
+  // against 257-512). Loading every line of the in ring once before the first receive on the link
+  // removed most of it; loading one word a page (the page walks alone) did not
+  // (docs/performance.md, "The ring's first laps"). Atomic loads: the producer may be writing.
+  void warm_in() {
+    in_warm = true;
+    for (uint64_t at = 0; at < kCapacity; at += kAlign) {
+      (void)shm::line_word_at(in_data, at).load(std::memory_order_relaxed);
     }
   }
 
@@ -643,6 +655,7 @@ void ShmChannel::check_unexpected(const OpDescriptor& current) const {
 bool ShmChannel::receive_piece(int peer, Link& link, bool& completed) {
   Transfer* transfer = link.recvs.front();
   if (!transfer) return false;
+  if (!link.in_warm) link.warm_in();
   uint64_t tail = link.tail;
   if (!link.header_checked) {
     FrameHeader header;
