@@ -213,10 +213,10 @@ struct ShmChannel::Link {
     }
   }
   // The consumer's side of the same: with only the producer's lines warm, a fresh job's first lap
-  // still ran 1.05-1.25x slower than the laps after it (32 KiB allreduce, N = 2, calls 1-64
-  // against 257-512). Loading every line of the in ring once before the first receive on the link
-  // removed most of it; loading one word a page (the page walks alone) did not
-  // (docs/performance.md, "The ring's first laps"). Atomic loads: the producer may be writing.
+  // still ran slower than the laps after it (32 KiB allreduce, N = 2: calls 11-100 a median 1.36x
+  // the job's calls 1,001-6,000). Loading every line of the in ring once before the first receive
+  // on the link brought that to 1.06x; loading one word a page (the page walks alone) did not
+  // help (docs/performance.md, "The consumer's lines"). Atomic loads: the producer may be writing.
   void warm_in() {
     in_warm = true;
     for (uint64_t at = 0; at < kCapacity; at += kAlign) {
