@@ -190,6 +190,21 @@ std::string Process::output_so_far() const {
   return contents.str();
 }
 
+bool Process::wait_for_output(const std::string& marker, size_t times,
+                              std::chrono::milliseconds timeout,
+                              std::chrono::milliseconds poll_interval, std::string* output) const {
+  auto give_up = std::chrono::steady_clock::now() + timeout;
+  std::string seen;
+  bool found = false;
+  while (!found && std::chrono::steady_clock::now() < give_up) {
+    seen = output_so_far();
+    found = count(seen, marker) >= times;
+    if (!found) std::this_thread::sleep_for(poll_interval);
+  }
+  if (output) *output = std::move(seen);
+  return found;
+}
+
 size_t count(const std::string& text, const std::string& part) {
   size_t found = 0;
   for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++found;

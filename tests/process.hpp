@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -33,6 +34,13 @@ class Process {
   ProcessResult wait(double timeout_s);
   // Output written so far (for tests that watch a running process).
   std::string output_so_far() const;
+  // Reads the output every poll_interval until `marker` occurs in it at least `times` times (as
+  // count() counts), for up to `timeout`; whether it did. Whether the process is still running
+  // does not matter: only the clock ends the wait. `output`, when given, receives the output last
+  // read: the one that held the marker, or what there was when the time ran out.
+  bool wait_for_output(const std::string& marker, size_t times, std::chrono::milliseconds timeout,
+                       std::chrono::milliseconds poll_interval,
+                       std::string* output = nullptr) const;
 
  private:
   pid_t pid_ = -1;

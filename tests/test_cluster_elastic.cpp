@@ -24,7 +24,6 @@
 #include <regex>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cluster.hpp"
@@ -32,7 +31,6 @@
 
 using namespace kolo::test;
 using Catch::Matchers::Contains;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -56,19 +54,16 @@ struct Scratch {
   }
 };
 
+// Waits until `what` occurs `times` times in the output, up to timeout_s; the output then.
 std::string wait_for_count(const Process& process, const std::string& what, size_t times,
-                           double timeout_s = 90) {
-  Clock::time_point give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                 std::chrono::duration<double>(timeout_s));
+                           int timeout_s = 90) {
   std::string output;
-  while (Clock::now() < give_up) {
-    output = process.output_so_far();
-    if (count(output, what) >= times) return output;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (!process.wait_for_output(what, times, std::chrono::seconds(timeout_s),
+                               std::chrono::milliseconds(100), &output)) {
+    FAIL("waited " << timeout_s << " s for " << times << " x '" << what << "'; the output:\n"
+                   << output << "\nthe job's processes:\n"
+                   << process_table({"kolo", "ssh", "cluster"}));
   }
-  FAIL("waited " << timeout_s << " s for " << times << " x '" << what << "'; the output:\n"
-                 << output << "\nthe job's processes:\n"
-                 << process_table({"kolo", "ssh", "cluster"}));
   return output;
 }
 

@@ -24,6 +24,7 @@
 #include "core/log.hpp"
 #include "core/topology.hpp"
 #include "kolo/status.hpp"
+#include "process.hpp"
 
 using Catch::Matchers::Contains;
 using kolo::Config;
@@ -1022,35 +1023,29 @@ std::string run_log_level_child(const std::string& kolo_debug) {
   return output;
 }
 
-int count_of(const std::string& text, const std::string& word) {
-  int count = 0;
-  for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) ++count;
-  return count;
-}
-
 }  // namespace
 
 TEST_CASE("KOLO_DEBUG selects the level, case-insensitively, and warns once about bad values",
           "[log]") {
   std::string unset = run_log_level_child("");
-  CHECK(count_of(unset, "\n") == 1);
+  CHECK(kolo::test::count(unset, "\n") == 1);
   CHECK_THAT(unset, Contains(" WARN  warn line"));
 
   std::string info = run_log_level_child("info");
   CHECK_THAT(info, Contains(" WARN  warn line") && Contains(" INFO  info line"));
-  CHECK(count_of(info, "trace line") == 0);
+  CHECK(kolo::test::count(info, "trace line") == 0);
 
   std::string trace = run_log_level_child("TrAcE");
   CHECK_THAT(trace, Contains(" INFO  info line") && Contains(" TRACE trace line"));
 
   std::string warn = run_log_level_child("WARN");
-  CHECK(count_of(warn, "\n") == 1);
+  CHECK(kolo::test::count(warn, "\n") == 1);
 
   std::string bogus = run_log_level_child("bogus");
-  CHECK(count_of(bogus, "KOLO_DEBUG=bogus") == 1);
+  CHECK(kolo::test::count(bogus, "KOLO_DEBUG=bogus") == 1);
   CHECK(bogus.find("KOLO_DEBUG=bogus") < bogus.find("warn line"));  // reported first
   CHECK_THAT(bogus, Contains("WARN, INFO or TRACE") && Contains(" WARN  warn line"));
-  CHECK(count_of(bogus, "info line") == 0);
+  CHECK(kolo::test::count(bogus, "info line") == 0);
 }
 
 // ---- A world of one -----------------------------------------------------------------------------
@@ -1092,9 +1087,9 @@ TEST_CASE("a process started alone is a world of one, and says so once at INFO",
   while ((got = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, got);
   INFO(output);
   CHECK(pclose(pipe) == 0);
-  CHECK(count_of(output, "world of one: rank 0 of 1") == 1);
-  CHECK(count_of(output, " INFO  no launcher found") == 1);
-  CHECK(count_of(output, "this process is a world of one") == 1);
+  CHECK(kolo::test::count(output, "world of one: rank 0 of 1") == 1);
+  CHECK(kolo::test::count(output, " INFO  no launcher found") == 1);
+  CHECK(kolo::test::count(output, "this process is a world of one") == 1);
   CHECK_THAT(output, Contains("communicator ready: rank 0 of 1"));
   CHECK_THAT(output, Contains("All tests passed"));
 }

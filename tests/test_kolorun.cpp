@@ -105,13 +105,10 @@ bool all_gone_within(const std::vector<pid_t>& pids, double seconds) {
   }
 }
 
+// Waits for `count` occurrences of `marker` in the output of a running process (5 s at most).
 bool output_appears(const Process& process, size_t count, const std::string& marker) {
-  Clock::time_point start = Clock::now();
-  while (seconds_since(start) < 5) {
-    if (kolo::test::count(process.output_so_far(), marker) >= count) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
+  return process.wait_for_output(marker, count, std::chrono::seconds(5),
+                                 std::chrono::milliseconds(5));
 }
 
 std::string this_host() {
@@ -623,23 +620,18 @@ TEST_CASE("kolorun rejects bad arguments with exit status 2 and says why", "[kol
 
 TEST_CASE("kolorun's errors show one usage line; --help adds examples, variables, exit codes",
           "[kolorun]") {
-  auto count_of = [](const std::string& text, const std::string& word) {
-    int count = 0;
-    for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1))
-      ++count;
-    return count;
-  };
   Run missing = run_kolorun({"/bin/true"});
   INFO("output: " << missing.result.output);
   CHECK(missing.result.exit_code == 2);
-  CHECK(count_of(missing.result.output, "Usage:") == 1);
+  CHECK(kolo::test::count(missing.result.output, "Usage:") == 1);
   CHECK(lines_of(missing.result.output).size() == 2);  // what was wrong, and the usage line
 
   Run help = run_kolorun({"--help"});
   INFO("help: " << help.result.output);
   CHECK(help.result.exit_code == 0);
-  CHECK(count_of(help.result.output, "Usage: kolorun -np N [options] [--] program [args...]") == 1);
-  CHECK(count_of(help.result.output, "Usage:") == 1);
+  CHECK(kolo::test::count(help.result.output,
+                          "Usage: kolorun -np N [options] [--] program [args...]") == 1);
+  CHECK(kolo::test::count(help.result.output, "Usage:") == 1);
   for (const char* word : {"Examples:",
                            "kolorun -np 4 ",
                            "--tag-output",

@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -31,7 +30,6 @@ using Catch::Matchers::Contains;
 using kolo::test::Process;
 using kolo::test::ProcessResult;
 using kolo::test::count;
-using Clock = std::chrono::steady_clock;
 
 constexpr const char* kSecret = "elastic-test-secret-0123456789abcdef";
 
@@ -51,26 +49,16 @@ struct Scratch {
   }
 };
 
-// Waits until done(output) holds, up to timeout_s; the output then.
-std::string wait_for(const Process& process, const std::function<bool(const std::string&)>& done,
-                     double timeout_s, const std::string& what) {
-  Clock::time_point give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                 std::chrono::duration<double>(timeout_s));
-  std::string output;
-  while (Clock::now() < give_up) {
-    output = process.output_so_far();
-    if (done(output)) return output;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  FAIL("waited " << timeout_s << " s for " << what << "; the output:\n" << output);
-  return output;
-}
-
+// Waits until `what` occurs `times` times in the output, up to timeout_s; the output then.
 std::string wait_for_count(const Process& process, const std::string& what, size_t times,
-                           double timeout_s = 60) {
-  return wait_for(
-      process, [&](const std::string& output) { return count(output, what) >= times; }, timeout_s,
-      fmt::format("{} x '{}'", times, what));
+                           int timeout_s = 60) {
+  std::string output;
+  if (!process.wait_for_output(what, times, std::chrono::seconds(timeout_s),
+                               std::chrono::milliseconds(100), &output)) {
+    FAIL("waited " << timeout_s << " s for " << times << " x '" << what << "'; the output:\n"
+                   << output);
+  }
+  return output;
 }
 
 // kolorun --elastic -np `np` `flags` with the discovery script `sh <scratch>/discover.sh`, the

@@ -117,19 +117,10 @@ bool still_running(pid_t pid) {
   return state != std::string::npos && state + 2 < stat.size() && stat[state + 2] != 'Z';
 }
 
-int count_of(const std::string& text, const std::string& part) {
-  int count = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++count;
-  return count;
-}
-
 // Waits for `count` lines holding `marker` in the output of a running process (30 s at most).
-bool output_appears(const Process& process, int count, const std::string& marker) {
-  for (Clock::time_point start = Clock::now(); Clock::now() - start < std::chrono::seconds(30);) {
-    if (count_of(process.output_so_far(), marker) >= count) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
+bool output_appears(const Process& process, size_t count, const std::string& marker) {
+  return process.wait_for_output(marker, count, std::chrono::seconds(30),
+                                 std::chrono::milliseconds(50));
 }
 
 // Every rank's "rank R: parameters sha256 HEX" line, tagged "[R@host] ", all equal, R on its host.
@@ -193,7 +184,7 @@ TEST_CASE("kolorun -H and --hostfile start ranks over ssh on every host", "[clus
     ProcessResult result = job.wait(240);
     INFO("output:\n" << result.output);
     CHECK(result.exit_code == 0);
-    CHECK(count_of(result.output, "# Out of bounds values : 0 OK") == 1);
+    CHECK(count(result.output, "# Out of bounds values : 0 OK") == 1);
     expect_same_parameters(result.output, 8, 2);
     CHECK(scans > 5);
     CHECK(holders.empty());
@@ -226,9 +217,10 @@ TEST_CASE("kolorun runs the collectives checks, all_reduce_perf and training at 
       ProcessResult result = job.wait(120);
       INFO(hosts << " hosts x 2 ranks: " << check.program << "\noutput:\n" << result.output);
       CHECK(result.exit_code == 0);
-      CHECK(count_of(result.output, check.marker) == (check.per_rank ? 2 * hosts : 1));
+      const size_t markers = check.per_rank ? 2 * hosts : 1;
+      CHECK(count(result.output, check.marker) == markers);
       // every rank saw every host: kolo counted them from where the ranks really run
-      CHECK(count_of(result.output, fmt::format("{} node(s)", hosts)) >= 2 * hosts);
+      CHECK(count(result.output, fmt::format("{} node(s)", hosts)) >= 2u * hosts);
     }
     if (hosts == 2) {  // training from the hostfile too (the example script trains at 4x2 from -H)
       Process job = on_host_one(fmt::format(
