@@ -66,12 +66,10 @@ Process start_newcomer(const std::string& scenario, const std::string& invitatio
 
 // Waits (up to a minute) until a newcomer started with KOLO_DEBUG=INFO has arrived at the growth.
 void wait_for_arrival(Process& newcomer) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (newcomer.output_so_far().find("waiting for the members") == std::string::npos) {
-    if (std::chrono::steady_clock::now() > until) {
-      FAIL("the newcomer did not arrive within 60 s:\n" << newcomer.output_so_far());
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::string output;
+  if (!newcomer.wait_for_output("waiting for the members", 1, std::chrono::seconds(60),
+                                std::chrono::milliseconds(20), &output)) {
+    FAIL("the newcomer did not arrive within 60 s:\n" << output);
   }
 }
 

@@ -21,7 +21,6 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cluster.hpp"
@@ -167,9 +166,7 @@ TEST_CASE("mpirun over ssh: a rank killed mid-job is named by every survivor",
   Cluster cluster(2);
   const int victim = 3;  // on host 2, which mpirun reaches over ssh
   Process job = cluster.start(2, {build_dir() + "/tests/kolo_test_worker", "loop", "60"});
-  for (int attempt = 0; attempt < 600 && count(job.output_so_far(), "looping") < 4; ++attempt) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  job.wait_for_output("looping", 4, std::chrono::seconds(30), std::chrono::milliseconds(50));
   REQUIRE(count(job.output_so_far(), "looping") == 4);
   // The victim's process on host 2: the worker whose environment says it is rank 3.
   Process finder({"/bin/sh", "-c",
