@@ -127,6 +127,23 @@ void copy_into_ring(char* ring, const char* from, size_t bytes, bool stream) {
   std::memcpy(ring, from, bytes);
 }
 
+// Loads a byte of the line at `line` and throws it away, to bring the line into this core's
+// caches. The producer may be storing into the line meanwhile, so the load is an assembler
+// statement, which is no access in the C++ memory model (a plain or atomic load would race with
+// the producer's plain stores there); what it reads does not matter. Elsewhere a prefetch, which
+// measured no better than nothing on x86-64.
+inline void touch_line(const char* line) {
+#if defined(__x86_64__)
+  unsigned char ignored;
+  asm volatile("movb (%1), %0" : "=q"(ignored) : "r"(line));
+#elif defined(__aarch64__)
+  unsigned ignored;
+  asm volatile("ldrb %w0, [%1]" : "=r"(ignored) : "r"(line));
+#else
+  __builtin_prefetch(line, 0, 3);
+#endif
+}
+
 uint64_t round_up(uint64_t value) {
   return (value + kAlign - 1) & ~uint64_t{kAlign - 1};
 }
@@ -215,13 +232,12 @@ struct ShmChannel::Link {
   // The consumer's side of the same: with only the producer's lines warm, a fresh job's first lap
   // still ran slower than the laps after it (32 KiB allreduce, N = 2: calls 11-100 a median 1.36x
   // the job's calls 1,001-6,000). Loading every line of the in ring once before the first receive
-  // on the link brought that to 1.06x; loading one word a page (the page walks alone) did not
-  // help (docs/performance.md, "The consumer's lines"). Atomic loads: the producer may be writing.
+  // on the link brought that to 1.06x; touching one word a page (the page walks alone) did not
+  // help, nor did prefetching the lines instead of loading them (docs/performance.md, "The
+  // consumer's lines").
   void warm_in() {
     in_warm = true;
-    for (uint64_t at = 0; at < kCapacity; at += kAlign) {
-      (void)shm::line_word_at(in_data, at).load(std::memory_order_relaxed);
-    }
+    for (uint64_t at = 0; at < kCapacity; at += kAlign) touch_line(in_data + at);
   }
 
   void attach(void* memory, bool lower) {
