@@ -232,9 +232,8 @@ struct ShmChannel::Link {
   // The consumer's side of the same: with only the producer's lines warm, a fresh job's first lap
   // still ran slower than the laps after it (32 KiB allreduce, N = 2: calls 11-100 a median 1.36x
   // the job's calls 1,001-6,000). Loading every line of the in ring once before the first receive
-  // on the link brought that to 1.06x; touching one word a page (the page walks alone) did not
-  // help, nor did prefetching the lines instead of loading them (docs/performance.md, "The
-  // consumer's lines").
+  // on the link brought that to 1.04-1.06x; touching one word a page (the page walks alone) did
+  // not help (docs/performance.md, "The consumer's lines").
   void warm_in() {
     in_warm = true;
     for (uint64_t at = 0; at < kCapacity; at += kAlign) touch_line(in_data + at);
