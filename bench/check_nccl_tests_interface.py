@@ -185,6 +185,21 @@ else:
     check_table("-m 3 -N 2 -c 2", result.stdout, "all_reduce_perf", 2, 1024, 4096, 2, iters=4,
                 warmup=1, agg=3, validation=2, cycles=2)
 
+# --later_warmup_iters W (kolo's own): the cycles after the first warm each row up with W calls;
+# the parameter line keeps -w, a line after it says W, and the rows are as with -N alone.
+result = launch("all_reduce_perf", 2, ["-b", "1K", "-e", "4K", "-f", "4", "-N", "2", "-n", "2",
+                                       "-w", "1", "--later_warmup_iters", "7"])
+if result.returncode != 0:
+    fail(f"--later_warmup_iters 7: exit {result.returncode}: {result.stderr[-2000:]}")
+else:
+    check_table("--later_warmup_iters 7", result.stdout, "all_reduce_perf", 2, 1024, 4096, 4,
+                iters=2, warmup=1, cycles=2)
+    if "# later cycles: warmup iters: 7" not in result.stdout.splitlines()[:3]:
+        fail(f"--later_warmup_iters 7: no line for it after the parameters: {result.stdout[:400]}")
+result = launch("all_reduce_perf", 1, ["--later_warmup_iters", "-1"])
+if result.returncode != 2 or "--later_warmup_iters" not in result.stderr:
+    fail(f"--later_warmup_iters -1: exit {result.returncode}, stderr {result.stderr!r}")
+
 # -c 0: no check, so #wrong says N/A as in nccl-tests.
 result = launch("broadcast_perf", 2, ["-b", "64", "-e", "64", "-c", "0", "-r", "1"])
 rows = parse_table(result.stdout)[2]

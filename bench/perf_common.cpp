@@ -4,7 +4,7 @@
 //
 // One row is measured like this, on every rank:
 //   first calls      with --first K: barrier, K calls out of place, each timed on its own
-//   warm up          -w calls out of place
+//   warm up          -w calls out of place (--later_warmup_iters in the cycles after the first)
 //   out of place     barrier, -n x -m calls, time / (n x m);  then -c calls, each on fresh input,
 //                    compared
 //   in place         the same, in one buffer
@@ -224,7 +224,7 @@ class Runner {
     for (int cycle = 0; options_.run_cycles == 0 || cycle < options_.run_cycles; ++cycle) {
       for (kolo_dtype_t dtype : options_.dtypes) {
         for (kolo_op_t op : options_.ops) {
-          for (uint64_t bytes : sizes) run_row(dtype, op, bytes);
+          for (uint64_t bytes : sizes) run_row(dtype, op, bytes, warmup_calls(cycle));
         }
       }
     }
@@ -237,7 +237,12 @@ class Runner {
   }
 
  private:
-  void run_row(kolo_dtype_t dtype, kolo_op_t op, uint64_t bytes) {
+  int warmup_calls(int cycle) const {
+    const bool later = cycle > 0 && options_.later_warmup_iterations >= 0;
+    return later ? options_.later_warmup_iterations : options_.warmup_iterations;
+  }
+
+  void run_row(kolo_dtype_t dtype, kolo_op_t op, uint64_t bytes, int warmup_calls) {
     const size_t element = kolo_dtype_size(dtype);
     Operation operation{comm_,
                         rank_,
@@ -268,7 +273,7 @@ class Runner {
     if (options_.first_calls > 0) {
       first = time_each_call(collective_, operation, run_send, run_recv, options_.first_calls);
     }
-    for (int call = 0; call < options_.warmup_iterations; ++call) {
+    for (int call = 0; call < warmup_calls; ++call) {
       check(comm_, collective_.run(operation, run_send, run_recv));
     }
 

@@ -167,6 +167,10 @@ std::optional<int> parse_options(int argc, char** argv, const Collective& collec
                  "print them after the row (the warm-up cliff); 0: none")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--later_warmup_iters", options.later_warmup_iterations,
+                 "untimed calls before each row of the cycles after the first (-N), so that one "
+                 "job shows its first rows beside rows after long warm-ups; default: -w")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("-N,--run_cycles", options.run_cycles,
                  "measure and print the rows this many times; 0: until interrupted")
       ->check(CLI::NonNegativeNumber)

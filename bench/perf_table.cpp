@@ -33,6 +33,9 @@ void print_parameters(Printer& out, const Options& options) {
       by_factor ? static_cast<uint64_t>(options.step_factor) : options.step_bytes,
       by_factor ? "factor" : "bytes", options.warmup_iterations, options.iterations,
       options.agg_iterations, options.check_iterations, options.cuda_graph_launches);
+  if (options.later_warmup_iterations >= 0) {
+    out.line("# later cycles: warmup iters: {}", options.later_warmup_iterations);
+  }
   out.line("#");
 }
 
