@@ -242,7 +242,7 @@ class Runner {
     return later ? options_.later_warmup_iterations : options_.warmup_iterations;
   }
 
-  void run_row(kolo_dtype_t dtype, kolo_op_t op, uint64_t bytes, int warmup_calls) {
+  void run_row(kolo_dtype_t dtype, kolo_op_t op, uint64_t bytes, int warmup) {
     const size_t element = kolo_dtype_size(dtype);
     Operation operation{comm_,
                         rank_,
@@ -273,7 +273,7 @@ class Runner {
     if (options_.first_calls > 0) {
       first = time_each_call(collective_, operation, run_send, run_recv, options_.first_calls);
     }
-    for (int call = 0; call < warmup_calls; ++call) {
+    for (int call = 0; call < warmup; ++call) {
       check(comm_, collective_.run(operation, run_send, run_recv));
     }
 

@@ -42,7 +42,8 @@ struct Options {
   int iterations = 20;
   int warmup_iterations = 5;
   int first_calls = 0;       // --first: calls timed one by one at the start of each row
-  int later_warmup_iterations = -1;  // --later_warmup_iters: -w of the cycles after the first; -1: -w
+  // --later_warmup_iters: the -w of the cycles after the first (-N); -1: -w for every cycle
+  int later_warmup_iterations = -1;
   int agg_iterations = 1;    // -m: calls per timed iteration; a row's time is per call
   int run_cycles = 1;        // -N: how many times the whole table is measured; 0: until killed
   int check_iterations = 1;  // -c: checked calls per placement; 0: no check
