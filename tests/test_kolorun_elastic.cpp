@@ -123,8 +123,9 @@ TEST_CASE("2 -> 4 (a host grows) -> 3 (a rank killed) -> 4 (its slot restarted)"
   Process job = start_job(scratch, 2, {"--min-np", "2", "--max-np", "4"});
 
   hosts(scratch, "localhost:4\n");
-  std::string output = wait_for_count(job, "size 2 -> 4 (2 joined, 0 left)", 2);
-  wait_for_count(job, "of 4 joined", 2);
+  wait_for_count(job, "size 2 -> 4 (2 joined, 0 left)", 2);
+  // The newcomers' pids are in their "joined" lines, which may come after the others' report.
+  std::string output = wait_for_count(job, "of 4 joined", 2);
 
   pid_t victim = pid_in_slot(output, "localhost:3");
   REQUIRE(victim > 0);
