@@ -53,7 +53,11 @@ case "$mode" in
     # The sanitizer builds compile at the lowest priority while the plain build's tests run, on
     # the CPU time those tests leave idle (they wait on launchers, timeouts and each other's
     # ranks); a build that fails there fails again, with its errors shown, in sanitize.sh below.
-    nice -n 19 sh scripts/sanitize.sh --build >build/sanitizer-builds.log 2>&1 &
+    # Where the kernel groups processes by session (sched_autogroup), a nice value only ranks
+    # processes within their group, and each test runs in a session of its own: the builds get a
+    # session whose group is itself at nice 19.
+    setsid -w sh -c 'echo 19 >/proc/self/autogroup 2>/dev/null
+      exec nice -n 19 sh scripts/sanitize.sh --build' >build/sanitizer-builds.log 2>&1 &
     builds=$!
     # shellcheck disable=SC2086
     meson test -C build --print-errorlogs --num-processes 1 $tests || status=$?
