@@ -100,10 +100,9 @@ if [ "$which" != tsan ]; then
   if build_asan; then
     asan_tests=$(list_asan build-asan)
     # Two streams of tests at once, their logs meson-logs/stream1.json and stream2.json: one
-    # stream alone left the two CPUs idle a third of its time (timeouts, a slow rank, launchers
-    # starting), and a test's ranks on two cores with the other stream's beside them is a load
-    # the tests bound their waits for. The simulated cluster's tests share its namespaces: all
-    # of them in the second stream, one after another.
+    # stream alone left the two CPUs idle a third of its time (its tests wait on timeouts, slow
+    # ranks and launchers). The simulated cluster's tests share its namespaces: all of them in
+    # the second stream, one after another.
     first=$(echo "$asan_tests" | grep -v '^cluster_' | awk 'NR % 2 == 1')
     second=$(echo "$asan_tests" | grep -v '^cluster_' | awk 'NR % 2 == 0'
       echo "$asan_tests" | grep '^cluster_')
