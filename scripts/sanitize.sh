@@ -3,8 +3,9 @@
 # suite and counts its results in its last line. What each part costs is in
 # docs/contributing.md ("Sanitizers").
 #   build-asan  AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer on kolo's own
-#               code (-Dsanitize_kolo: the core, libkolo, kolorun; the tests and benchmarks that
-#               drive it are built at -O1 without them): the whole suite except the Python
+#               code (-Dsanitize_kolo: the core, libkolo, kolorun; the workers and benchmarks that
+#               drive it are built at -O1 without them, the Catch2 test programs at -O0): the
+#               whole suite except the Python
 #               package's (Python would need libasan preloaded), the soak (its memory bounds
 #               measure the plain build; the sanitizers' quarantine would break them), the fuzz
 #               suite (its own build, sanitized as well), and the checks that run no kolo code
